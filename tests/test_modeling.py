@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from conftest import make_head, make_target, tiny_target_config
 from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
 import peagle
+from conftest import make_head, make_target, tiny_target_config
 from peagle import PEagleConfig, PEagleDrafter
 
 # invalid config values surface as transformers' strict-dataclass validation error wrapping our message
@@ -48,7 +48,10 @@ def test_shapes_and_parameters(tiny_head):
     assert tiny_head.layers[0].self_attn.q_proj.weight.shape == (64, 128)  # fused layer reads 2H
     assert tiny_head.layers[1].self_attn.q_proj.weight.shape == (64, 64)
     # no accidental weight sharing between layers
-    assert tiny_head.layers[0].mlp.gate_proj.weight.data_ptr() != tiny_head.layers[1].mlp.gate_proj.weight.data_ptr()
+    assert (
+        tiny_head.layers[0].mlp.gate_proj.weight.data_ptr()
+        != tiny_head.layers[1].mlp.gate_proj.weight.data_ptr()
+    )
 
 
 def test_save_load_roundtrip_auto_classes(tiny_head, tmp_path):
@@ -78,7 +81,10 @@ def test_eager_matches_sdpa(tiny_target):
     mask = torch.tril(torch.ones(12, 12, dtype=torch.bool))[None, None]
     mask[..., 8:, 4:8] = False
     torch.testing.assert_close(
-        eager(ids, feats, attention_mask=mask).logits, sdpa(ids, feats, attention_mask=mask).logits, atol=1e-5, rtol=1e-5
+        eager(ids, feats, attention_mask=mask).logits,
+        sdpa(ids, feats, attention_mask=mask).logits,
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 
@@ -125,7 +131,9 @@ def test_mask_slots_get_mask_embedding_and_mask_hidden(tiny_head):
 
 def test_draft_is_one_forward_with_positions(tiny_head):
     calls = []
-    handle = tiny_head.register_forward_hook(lambda m, a, k, o: calls.append(k.get("position_ids")), with_kwargs=True)
+    handle = tiny_head.register_forward_hook(
+        lambda m, a, k, o: calls.append(k.get("position_ids")), with_kwargs=True
+    )
     ids, feats = _inputs(tiny_head, n=5)
     draft = tiny_head.draft(ids, feats, num_draft_tokens=4)
     handle.remove()

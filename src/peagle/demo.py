@@ -1,0 +1,66 @@
+"""`peagle demo`: the embedded SmolLM2 target with and without the shipped P-EAGLE head."""
+
+from __future__ import annotations
+
+import torch
+
+DEMO_PROMPTS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Give me three tips for staying focused while studying.",
+    "Explain what a hash table is in two short paragraphs.",
+)
+
+
+def run_demo(
+    max_new_tokens: int = 128, k: int | None = None, prompts: tuple[str, ...] = DEMO_PROMPTS
+) -> bool:
+    """Generate for a few prompts with and without the head; print equality, tokens/s, speedup, tau.
+
+    Returns True when every speculative output equals the plain greedy output.
+    """
+    from .bench import chat_prompt_ids, timed_generate
+    from .targets import load_default_drafter, load_default_target
+
+    print("loading the embedded SmolLM2-135M-Instruct target and the default P-EAGLE head ...")
+    target, tokenizer = load_default_target()
+    head = load_default_drafter(target)
+    k = k or head.config.num_speculative_tokens
+    print(f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}")
+    all_equal, plain_s, spec_s, plain_n, spec_n, rounds = True, 0.0, 0.0, 0, 0, 0
+    for text in prompts:
+        ids = chat_prompt_ids(tokenizer, text)
+        timed_generate(target, ids, 8)  # warm-up
+        plain = timed_generate(target, ids, max_new_tokens)
+        spec = timed_generate(
+            target,
+            ids,
+            max_new_tokens,
+            assistant=head,
+            num_assistant_tokens=k,
+            num_assistant_tokens_schedule="constant",
+        )
+        equal = plain.output == spec.output
+        all_equal &= equal
+        plain_s, spec_s = plain_s + plain.seconds, spec_s + spec.seconds
+        plain_n, spec_n, rounds = (
+            plain_n + plain.new_tokens,
+            spec_n + spec.new_tokens,
+            rounds + spec.target_calls,
+        )
+        print("\n" + "=" * 78)
+        print(f"user: {text}")
+        print("-" * 78)
+        print(tokenizer.decode(spec.output, skip_special_tokens=True).strip())
+        print("-" * 78)
+        print(
+            f"identical to plain greedy: {equal} | plain {plain.new_tokens / plain.seconds:.1f} tok/s | "
+            f"P-EAGLE {spec.new_tokens / spec.seconds:.1f} tok/s | speedup {plain.seconds / spec.seconds * spec.new_tokens / max(plain.new_tokens, 1):.2f}x | "
+            f"acceptance length {spec.new_tokens / max(spec.target_calls, 1):.2f}"
+        )
+    print("\n" + "=" * 78)
+    print(
+        f"TOTAL  outputs identical: {all_equal} | plain {plain_n / plain_s:.1f} tok/s | P-EAGLE {spec_n / spec_s:.1f} tok/s"
+        f" | speedup {(spec_n / spec_s) / (plain_n / plain_s):.2f}x | acceptance length (bonus counted) {spec_n / max(rounds, 1):.2f}"
+    )
+    print(f"(CPU threads: {torch.get_num_threads()}; fp32; greedy; {max_new_tokens} new tokens max)")
+    return all_equal
