@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel
 
 from .configuration_peagle import PEagleConfig
 from .modeling_peagle import PEagleDraft, PEagleDrafter, PEagleDrafterOutput
+from .targets import load_default_drafter, load_default_target
 
 __version__ = "0.1.0"
 
@@ -17,4 +18,12 @@ AutoModel.register(PEagleConfig, PEagleDrafter, exist_ok=True)
 PEagleConfig.register_for_auto_class()
 PEagleDrafter.register_for_auto_class("AutoModel")
 
-__all__ = ["PEagleConfig", "PEagleDrafter", "PEagleDrafterOutput", "PEagleDraft", "__version__"]
+__all__ = [
+    "PEagleConfig",
+    "PEagleDrafter",
+    "PEagleDrafterOutput",
+    "PEagleDraft",
+    "load_default_target",
+    "load_default_drafter",
+    "__version__",
+]

@@ -1,0 +1,59 @@
+"""Benchmark harness on a tiny random target (behaviour only: nothing here is timed or compared by speed)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from conftest import make_head, make_target
+
+from peagle.bench import format_table, run_benchmark, summarize, timed_generate, write_results
+from peagle.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
+
+
+def test_timed_generate_counts_rounds():
+    target = make_target()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = timed_generate(target, ids, 6)
+    assert plain.new_tokens == 6 and plain.target_calls == 6  # one forward per token
+    assert plain.drafter_calls == 0 and plain.seconds >= plain.target_seconds > 0
+
+
+def test_run_benchmark_rows_summary_and_files(tmp_path):
+    target = make_target()
+    head = make_head(target)
+    prompts = {"toy": [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]]), torch.tensor([[9, 10, 11, 12]])]}
+    res = run_benchmark(target, prompts, {"peagle": head}, ks=(2, 3), max_new_tokens=8, repeats=2, progress=False)
+    rows = res["runs"]
+    assert len(rows) == 2 * (1 + 2 * 2)  # per prompt: greedy + (peagle, pld) x 2 Ks
+    assert {r["method"] for r in rows} == {"greedy", "peagle", "pld"}
+    assert all(r["lossless"] for r in rows)
+    peagle_rows = [r for r in rows if r["method"] == "peagle"]
+    assert all(r["drafter_calls"] == r["rounds"] for r in peagle_rows)  # one drafter pass per round
+    summary = {(s["dataset"], s["method"], s["k"]): s for s in res["summary"]}
+    assert summary[("toy", "greedy", 0)]["tau"] == 1.0
+    assert summary[("toy", "greedy", 0)]["speedup"] == 1.0
+    assert all(s["tau"] >= 1.0 for s in res["summary"])
+    js, png = write_results(res, tmp_path)
+    assert json.loads(js.read_text())["summary"] and png.stat().st_size > 1000
+    assert "| toy | peagle | 3 |" in format_table(res["summary"])
+
+
+def test_summarize_flags_a_mismatch():
+    rows = [
+        dict(dataset="d", prompt=0, method="greedy", k=0, new_tokens=10, seconds=1.0, rounds=10,
+             target_seconds=0.9, drafter_seconds=0.0, drafter_calls=0, lossless=True),
+        dict(dataset="d", prompt=0, method="peagle", k=3, new_tokens=10, seconds=0.5, rounds=4,
+             target_seconds=0.3, drafter_seconds=0.1, drafter_calls=4, lossless=False),
+    ]  # fmt: skip
+    s = {x["method"]: x for x in summarize(rows)}
+    assert s["peagle"]["speedup"] == 2.0 and s["peagle"]["tau"] == 2.5 and s["peagle"]["lossless"] is False
+    assert "NO" in format_table(summarize(rows))
+
+
+def test_evaluation_sets_and_guard():
+    mt, he = load_mtbench(), load_humaneval()
+    assert len(mt) == 80 and len(he) == 164
+    assert load_mtbench(5) == mt[:5]
+    assert is_evaluation_prompt(mt[10]) and is_evaluation_prompt("  " + he[3].upper())
+    assert not is_evaluation_prompt("Explain the water cycle to a beginner in a few paragraphs.")
