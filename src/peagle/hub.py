@@ -1,0 +1,347 @@
+"""Model cards and Hub uploads for drafter heads.
+
+`prepare_upload_folder(head, folder, ...)` writes everything a Hub repository of a head needs:
+
+- `config.json` (with `auto_map`) and `model*.safetensors` in peagle's layout;
+- the remote-code files `configuration_peagle.py` and `modeling_peagle.py`, so
+  `AutoModel.from_pretrained(repo, trust_remote_code=True)` works without peagle installed;
+- `custom_generate/generate.py` (+ `requirements.txt`), so `target.generate(..., custom_generate=repo,
+  trust_remote_code=True)` runs greedy speculative decoding with the head without peagle installed;
+- `README.md`, a model card rendered from `model_card_templates/peagle_head.md` (YAML: `library_name`,
+  `base_model` = the target, tags, license; body: the head, its training, the acceptance/speedup table of
+  a `peagle bench` JSON, usage for transformers and vLLM).
+
+`push_to_hub` (also `PEagleDrafter.push_to_hub` and `peagle push`) uploads that folder with
+`huggingface_hub.HfApi.upload_folder`.  The card parses with `huggingface_hub.ModelCard`; the Hub's own
+YAML validation (`ModelCard.validate`, a network call) runs when the Hub receives the upload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+TEMPLATES = Path(__file__).parent / "model_card_templates"
+CARD_TEMPLATE = TEMPLATES / "peagle_head.md"
+CUSTOM_GENERATE_SOURCE = TEMPLATES / "custom_generate.py"
+CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.23\n"
+DEFAULT_TAGS = ("peagle", "p-eagle", "eagle3", "speculative-decoding", "drafter", "custom_generate")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# bench summary columns shown on the card (key, header), in this order when present
+_BENCH_COLUMNS = (
+    ("dataset", "set"),
+    ("method", "method"),
+    ("k", "K"),
+    ("prompts", "prompts"),
+    ("tau", "tau"),
+    ("tokens_per_s", "tok/s"),
+    ("speedup", "speedup"),
+    ("lossless", "lossless"),
+)
+
+
+def _is_repo_id(name: str | None) -> bool:
+    return bool(name) and bool(_REPO_ID.match(name)) and not Path(name).exists()
+
+
+def load_bench(bench: str | Path | dict | list | None) -> dict | list | None:
+    """A benchmark result: a `peagle bench` JSON file path, or the already-parsed JSON."""
+    if bench is None or isinstance(bench, dict | list):
+        return bench
+    return json.loads(Path(bench).read_text())
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if key == "speedup" and isinstance(value, int | float):
+        return f"{value:.2f}x"
+    if isinstance(value, float):
+        return f"{value:.1f}" if key == "tokens_per_s" else f"{value:.2f}"
+    return str(value)
+
+
+def bench_section(bench: str | Path | dict | list | None) -> str:
+    """Markdown: the acceptance/speedup table of a bench JSON (its `summary` rows), with machine and command."""
+    data = load_bench(bench)
+    if not data:
+        return (
+            "No benchmark was attached to this upload; run `peagle bench` and push with `--bench bench.json`."
+        )
+    rows = (
+        data
+        if isinstance(data, list)
+        else data.get("summary") or data.get("results") or data.get("rows") or []
+    )
+    rows = [r for r in rows if isinstance(r, dict)]
+    if not rows:
+        raise ValueError("bench JSON has no result rows; expected a list of dicts or a 'summary' list.")
+    columns = [(k, h) for k, h in _BENCH_COLUMNS if any(k in r for r in rows)] or [(k, k) for k in rows[0]]
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)) for k, _ in columns) + " |" for r in rows]
+    notes = [
+        "tau = mean tokens emitted per verification round, counting the target's own (bonus) token; plain "
+        "decoding has tau = 1.0. Speedup = tokens/s over greedy decoding of the same prompts."
+    ]
+    if isinstance(data, dict):
+        machine = data.get("machine")
+        if machine:
+            desc = machine if isinstance(machine, str) else ", ".join(f"{k}: {v}" for k, v in machine.items())
+            notes.append(f"Machine: {desc}.")
+        if data.get("command"):
+            notes.append(f"Command: `{data['command']}`.")
+    return "\n".join(lines) + "\n\n" + "\n".join(notes)
+
+
+def training_section(training: dict[str, Any] | str | Path | None) -> str:
+    """Markdown bullets from a dict (or JSON file) such as `{"data": ..., "tokens": ..., "budget": ...}`."""
+    if isinstance(training, str | Path):
+        training = json.loads(Path(training).read_text())
+    if not training:
+        return "Training data and budget were not recorded with this upload."
+    lines = []
+    for key, value in training.items():
+        if isinstance(value, list | tuple):
+            value = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items())
+        lines.append(f"- **{key.replace('_', ' ')}**: {value}")
+    return "\n".join(lines)
+
+
+def _architecture_rows(config: Any) -> str:
+    parallel = config.drafting_mode == "parallel"
+    rows = [
+        (
+            "drafting",
+            "parallel (P-EAGLE): K drafts in one forward pass" if parallel else "autoregressive (EAGLE-3)",
+        ),
+        ("decoder layers", f"{config.num_hidden_layers} (layer 0 fused: embeddings + target features)"),
+        (
+            "width / heads",
+            f"{config.hidden_size} / {config.num_attention_heads} q, {config.num_key_value_heads} kv, "
+            f"head_dim {config.head_dim}",
+        ),  # fmt: skip
+        ("draft vocabulary", f"{config.draft_vocab_size} of {config.vocab_size} target tokens"),
+        ("target layers read", str(config.eagle_aux_hidden_state_layer_ids)),
+    ]
+    if parallel:
+        rows += [
+            ("mask token id", str(config.mask_token_id)),
+            ("trained parallel depth (K_train)", str(config.num_parallel_positions)),
+        ]
+    rows.append(("default K", str(config.num_speculative_tokens)))
+    if config.embed_from_target:
+        rows.append(("token embeddings", "the target's (not stored; attached at load)"))
+    return "\n".join(f"| {a} | {b} |" for a, b in rows)
+
+
+def render_model_card(
+    head: Any,
+    *,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    tags: list[str] | None = None,
+    bench: str | Path | dict | list | None = None,
+    training: dict[str, Any] | str | Path | None = None,
+    template: str | Path | None = None,
+) -> ModelCard:
+    """The head's model card (a `huggingface_hub.ModelCard`).
+
+    Args:
+        head: a `PEagleDrafter`.
+        repo_id: where the card will live (used in the usage snippets).
+        base_model: the target's Hub id (default `head.config.target_model_name`); written to the YAML
+            only when it is a Hub repo id.
+        license, tags: YAML metadata (`DEFAULT_TAGS` are always included).
+        bench: a `peagle bench` JSON (path or parsed) for the acceptance/speedup table.
+        training: dict (or JSON file) describing the training data and budget.
+        template: another body template (`string.Template` placeholders, see `peagle_head.md`).
+    """
+    from . import __version__
+
+    config = head.config
+    base = base_model or config.target_model_name
+    all_tags = list(dict.fromkeys([*DEFAULT_TAGS, *(tags or [])]))
+    data = ModelCardData(
+        library_name="peagle",
+        license=license,
+        base_model=base if _is_repo_id(base) else None,
+        tags=all_tags,
+    )
+    parallel = config.drafting_mode == "parallel"
+    repo = repo_id or "<this repo>"
+    short = repo.rsplit("/", 1)[-1].strip("<>").replace(" ", "-")
+    spec = {
+        "method": "eagle3",
+        "model": f"./{short}-vllm",
+        "num_speculative_tokens": config.num_speculative_tokens,
+    }
+    if parallel:
+        spec["parallel_drafting"] = True
+    kind = "P-EAGLE (parallel drafting)" if parallel else "EAGLE-3"
+    target_name = (
+        f"[`{base}`](https://huggingface.co/{base})" if _is_repo_id(base) else f"`{base or 'its target'}`"
+    )
+    summary = (
+        f"A {kind} drafter head for {target_name}, for speculative decoding with the `peagle` library. "
+        + (
+            "It drafts K tokens in one forward pass: the bonus slot plus K-1 parallel slots that read a learned "
+            "mask embedding and a shared learned hidden state; the target verifies them in one pass."
+            if parallel
+            else "It drafts K tokens in K forward passes, feeding its own hidden state back."
+        )
+        + " Greedy output is identical to the target's own."
+    )
+    attach = (
+        ""
+        if not config.embed_from_target
+        else "; then head.attach_target(target) (it uses the target's embeddings)"
+    )
+    values = {
+        "title": repo_id.rsplit("/", 1)[-1] if repo_id else f"{kind} head for {base or 'its target'}",
+        "summary": summary,
+        "architecture": _architecture_rows(config),
+        "aux_ids": str(config.eagle_aux_hidden_state_layer_ids),
+        "target_hidden": str(config.target_hidden_size),
+        "hidden": str(config.hidden_size),
+        "training": training_section(training),
+        "bench": bench_section(bench),
+        "base_model": base or "<target model>",
+        "repo_id": repo,
+        "short_name": short,
+        "attach_note": attach,
+        "export_target": " --target " + base if config.embed_from_target and base else "",
+        "vllm_spec": json.dumps(spec),
+        "peagle_version": __version__,
+    }
+    body = Template(Path(template or CARD_TEMPLATE).read_text()).safe_substitute(values)
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+def custom_generate_source(head_repo: str | None) -> str:
+    """`custom_generate/generate.py` with `HEAD_REPO` set to the repository (or folder) holding the head."""
+    source = CUSTOM_GENERATE_SOURCE.read_text()
+    line = re.compile(r"^HEAD_REPO: str \| None = None.*$", re.MULTILINE)
+    if not line.search(source):
+        raise RuntimeError(
+            f"{CUSTOM_GENERATE_SOURCE} lost its HEAD_REPO line; cannot set the head repository."
+        )
+    return line.sub(f"HEAD_REPO: str | None = {head_repo!r}", source, count=1)
+
+
+def prepare_upload_folder(
+    head: Any,
+    folder: str | Path,
+    *,
+    repo_id: str | None = None,
+    target_model: Any = None,
+    max_shard_size: int | str = "5GB",
+    **card_kwargs: Any,
+) -> Path:
+    """Write the folder `push_to_hub` uploads (see the module docstring); returns it.
+
+    Args:
+        head: a `PEagleDrafter`.
+        folder: output folder (created).
+        repo_id: the destination repository; `custom_generate/generate.py` loads the head from it.  Without
+            it the recipe points at `folder` itself (for local use).
+        target_model: checked against the head (`attach_target`) before writing.
+        **card_kwargs: `render_model_card` arguments (`bench`, `training`, `license`, `tags`, `base_model`).
+    """
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    if target_model is not None:
+        head.attach_target(target_model)
+    head.save_pretrained(out, max_shard_size=max_shard_size)
+    config = json.loads((out / "config.json").read_text())
+    missing = [f for f in ("configuration_peagle.py", "modeling_peagle.py") if not (out / f).is_file()]
+    if "auto_map" not in config or missing:
+        raise RuntimeError(
+            f"save_pretrained wrote no remote code into {out} (auto_map: {config.get('auto_map')}, missing {missing}); "
+            "import peagle (it registers PEagleDrafter for AutoModel) before preparing an upload."
+        )
+    gen = out / "custom_generate"
+    gen.mkdir(exist_ok=True)
+    (gen / "generate.py").write_text(custom_generate_source(repo_id or str(out.resolve())))
+    (gen / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
+    card = render_model_card(head, repo_id=repo_id, **card_kwargs)
+    card.save(out / "README.md")
+    return out
+
+
+def push_to_hub(
+    head: Any,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    commit_message: str | None = None,
+    target_model: Any = None,
+    max_shard_size: int | str = "5GB",
+    **card_kwargs: Any,
+):
+    """Prepare the upload folder in a temporary directory and upload it with `HfApi.upload_folder`.
+
+    Returns the `huggingface_hub.CommitInfo` of the upload.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = prepare_upload_folder(
+            head,
+            tmp,
+            repo_id=repo_id,
+            target_model=target_model,
+            max_shard_size=max_shard_size,
+            **card_kwargs,
+        )
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            commit_message=commit_message or "Upload P-EAGLE head with peagle",
+            revision=revision,
+            create_pr=create_pr,
+        )
+
+
+def cli_push(args: argparse.Namespace) -> int:
+    """`peagle push HEAD REPO_ID [--target T] [--bench JSON] [--training JSON] [--prepare-only DIR]`."""
+    from .formats import load_target_model
+    from .modeling_peagle import PEagleDrafter
+
+    target = load_target_model(args.target)
+    head = PEagleDrafter.from_pretrained(args.head, target_model=target, allow_pickle=args.allow_pickle)
+    card_kwargs = {"bench": args.bench, "training": args.training, "license": args.license}
+    if args.prepare_only:
+        out = prepare_upload_folder(head, args.prepare_only, repo_id=args.repo_id, **card_kwargs)
+        print(f"wrote the upload folder for {args.repo_id} to {out} (not uploaded)")
+        return 0
+    info = push_to_hub(head, args.repo_id, token=args.token, private=args.private or None, **card_kwargs)
+    print(f"uploaded {args.head} to {getattr(info, 'commit_url', args.repo_id)}")
+    return 0
+
+
+__all__ = [
+    "render_model_card",
+    "prepare_upload_folder",
+    "push_to_hub",
+    "bench_section",
+    "training_section",
+    "custom_generate_source",
+    "load_bench",
+]

@@ -1,0 +1,204 @@
+"""P-EAGLE speculative decoding as a transformers `custom_generate` recipe; needs torch + transformers only.
+
+    out = target.generate(input_ids, custom_generate="<head repo>", trust_remote_code=True, max_new_tokens=128)
+
+The drafter head is loaded from the repository this file ships in (`HEAD_REPO`, written by peagle when
+the repository was prepared) with `AutoModel.from_pretrained(..., trust_remote_code=True)` and attached
+to the target; pass `peagle_head=` (a loaded head or another repo id) or `assistant_model=` (a loaded
+head) to use another one, and `num_speculative_tokens=` to change K.
+
+Each round the head drafts K tokens (one forward pass for a parallel P-EAGLE head, K passes for an
+EAGLE-3 head) from the target features of the previous verify pass, keeping its own KV cache; the target
+verifies [last token, K drafts] in one forward pass and keeps the longest prefix of drafts equal to its
+own greedy choices plus its next token.  The output is token-for-token the target's own greedy output.
+Batches run row by row (left padding is removed per row and put back).  Sampling, beam search, logits
+processors and stopping criteria go to transformers' own `generate()` unchanged.
+
+Statistics of the last call: `head.last_custom_generate_stats` (rounds, accepted drafts, new tokens, tau =
+tokens emitted per verify round counting the target's own token).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from transformers import AutoModel, DynamicCache, GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+HEAD_REPO: str | None = None  # replaced by peagle.hub.prepare_upload_folder
+logger = logging.getLogger(__name__)
+_HEADS: dict = {}
+# generation settings this greedy loop does not implement: any of them hands over to transformers' generate()
+_UNSUPPORTED = {
+    "do_sample": (None, False),
+    "num_beams": (None, 1),
+    "num_return_sequences": (None, 1),
+    "repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_new_tokens": (None, 0),
+    "min_length": (None, 0),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "sequence_bias": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "guidance_scale": (None, 1.0),
+}
+
+
+def _load_head(spec, model):
+    if spec is None:
+        raise ValueError("no drafter head: HEAD_REPO is unset; pass peagle_head=<repo id or loaded head>.")
+    if isinstance(spec, str):
+        key = (spec, str(model.device))
+        if key not in _HEADS:  # the head keeps its own dtype (FP8 heads stay FP8); it casts features itself
+            _HEADS[key] = AutoModel.from_pretrained(spec, trust_remote_code=True).to(model.device).eval()
+        head = _HEADS[key]
+    else:
+        head = spec.eval()
+    return head.attach_target(model)
+
+
+def _layer_ids(head, model):
+    ids = head.config.eagle_aux_hidden_state_layer_ids
+    if ids:
+        return list(ids)
+    n = model.config.get_text_config().num_hidden_layers
+    return [2, n // 2, n - 3] if n >= 8 else [min(1, n - 1), n // 2, n - 1]
+
+
+def _features(hidden_states, layer_ids):
+    """`(1, T, 3 * H)`: the inputs of the chosen target layers (hidden_states[0] = embeddings)."""
+    return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
+
+
+def _drop(cache, n):
+    if n > 0:
+        cache.crop(-n)
+
+
+def _draft(head, tokens, feats, cache, k):
+    """K draft tokens `(1, K)` for the real slots (tokens, feats); the cache gains len(tokens) + K - 1 slots."""
+    if head.config.drafting_mode == "parallel":
+        return head.draft(tokens, feats, num_draft_tokens=k, past_key_values=cache).tokens
+    real = torch.zeros_like(tokens, dtype=torch.bool)
+    out = head(tokens, feats, past_key_values=cache, use_cache=True, parallel_mask=real, logits_to_keep=1)
+    drafts = []
+    for step in range(k):
+        token = head.draft_to_target(out.logits[:, -1:].argmax(-1))
+        drafts.append(token)
+        if step + 1 < k:  # EAGLE-3: the next slot reads the drafted token and the drafter's own hidden state
+            hidden = out.last_hidden_state[:, -1:]
+            real = torch.zeros_like(token, dtype=torch.bool)
+            out = head(
+                token,
+                projected_hidden_states=hidden,
+                past_key_values=cache,
+                use_cache=True,
+                parallel_mask=real,
+            )
+    return torch.cat(drafts, dim=1)
+
+
+@torch.no_grad()
+def _generate_row(model, head, ids, max_new, eos, k, stats):
+    """Greedy speculative decoding of one unpadded row `ids` `(1, p)`; returns the new tokens `(1, n)`."""
+    layer_ids = _layer_ids(head, model)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    feats = _features(out.hidden_states, layer_ids)
+    tokens = out.logits[:, -1:].argmax(-1)  # the target's own next token
+    slots = torch.cat([ids[:, 1:], tokens], dim=1)  # slot t pairs token t+1 with the features of position t
+    pieces, count = [tokens], 1
+    draft_cache = DynamicCache(config=head.config)
+    while count < max_new and not any(int(t) in eos for t in tokens[0]):
+        drafts = _draft(head, slots, feats, draft_cache, k)
+        _drop(draft_cache, k - 1)  # keep only real slots in the drafter cache
+        out = model(
+            input_ids=torch.cat([tokens[:, -1:], drafts], dim=1),
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        choice = out.logits.argmax(-1)  # (1, K + 1)
+        n = int((drafts == choice[:, :k]).int().cumprod(dim=-1).sum())
+        tokens = torch.cat([drafts[:, :n], choice[:, n : n + 1]], dim=1)
+        _drop(cache, k - n)  # the rejected drafts
+        feats = _features(out.hidden_states, layer_ids)[:, : n + 1]
+        slots = tokens
+        pieces.append(tokens)
+        count += n + 1
+        stats["rounds"] += 1
+        stats["accepted_drafts"] += n
+        stats["round_tokens"] += n + 1
+    new = torch.cat(pieces, dim=1)[:, :max_new]
+    hits = [i for i, t in enumerate(new[0].tolist()) if t in eos]
+    return new[:, : hits[0] + 1] if hits else new
+
+
+def generate(model, *args, **kwargs):
+    """`target.generate(..., custom_generate=repo, trust_remote_code=True)` entry point (see module docstring)."""
+    inputs = args[0] if args else kwargs.pop("inputs", None)
+    kwargs.pop("inputs", None)
+    if inputs is None:
+        inputs = kwargs.pop("input_ids", None)
+    kwargs.pop("input_ids", None)
+    head_spec = kwargs.pop("peagle_head", None)
+    k = kwargs.pop("num_speculative_tokens", None)
+    assistant = kwargs.pop("assistant_model", None)
+    if head_spec is None and assistant is not None and hasattr(assistant, "draft"):
+        head_spec = assistant
+    generation_config = copy.deepcopy(kwargs.pop("generation_config", None) or model.generation_config)
+    hooks = {n: kwargs.pop(n, None) for n in ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                                               "streamer", "negative_prompt_ids", "negative_prompt_attention_mask")}  # fmt: skip
+    kwargs.pop("synced_gpus", None)
+    model_kwargs = generation_config.update(**kwargs)
+    unsupported = [n for n, ok in _UNSUPPORTED.items() if getattr(generation_config, n, None) not in ok]
+    unsupported += [n for n, v in hooks.items() if v]
+    if unsupported or inputs is None:
+        logger.warning(
+            "custom_generate: %s not supported by the greedy P-EAGLE loop; using generate().", unsupported
+        )
+        if assistant is not None and not hasattr(assistant, "draft"):
+            model_kwargs["assistant_model"] = assistant
+        return GenerationMixin.generate(
+            model,
+            inputs,
+            generation_config=generation_config,
+            **{k_: v for k_, v in hooks.items() if v},
+            **model_kwargs,
+        )
+
+    head = _load_head(head_spec if head_spec is not None else HEAD_REPO, model)
+    k = int(k or head.config.num_speculative_tokens)
+    eos = generation_config.eos_token_id
+    eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+    pad = generation_config.pad_token_id
+    pad = pad if pad is not None else (min(eos) if eos else 0)
+    mask = model_kwargs.pop("attention_mask", None)
+    if model_kwargs:
+        logger.warning("custom_generate: ignoring %s", sorted(model_kwargs))
+    prompt_len = inputs.shape[1]
+    if generation_config.max_new_tokens is not None:
+        max_new = generation_config.max_new_tokens
+    else:
+        max_new = max(0, (generation_config.max_length or 20) - prompt_len)
+    stats = {"rounds": 0, "accepted_drafts": 0, "round_tokens": 0}
+    rows = []
+    for b in range(inputs.shape[0]):
+        ids = inputs[b : b + 1]
+        if mask is not None:
+            ids = ids[:, mask[b].bool()]
+        rows.append(_generate_row(model, head, ids, max_new, eos, k, stats) if max_new > 0 else ids[:, :0])
+    width = max(r.shape[1] for r in rows)
+    padded = [torch.cat([r, r.new_full((1, width - r.shape[1]), pad)], dim=1) for r in rows]
+    sequences = torch.cat([inputs, torch.cat(padded, dim=0)], dim=1)
+    stats["new_tokens"] = sum(r.shape[1] for r in rows)
+    stats["tau"] = stats["round_tokens"] / stats["rounds"] if stats["rounds"] else None
+    head.last_custom_generate_stats = stats
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences

@@ -1,0 +1,292 @@
+"""The folder a Hub upload holds: model card, remote code, custom_generate/; push and CLI without network."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+import peagle
+from conftest import make_head, make_target
+from peagle import PEagleDrafter
+from peagle.bench import summarize
+from peagle.hub import DEFAULT_TAGS, prepare_upload_folder, render_model_card
+
+TARGET_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _bench_json(tmp_path):
+    """A bench.json in the shape `peagle bench` writes (its own `summarize` builds the summary)."""
+    runs = []
+    for method, k, rounds, seconds in (("greedy", 0, 64, 4.0), ("peagle", 7, 20, 2.0)):
+        runs.append(dict(dataset="mtbench", method=method, k=k, new_tokens=64, seconds=seconds, rounds=rounds,
+                         target_seconds=seconds * 0.8, drafter_seconds=seconds * 0.1, lossless=True))  # fmt: skip
+    path = tmp_path / "bench.json"
+    path.write_text(
+        json.dumps({"summary": summarize(runs), "machine": {"cpu": "2 cores"}, "command": "peagle bench"})
+    )
+    return path
+
+
+def _load_recipe(folder):
+    spec = importlib.util.spec_from_file_location(
+        "peagle_custom_generate_test", folder / "custom_generate" / "generate.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _logits(head, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 120, (1, 10), generator=g)
+    feats = torch.randn(1, 10, 3 * head.config.target_hidden_size, generator=g)
+    par = torch.zeros_like(ids, dtype=torch.bool)
+    par[:, -3:] = True
+    with torch.no_grad():
+        return head(ids, feats, parallel_mask=par).logits
+
+
+# ------------------------------------------------------------------------------------------ card
+def test_model_card_renders_and_parses(tmp_path):
+    head = make_head(make_target(), target_model_name=TARGET_ID)
+    training = {"data": "self-distilled UltraChat prompts", "tokens": "12M", "budget": "40 min on 1x H100"}
+    card = render_model_card(head, repo_id="org/smol-peagle", bench=_bench_json(tmp_path), training=training)
+    text = str(card)
+    parsed = ModelCard(text)  # YAML front matter parses into ModelCardData
+    assert parsed.data.library_name == "peagle" and parsed.data.base_model == TARGET_ID
+    assert parsed.data.license == "apache-2.0" and set(DEFAULT_TAGS) <= set(parsed.data.tags)
+    assert not re.search(r"\$[a-z_]+", parsed.text), "unfilled template placeholder"
+    assert "| mtbench | peagle | 7 | 64 " not in text  # columns are formatted, not raw
+    assert re.search(r"\| mtbench \| peagle \| 7 \| 1 \| 3\.20 \| 32\.0 \| 2\.00x \| yes \|", text)
+    assert "counting the target's own (bonus) token" in text and "Machine: cpu: 2 cores" in text
+    assert "- **budget**: 40 min on 1x H100" in text
+    assert 'custom_generate="org/smol-peagle", trust_remote_code=True' in text
+    assert '"parallel_drafting": true' in text and '"num_speculative_tokens": 7' in text
+    assert f"vllm serve {TARGET_ID}" in text and "peagle export org/smol-peagle --layout vllm" in text
+
+
+def test_model_card_without_hub_target_or_bench(tmp_path):
+    head = make_head(make_target(), target_model_name=str(tmp_path), drafting_mode="autoregressive")
+    parsed = ModelCard(str(render_model_card(head)))
+    assert parsed.data.base_model is None  # a local path is not a Hub id
+    assert "No benchmark was attached" in parsed.text and "autoregressive (EAGLE-3)" in parsed.text
+    assert "parallel_drafting" not in parsed.text
+    with pytest.raises(ValueError, match="no result rows"):
+        render_model_card(head, bench={"summary": []})
+
+
+# ------------------------------------------------------------------------------------------ folder
+def test_prepare_upload_folder(tmp_path):
+    head = make_head(make_target(), target_model_name=TARGET_ID)
+    folder = prepare_upload_folder(head, tmp_path / "up", repo_id="org/smol-peagle", license="mit")
+    for name in (
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "configuration_peagle.py",
+        "modeling_peagle.py",
+    ):
+        assert (folder / name).is_file(), name
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == "modeling_peagle.PEagleDrafter"
+    assert (folder / "custom_generate" / "requirements.txt").read_text().split() == [
+        "torch",
+        "transformers>=5.23",
+    ]
+    assert _load_recipe(folder).HEAD_REPO == "org/smol-peagle"
+    assert ModelCard.load(folder / "README.md").data.license == "mit"
+    torch.testing.assert_close(_logits(PEagleDrafter.from_pretrained(folder)), _logits(head))
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_custom_generate_equals_greedy_batched(tmp_path, mode):
+    target = make_target()
+    head = make_head(target, drafting_mode=mode)
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    ids = torch.randint(3, 120, (2, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0  # left padding
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=14)
+    got = recipe.generate(
+        target, ids, attention_mask=mask, peagle_head=head, max_new_tokens=14, num_speculative_tokens=3
+    )
+    assert torch.equal(got, expected)
+    assert head.last_custom_generate_stats["rounds"] > 0
+
+
+def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch):
+    """Oracle drafts (right for a varying prefix) exercise acceptance and cache cropping; the real slots the
+    drafter saw must be the EAGLE pairing of the final sequence: token t+1 with target features of position t."""
+    target = make_target()
+    head = make_head(target)
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    ids = torch.randint(3, 120, (1, 7), generator=torch.Generator().manual_seed(5))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=40)
+    k, seen, real_draft = 4, [], recipe._draft
+
+    def oracle(head_, slots, feats, cache, k_):
+        seen.append((cache.get_seq_length(), slots.clone(), feats.clone()))
+        real_draft(head_, slots, feats, cache, k_)  # grows the drafter cache as a real round does
+        last = cache.get_seq_length() - (k_ - 1) - 1  # index of the bonus slot, which holds token last + 1
+        right = len(seen) % (k_ + 1)
+        truth = expected[0, last + 2 : last + 2 + k_].tolist()
+        truth += [0] * (k_ - len(truth))
+        drafts = [t if i < right else (t + 1) % 128 for i, t in enumerate(truth)]
+        return torch.tensor([drafts])
+
+    monkeypatch.setattr(recipe, "_draft", oracle)
+    got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=40, num_speculative_tokens=k)
+    assert torch.equal(got, expected)
+    stats = head.last_custom_generate_stats
+    assert stats["accepted_drafts"] > 0 and stats["tau"] > 1.5
+    starts = [s for s, _, _ in seen]
+    slots = torch.cat([s for _, s, _ in seen], dim=1)
+    feats = torch.cat([f for _, _, f in seen], dim=1)
+    assert starts == [0, *torch.tensor([s.shape[1] for _, s, _ in seen]).cumsum(0)[:-1].tolist()]
+    n = slots.shape[1]
+    assert torch.equal(slots, expected[:, 1 : n + 1])
+    with torch.no_grad():
+        hs = target(expected[:, :n], output_hidden_states=True).hidden_states
+    layer_ids = head.config.eagle_aux_hidden_state_layer_ids
+    torch.testing.assert_close(feats, torch.cat([hs[i] for i in layer_ids], -1), rtol=1e-4, atol=1e-4)
+
+
+def test_custom_generate_hands_sampling_to_transformers(tmp_path):
+    target = make_target()
+    head = make_head(target)
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    ids = torch.randint(3, 120, (1, 6), generator=torch.Generator().manual_seed(6))
+    torch.manual_seed(0)
+    got = recipe.generate(target, ids, peagle_head=head, do_sample=True, max_new_tokens=12)
+    torch.manual_seed(0)
+    assert torch.equal(got, target.generate(ids, do_sample=True, max_new_tokens=12))
+
+
+# ------------------------------------------------------------------------------------------ push and CLI
+def test_push_to_hub_uploads_the_prepared_folder(tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+
+    calls = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls["create"] = (repo_id, kwargs)
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        files = sorted(str(p.relative_to(folder_path)) for p in folder_path.rglob("*") if p.is_file())
+        recipe = (folder_path / "custom_generate" / "generate.py").read_text()
+        calls["upload"] = (repo_id, files, recipe, kwargs)
+        return "commit"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    head = make_head(make_target(), target_model_name=TARGET_ID)
+    assert head.push_to_hub("org/smol-peagle", private=True, bench=_bench_json(tmp_path)) == "commit"
+    assert calls["create"] == ("org/smol-peagle", {"private": True, "exist_ok": True})
+    repo_id, files, recipe, kwargs = calls["upload"]
+    assert repo_id == "org/smol-peagle" and kwargs["commit_message"]
+    for name in (
+        "README.md",
+        "config.json",
+        "modeling_peagle.py",
+        "configuration_peagle.py",
+        "custom_generate/generate.py",
+    ):
+        assert name in files, name
+    assert "HEAD_REPO: str | None = 'org/smol-peagle'" in recipe
+
+
+def test_cli_push_prepare_only(tmp_path, capsys):
+    from peagle.cli import main
+
+    head = make_head(make_target(), target_model_name=TARGET_ID)
+    head.save_pretrained(tmp_path / "head")
+    out = tmp_path / "up"
+    argv = [
+        "push",
+        str(tmp_path / "head"),
+        "org/smol-peagle",
+        "--prepare-only",
+        str(out),
+        "--bench",
+        str(_bench_json(tmp_path)),
+    ]
+    assert main(argv) == 0
+    assert "not uploaded" in capsys.readouterr().out
+    assert "2.00x" in (out / "README.md").read_text() and (out / "custom_generate" / "generate.py").is_file()
+
+
+# ------------------------------------------------------------------------------------------ without peagle
+_NO_PEAGLE = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class _BlockPeagle(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "peagle" or name.startswith("peagle."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
+            return None
+
+    sys.meta_path.insert(0, _BlockPeagle())
+    try:
+        import peagle  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("peagle is importable; the test needs an environment without it")
+
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    folder, target_dir, ref_file = sys.argv[1:4]
+    ref = torch.load(ref_file)
+    head = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(head).__module__.startswith("transformers_modules"), type(head).__module__
+    with torch.no_grad():
+        logits = head(ref["ids"], ref["feats"], parallel_mask=ref["par"]).logits
+    torch.testing.assert_close(logits, ref["logits"])
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    out = target.generate(ref["prompt"], custom_generate=folder, trust_remote_code=True, max_new_tokens=16)
+    assert torch.equal(out, ref["greedy"]), (out, ref["greedy"])
+    assert "peagle" not in sys.modules
+    print("OK", head.last_custom_generate_stats if hasattr(head, "last_custom_generate_stats") else "")
+    """
+)
+
+
+@pytest.mark.slow
+def test_upload_folder_works_without_peagle(tmp_path):
+    target = make_target()
+    head = make_head(target)
+    folder = prepare_upload_folder(head, tmp_path / "up")
+    target.save_pretrained(tmp_path / "target")
+    g = torch.Generator().manual_seed(0)
+    ids, feats = torch.randint(3, 120, (1, 10), generator=g), torch.randn(1, 10, 192, generator=g)
+    par = torch.zeros_like(ids, dtype=torch.bool)
+    par[:, -3:] = True
+    prompt = torch.randint(3, 120, (1, 8), generator=g)
+    with torch.no_grad():
+        ref = {"ids": ids, "feats": feats, "par": par, "logits": head(ids, feats, parallel_mask=par).logits}
+    ref.update(prompt=prompt, greedy=target.generate(prompt, do_sample=False, max_new_tokens=16))
+    torch.save(ref, tmp_path / "ref.pt")
+    script = tmp_path / "no_peagle.py"
+    script.write_text(_NO_PEAGLE)
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", PYTHONPATH="")
+    proc = subprocess.run(
+        [sys.executable, "-I", str(script), str(folder), str(tmp_path / "target"), str(tmp_path / "ref.pt")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK" in proc.stdout
+
+
+def test_peagle_export_is_public():
+    assert peagle.export is peagle.formats.export
