@@ -52,6 +52,74 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- sub-commands added by other modules go below this line (one block each) ---
 
+    # train: target + prompts -> self-distilled data -> trained head (peagle.training.recipe)
+    def _train(args: argparse.Namespace) -> int:
+        from .training.recipe import run_train
+
+        return run_train(args)
+
+    from .training.recipe import add_train_arguments  # argparse only; heavy imports happen in run_train
+
+    p = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target on self-distilled data")
+    add_train_arguments(p)
+    p.set_defaults(func=_train)
+
+    # export: any published head layout -> vLLM / speculators / peagle (peagle.formats)
+    def _export(args: argparse.Namespace) -> int:
+        from .formats import cli_export
+
+        return cli_export(args)
+
+    p = sub.add_parser(
+        "export", help="convert a head (any known layout) to the vllm, speculators or peagle layout"
+    )
+    p.add_argument("head", help="head folder or Hub repo id, in any layout peagle reads")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--layout", choices=["vllm", "speculators", "peagle"], default="vllm")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="target path, Hub id or 'default'; needed when the head "
+        "shares the target's embeddings or lacks embed_tokens / lm_head",
+    )
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=None, help="K to record (default: the head's)"
+    )
+    p.add_argument(
+        "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
+    )
+    p.add_argument("--max-shard-size", default="5GB")
+    p.set_defaults(func=_export)
+
+    # push: upload a head with its model card, remote code and custom_generate/ (peagle.hub)
+    def _push(args: argparse.Namespace) -> int:
+        from .hub import cli_push
+
+        return cli_push(args)
+
+    p = sub.add_parser(
+        "push", help="upload a head to the Hub with a model card, remote code and custom_generate/"
+    )
+    p.add_argument("head", help="head folder or Hub repo id, in any layout peagle reads")
+    p.add_argument("repo_id", help="destination Hub repo, e.g. you/SmolLM2-135M-Instruct-peagle")
+    p.add_argument(
+        "--target", default=None, help="target path, Hub id or 'default' (checked against the head)"
+    )
+    p.add_argument(
+        "--bench", default=None, help="benchmark JSON (peagle bench) for the acceptance/speedup table"
+    )
+    p.add_argument("--training", default=None, help="JSON file describing training data and budget")
+    p.add_argument("--license", default="apache-2.0")
+    p.add_argument("--private", action="store_true")
+    p.add_argument("--token", default=None)
+    p.add_argument(
+        "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
+    )
+    p.add_argument(
+        "--prepare-only", default=None, metavar="DIR", help="write the upload folder to DIR, do not upload"
+    )
+    p.set_defaults(func=_push)
+
     return parser
 
 

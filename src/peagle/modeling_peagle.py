@@ -174,7 +174,50 @@ class PEagleDrafter(PEaglePreTrainedModel):
         self.register_buffer("t2d", t2d)
         self.gradient_checkpointing = False
         self.last_generation_stats = None
+        if getattr(config, "peagle_fp8", None):  # an FP8 head (peagle.fp8): FP8 layers before loading
+            from .fp8 import apply_fp8_config
+
+            apply_fp8_config(self, config.peagle_fp8)
         self.post_init()
+
+    # ------------------------------------------------------------------ loading and uploading
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a head saved by peagle, or convert one saved in another published layout.
+
+        With peagle installed, `peagle.formats` recognises the AWS/vLLM, speculators and EAGLE-3 layouts,
+        refuses pickle checkpoints unless `allow_pickle=True`, and checks every tensor against the config
+        (errors name the file and tensor).  `target_model=` attaches the head to its target after loading
+        and supplies `embed_tokens` / `lm_head` a foreign checkpoint lacks.  As Hub remote code without
+        peagle installed, only peagle's own layout loads, through plain transformers loading.
+        """
+        target_model = kwargs.pop("target_model", None)
+        allow_pickle = kwargs.pop("allow_pickle", False)
+        try:
+            from peagle import formats
+        except ImportError:
+            formats = None
+        if formats is not None:
+            checkpoint = formats.inspect_checkpoint(
+                pretrained_model_name_or_path, allow_pickle=allow_pickle, hub_kwargs=kwargs
+            )
+            if checkpoint.layout != "peagle":
+                dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+                return formats.load_converted(checkpoint, cls=cls, target_model=target_model, dtype=dtype)
+            formats.check_native(checkpoint, cls, config=kwargs.get("config"))
+            pretrained_model_name_or_path = checkpoint.path
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if target_model is not None:
+            model.attach_target(target_model)
+        return model
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload with a model card, the remote-code files and `custom_generate/` (`peagle.hub.push_to_hub`)."""
+        try:
+            from peagle.hub import push_to_hub
+        except ImportError:
+            return super().push_to_hub(repo_id, **kwargs)
+        return push_to_hub(self, repo_id, **kwargs)
 
     # ------------------------------------------------------------------ embeddings and vocabularies
     def get_input_embeddings(self) -> nn.Embedding:
@@ -269,7 +312,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 f"target hidden states have width {target_hidden_states.shape[-1]}; expected {expected} "
                 f"(3 aux layers x target_hidden_size {self.config.target_hidden_size})."
             )
-        return self.fc(target_hidden_states.to(self.fc.weight.dtype))
+        return self.fc(target_hidden_states.to(self.mask_hidden.dtype))  # not fc.weight: FP8 heads store e4m3
 
     def _attention_mask(
         self, attention_mask, inputs_embeds, past_key_values, position_ids
@@ -341,9 +384,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
         inputs_embeds = self.embed_tokens(input_ids)
         if parallel_mask.any():
             dtype = inputs_embeds.dtype
-            mask_feat = (
-                self.fc(self.mask_hidden.to(self.fc.weight.dtype)).to(dtype).expand(*input_ids.shape, -1)
-            )
+            mask_feat = self.fc(self.mask_hidden).to(dtype).expand(*input_ids.shape, -1)
             hidden = (
                 mask_feat
                 if hidden is None

@@ -1,0 +1,636 @@
+"""P-EAGLE drafting inside `generate()` on tiny random models: lossless output, one drafter pass per round,
+the drafter cache across rounds, target features, stats, stopping, sampling distribution, errors, the hook."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+import torch
+import transformers
+from scipy import stats as scipy_stats
+from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+from transformers.generation.streamers import BaseStreamer
+from transformers.generation.utils import GenerationMixin
+
+import peagle
+from conftest import make_head, make_target
+from peagle import generation as gen
+
+LAYERS = 4  # aux layers default to (1, 2, 3): distinct, so an off-by-one layer index shows
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread, and do not stall when other processes share the 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+
+
+def _prompt(seed: int, length: int) -> torch.LongTensor:
+    return torch.randint(3, 127, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy(target, ids, **kw) -> torch.LongTensor:
+    return target.generate(ids, do_sample=False, **kw)
+
+
+class Oracle:
+    """Forward hook: each drafting slot's logits point at the reference continuation with probability `p`.
+
+    A random head almost never drafts a right token; the oracle makes rounds accept 0..K drafts, so the cache
+    crop/append path and the stats see real acceptance.  The slot at position q predicts token q + 2.
+    """
+
+    def __init__(self, head, reference: torch.LongTensor, p: float = 0.7, seed: int = 0):
+        self.reference = reference[0].tolist()
+        self.p = p
+        self.generator = torch.Generator().manual_seed(seed)
+        target_ids = (torch.arange(head.config.draft_vocab_size) + head.d2t).tolist()
+        self.draft_index = {t: i for i, t in enumerate(target_ids)}
+        self.handle = head.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, out):
+        k = out.logits.shape[1]
+        logits = out.logits.clone()
+        for j, q in enumerate(kwargs["position_ids"][0, -k:].tolist()):
+            hit = torch.rand((), generator=self.generator).item() < self.p
+            if q + 2 < len(self.reference) and hit and self.reference[q + 2] in self.draft_index:
+                logits[0, j, self.draft_index[self.reference[q + 2]]] = logits[0, j].max() + 10.0
+        out.logits = logits
+        return out
+
+
+class Recorder:
+    """Forward hook recording the drafter's inputs and raw logits, and the order of drafter/target calls."""
+
+    def __init__(self, head, target=None):
+        self.calls: list[dict] = []
+        self.events: list[str] = []
+        self.handles = [head.register_forward_hook(self._head, with_kwargs=True)]
+        if target is not None:
+            self.handles.append(target.register_forward_hook(lambda *a: self.events.append("T")))
+
+    def _head(self, module, args, kwargs, out):
+        keep = (
+            "input_ids",
+            "target_hidden_states",
+            "projected_hidden_states",
+            "position_ids",
+            "parallel_mask",
+        )
+        call = {
+            k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+            for k, v in kwargs.items()
+            if k in keep
+        }
+        call["logits"] = out.logits.detach().clone()
+        self.calls.append(call)
+        self.events.append("D")
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _check_stats(head, prompt_len: int, output: torch.LongTensor) -> gen.PEagleGenerationStats:
+    st = head.last_generation_stats
+    new = output.shape[1] - prompt_len
+    assert st.generated_tokens == new == st.accepted_tokens + st.rounds + st.plain_steps
+    assert sum(st.accepted_per_depth) == st.accepted_tokens
+    assert sum(st.drafted_per_depth) == st.draft_tokens
+    # a draft at depth d is kept only if depth d-1 was
+    assert all(a >= b for a, b in itertools.pairwise(st.accepted_per_depth))
+    if st.rounds:
+        assert st.acceptance_length == pytest.approx((st.accepted_tokens + st.rounds) / st.rounds)
+    return st
+
+
+# ---------------------------------------------------------------------------------------------- lossless greedy
+@pytest.mark.parametrize("k", range(1, 11))
+def test_greedy_lossless_parallel(target, k):
+    head = make_head(target, seed=k)
+    for p, accuracy in enumerate((0.5, 0.8, 1.0, None, None)):  # oracle drafts, then the random head alone
+        ids = _prompt(10 * k + p, 3 + (5 * k + 7 * p) % 17)
+        ref = _greedy(target, ids, max_new_tokens=14)
+        use_oracle = accuracy is not None
+        oracle = Oracle(head, ref, p=accuracy, seed=k) if use_oracle else None
+        out = _greedy(target, ids, max_new_tokens=14, assistant_model=head, num_assistant_tokens=k)
+        if oracle:
+            oracle.handle.remove()
+        assert torch.equal(out, ref), (k, use_oracle)
+        st = _check_stats(head, ids.shape[1], out)
+        assert st.num_draft_tokens == k and st.drafter_forward_calls == st.rounds
+        if use_oracle and k > 1:
+            assert st.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_lossless_autoregressive(target, k):
+    head = make_head(target, seed=3, drafting_mode="autoregressive")
+    ids = _prompt(k, 9)
+    ref = _greedy(target, ids, max_new_tokens=16)
+    oracle = Oracle(head, ref, seed=k)
+    out = _greedy(target, ids, max_new_tokens=16, assistant_model=head, num_assistant_tokens=k)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = _check_stats(head, ids.shape[1], out)
+    assert st.drafter_forward_calls == st.draft_tokens  # one pass per draft token
+
+
+def test_greedy_lossless_draft_vocab_subset(target):
+    """draft_vocab_size < vocab_size: d2t offsets map draft ids to target ids; output stays the target's."""
+    head = make_head(target, seed=5, draft_vocab_size=48)
+    ids = _prompt(7, 8)
+    ref = _greedy(target, ids, max_new_tokens=20)
+    rest = sorted(set(range(128)) - set(ref[0].tolist()))
+    keep = sorted(set(ref[0].tolist()) | set(rest[: 48 - len(set(ref[0].tolist()))]))
+    head.set_draft_vocab(torch.tensor(keep))
+    assert bool(head.d2t.any())  # real offsets, not the identity
+    rec = Recorder(head)
+    oracle = Oracle(head, ref, p=0.8)
+    out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    oracle.handle.remove()
+    rec.remove()
+    assert torch.equal(out, ref)
+    st = _check_stats(head, ids.shape[1], out)
+    assert st.accepted_tokens > 0  # the mapped drafts matched the target's tokens
+
+    # a random subset head (most tokens outside its vocabulary) is useless but still lossless
+    other = make_head(target, seed=6, draft_vocab_size=16)
+    other.set_draft_vocab(torch.arange(3, 128, 8)[:16])
+    out = _greedy(target, ids, max_new_tokens=20, assistant_model=other, num_assistant_tokens=3)
+    assert torch.equal(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------- passes per round
+def _rounds(events: list[str]) -> list[int]:
+    """Drafter calls between consecutive target calls (the first target call is the prefill)."""
+    counts, current = [], 0
+    for e in events[1:]:
+        if e == "D":
+            current += 1
+        else:
+            counts.append(current)
+            current = 0
+    return counts
+
+
+def test_one_drafter_forward_per_round(target):
+    head = make_head(target, seed=2)
+    ids = _prompt(3, 11)
+    ref = _greedy(target, ids, max_new_tokens=24)
+    rec = Recorder(head, target)
+    oracle = Oracle(head, ref, p=0.6)
+    out = _greedy(target, ids, max_new_tokens=24, assistant_model=head, num_assistant_tokens=5)
+    oracle.handle.remove()
+    rec.remove()
+    assert torch.equal(out, ref)
+    st = _check_stats(head, ids.shape[1], out)
+    per_round = _rounds(rec.events)
+    assert rec.events[0] == "T"
+    assert len(per_round) == st.rounds + st.plain_steps - 1  # the prefill step has no round before it
+    assert set(per_round) <= {0, 1} and sum(per_round) == st.rounds == st.drafter_forward_calls
+    assert st.accepted_tokens > 0 and st.rounds < 23
+    assert st.drafter_seconds > 0 and st.total_seconds >= st.drafter_seconds
+
+
+def test_autoregressive_k_forwards_per_round(target):
+    k = 4
+    head = make_head(target, seed=2, drafting_mode="autoregressive")
+    ids = _prompt(4, 10)
+    ref = _greedy(target, ids, max_new_tokens=30)
+    rec = Recorder(head, target)
+    oracle = Oracle(head, ref, p=0.6)
+    out = _greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=k)
+    oracle.handle.remove()
+    rec.remove()
+    assert torch.equal(out, ref)
+    per_round = [c for c in _rounds(rec.events) if c]
+    # K passes per round; only rounds near max_length draft fewer
+    assert per_round[:-2] == [k] * (len(per_round) - 2) and all(c <= k for c in per_round[-2:])
+    assert sum(per_round) == head.last_generation_stats.drafter_forward_calls
+    # the follow-up passes feed the previous last hidden state and skip fc
+    steps = [c for c in rec.calls if c.get("projected_hidden_states") is not None]
+    assert len(steps) == sum(per_round) - len(per_round)
+    assert all(c["input_ids"].shape == (1, 1) for c in steps)
+
+
+# ---------------------------------------------------------------------------------------------- features and cache
+def _full_features(target, head, seq: torch.LongTensor, shift: int = 0) -> torch.Tensor:
+    with torch.no_grad():
+        states = target(seq, output_hidden_states=True).hidden_states
+    return torch.cat([states[i + shift] for i in head.config.eagle_aux_hidden_state_layer_ids], dim=-1)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_features_and_cache_match_full_forward(target, mode):
+    """Features passed are `output_hidden_states[i]` (index 0 = embeddings), and each round's drafter logits
+    (with the cache kept across rounds) equal a fresh forward over all the slots without a cache."""
+    head = make_head(target, seed=4, drafting_mode=mode)
+    assert head.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
+    ids = _prompt(11, 9)
+    ref = _greedy(target, ids, max_new_tokens=18)
+    rec = Recorder(head)
+    oracle = Oracle(head, ref, p=0.7, seed=1)
+    out = _greedy(target, ids, max_new_tokens=18, assistant_model=head, num_assistant_tokens=4)
+    oracle.handle.remove()
+    rec.remove()
+    assert torch.equal(out, ref)
+    assert head.last_generation_stats.accepted_tokens > 0  # rounds appended several real slots
+    feats = _full_features(target, head, out)
+    shifted = _full_features(target, head, out, shift=1)  # the DFlash-style i+1 indexing
+    mask_id = head.config.mask_token_id
+    checked = 0
+    for call in rec.calls:
+        if call.get("projected_hidden_states") is not None:
+            continue  # autoregressive follow-up steps: no target features
+        par = call["parallel_mask"][0]
+        real = int((~par).sum())
+        k = call["logits"].shape[1]
+        start = int(call["position_ids"][0, 0])
+        last = start + real - 1  # last real slot = bonus slot
+        got = call["target_hidden_states"][:, :real]
+        torch.testing.assert_close(got, feats[:, start : last + 1], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(got, shifted[:, start : last + 1], atol=1e-3)
+        assert torch.equal(call["input_ids"][:, :real], out[:, start + 1 : last + 2])
+        # fresh forward: every real slot 0..last, then the same speculative slots, no cache
+        extra = int(par.sum())
+        fresh_ids = torch.cat([out[:, 1 : last + 2], torch.full((1, extra), mask_id)], dim=1)
+        fresh_feats = torch.cat([feats[:, : last + 1], feats.new_zeros(1, extra, feats.shape[-1])], dim=1)
+        fresh_par = torch.zeros_like(fresh_ids, dtype=torch.bool)
+        fresh_par[:, last + 1 :] = True
+        with torch.no_grad():
+            fresh = head(
+                fresh_ids,
+                fresh_feats,
+                position_ids=torch.arange(fresh_ids.shape[1])[None],
+                parallel_mask=fresh_par,
+                logits_to_keep=k,
+            ).logits
+        torch.testing.assert_close(fresh, call["logits"], atol=1e-4, rtol=1e-4)
+        checked += 1
+    assert checked == head.last_generation_stats.rounds
+
+
+# ---------------------------------------------------------------------------------------------- stopping
+@pytest.mark.parametrize("max_new", [1, 2, 3, 6])
+def test_max_new_tokens(target, max_new):
+    head = make_head(target, seed=8)
+    ids = _prompt(20 + max_new, 6)
+    ref = _greedy(target, ids, max_new_tokens=max_new)
+    oracle = Oracle(head, _greedy(target, ids, max_new_tokens=12), p=1.0)
+    out = _greedy(target, ids, max_new_tokens=max_new, assistant_model=head, num_assistant_tokens=5)
+    oracle.handle.remove()
+    assert torch.equal(out, ref) and out.shape[1] == ids.shape[1] + max_new
+    st = _check_stats(head, ids.shape[1], out)
+    if max_new == 1:
+        assert st.rounds == 0 and st.plain_steps == 1
+
+
+def test_eos_stops_inside_accepted_drafts(target):
+    head = make_head(target, seed=9)
+    ids = _prompt(31, 7)
+    free = _greedy(target, ids, max_new_tokens=20)
+    new = free[0, ids.shape[1] :].tolist()
+    eos = next(t for i, t in enumerate(new) if i >= 4 and t not in new[:i])  # first occurrence, mid-output
+    ref = _greedy(target, ids, max_new_tokens=20, eos_token_id=eos)
+    assert ref.shape[1] < free.shape[1] and ref[0, -1] == eos
+    oracle = Oracle(head, free, p=1.0)  # drafts run past the EOS: transformers must cut there
+    out = _greedy(
+        target, ids, max_new_tokens=20, eos_token_id=eos, assistant_model=head, num_assistant_tokens=6
+    )
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    _check_stats(head, ids.shape[1], out)
+
+
+class _Collect(BaseStreamer):
+    def __init__(self):
+        self.chunks: list[torch.Tensor] = []
+        self.ended = False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1))
+
+    def end(self):
+        self.ended = True
+
+
+class _StopOn(StoppingCriteria):
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids[:, -8:] == self.token).any(dim=-1)
+
+
+def test_streamer_and_stopping_criteria(target):
+    head = make_head(target, seed=10)
+    ids = _prompt(41, 8)
+    free = _greedy(target, ids, max_new_tokens=20)
+    oracle = Oracle(head, free, p=1.0)
+    streamer = _Collect()
+    out = _greedy(
+        target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4, streamer=streamer
+    )
+    assert torch.equal(out, free) and streamer.ended
+    assert torch.equal(torch.cat(streamer.chunks), out[0])  # prompt, then every emitted chunk in order
+
+    stop = int(free[0, ids.shape[1] + 6])
+    plain = _greedy(target, ids, max_new_tokens=20, stopping_criteria=StoppingCriteriaList([_StopOn(stop)]))
+    out = _greedy(
+        target,
+        ids,
+        max_new_tokens=20,
+        stopping_criteria=StoppingCriteriaList([_StopOn(stop)]),
+        assistant_model=head,
+        num_assistant_tokens=4,
+    )
+    oracle.handle.remove()
+    assert plain.shape[1] < free.shape[1]
+    # transformers checks custom criteria once per round: the output is the plain output plus at most the
+    # rest of that round (at most K tokens), all of them the target's own greedy tokens
+    assert torch.equal(out[:, : plain.shape[1]], plain) and out.shape[1] - plain.shape[1] <= 4
+    assert torch.equal(out, free[:, : out.shape[1]])
+
+
+def test_return_dict_with_hidden_states(target):
+    head = make_head(target, seed=12)
+    ids = _prompt(51, 6)
+    kw = dict(max_new_tokens=6, return_dict_in_generate=True, output_hidden_states=True, output_scores=True)
+    ref = _greedy(target, ids, **kw)
+    out = _greedy(target, ids, assistant_model=head, num_assistant_tokens=3, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == 6 and len(out.hidden_states) == 6
+
+
+# ---------------------------------------------------------------------------------------------- K resolution
+def test_num_draft_tokens_default_and_warning(target, caplog):
+    head = make_head(target, seed=13, num_speculative_tokens=3, num_parallel_positions=4)
+    ids = _prompt(61, 6)
+    _greedy(target, ids, max_new_tokens=8, assistant_model=head)
+    assert head.last_generation_stats.num_draft_tokens == 3  # head default when not given
+    with caplog.at_level(logging.WARNING):
+        _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
+        _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
+    assert head.last_generation_stats.num_draft_tokens == 6
+    warned = [r for r in caplog.records if "trained for 4 parallel positions" in r.getMessage()]
+    assert len(warned) == 1
+    with pytest.raises(ValueError, match="expected an integer >= 1"):
+        _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=0)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _exact_distribution(target, prompt: torch.LongTensor, steps: int, processors) -> dict[tuple, float]:
+    """Probability of every continuation of `steps` tokens under plain sampling with `processors`."""
+    probs = {(): 1.0}
+    for _ in range(steps):
+        prefixes = list(probs)
+        batch = torch.cat([prompt.expand(len(prefixes), -1), torch.tensor(prefixes, dtype=torch.long)], dim=1)
+        with torch.no_grad():
+            logits = target(batch).logits[:, -1].float()
+        rows = [processors(batch[i : i + 1], logits[i : i + 1]).softmax(-1)[0] for i in range(len(prefixes))]
+        probs = {
+            prefix + (t,): probs[prefix] * float(row[t])
+            for prefix, row in zip(prefixes, rows)
+            for t in torch.nonzero(row > 0).flatten().tolist()
+        }
+    return probs
+
+
+def _sampling_models():
+    """A 2-layer, 8-token target with logits of order 1 and a head whose draft vocabulary skips ids 3 and 7."""
+    small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    target = make_target(seed=3, vocab_size=8, num_hidden_layers=2, eos_token_id=None, **small)
+    head = make_head(target, seed=4, mask_token_id=7, draft_vocab_size=6)
+    head.set_draft_vocab(torch.tensor([0, 1, 2, 4, 5, 6]))
+    with torch.no_grad():
+        target.lm_head.weight.mul_(3.0)
+        head.lm_head.weight.mul_(3.0)
+    return target, head
+
+
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=3)
+
+
+def _sampling_processors() -> LogitsProcessorList:
+    return LogitsProcessorList(
+        [TemperatureLogitsWarper(SAMPLING["temperature"]), TopKLogitsWarper(SAMPLING["top_k"])]
+    )
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
+    """The draft logits handed to transformers are exactly the (processed, target-vocabulary) distribution
+    each draft was sampled from, given the drafts before it."""
+    target, head = _sampling_models()
+    head.config.drafting_mode = mode
+    returned = []
+    original = gen.PEagleCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, **kwargs):
+        ids, logits = original(self, input_ids, **kwargs)
+        returned.append((input_ids, ids, logits))
+        return ids, logits
+
+    monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", spy)
+    rec = Recorder(head)
+    torch.manual_seed(0)
+    for _ in range(4):
+        target.generate(torch.tensor([[1, 3, 5, 6, 2]]), max_new_tokens=8, assistant_model=head, **SAMPLING)
+    rec.remove()
+    rounds = [r for r in returned if r[2] is not None]
+    assert rounds
+    processors, calls = _sampling_processors(), iter(rec.calls)
+    for context, candidates, logits in rounds:
+        k = candidates.shape[1] - context.shape[1]
+        if mode == "parallel":
+            raw = next(calls)["logits"]
+        else:
+            raw = torch.cat([next(calls)["logits"][:, -1:] for _ in range(k)], dim=1)
+        assert logits.shape == (1, k, 8)
+        for d in range(k):
+            expected = processors(
+                candidates[:, : context.shape[1] + d], head.draft_logits_to_target(raw[:, d])
+            )
+            torch.testing.assert_close(logits[:, d], expected, atol=0, rtol=0)
+            token = int(candidates[0, context.shape[1] + d])
+            assert torch.isfinite(logits[0, d, token]) and token not in (3, 7)  # drawn from that support
+            assert torch.isinf(logits[0, d, [3, 7]]).all()  # -inf outside the draft vocabulary
+
+
+def test_sampling_matches_target_distribution(monkeypatch):
+    """Speculative sampling (temperature + top-k, draft vocabulary subset) reproduces the target's own sampling
+    distribution: chi-square goodness of fit of 500 samples against the exact probabilities.
+
+    The first new token is forced (`prefix_allowed_tokens_fn`), so every speculative round starts from one
+    context; the head drafts from the target's own next-token logits plus noise, so drafts are often but not
+    always accepted and both the accept and the resample branch shape the output.  Returning the draft
+    logits without the d2t mapping, or uniform logits, fails it (p < 1e-14); subtler mismatches (e.g. a
+    temperature left out) are below its power and caught exactly by `test_sampled_drafts_come_with_their_distribution`.
+    """
+    target, head = _sampling_models()
+    prompt = torch.tensor([[1, 3, 5, 6, 2]])
+    forced = torch.cat([prompt, torch.tensor([[3]])], dim=1)
+
+    def allowed(batch_id, ids):
+        return [3] if ids.shape[-1] == prompt.shape[1] else list(range(8))
+
+    steps = 3  # after the forced token
+    exact = _exact_distribution(target, forced, steps, _sampling_processors())
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-5)
+
+    context = {}
+    original = gen.PEagleCandidateGenerator.get_candidates
+
+    def remember_context(self, input_ids, **kwargs):
+        context["ids"] = input_ids
+        return original(self, input_ids, **kwargs)
+
+    monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", remember_context)
+    draft_ids = torch.arange(6) + head.d2t
+    noise = torch.Generator().manual_seed(123)
+
+    def target_like(module, args, kwargs, out):
+        with torch.no_grad():
+            row = target(context["ids"]).logits[0, -1, draft_ids]
+        k = out.logits.shape[1]
+        out.logits = row.expand(1, k, -1) + 2.0 * torch.randn(1, k, 6, generator=noise)
+        return out
+
+    handle = head.register_forward_hook(target_like, with_kwargs=True)
+    torch.manual_seed(1)
+    n, counts, accepted, drafted = 500, dict.fromkeys(exact, 0), 0, 0
+    for _ in range(n):
+        out = target.generate(
+            prompt,
+            max_new_tokens=steps + 1,
+            prefix_allowed_tokens_fn=allowed,
+            assistant_model=head,
+            num_assistant_tokens=3,
+            **SAMPLING,
+        )
+        counts[tuple(out[0, forced.shape[1] :].tolist())] += 1
+        st = _check_stats(head, prompt.shape[1], out)
+        accepted += st.accepted_tokens
+        drafted += st.draft_tokens
+    handle.remove()
+    assert 0.05 * drafted < accepted < 0.5 * drafted  # both branches of the rule ran often
+    big = [s for s in exact if exact[s] * n >= 5]  # merge cells expected below 5 samples into one
+    observed = [counts[s] for s in big] + [n - sum(counts[s] for s in big)]
+    expected = [exact[s] * n for s in big] + [n - sum(exact[s] * n for s in big)]
+    assert len(big) >= 10
+    p_value = scipy_stats.chisquare(observed, expected).pvalue
+    assert p_value > 1e-3, p_value
+
+
+# ---------------------------------------------------------------------------------------------- errors and the hook
+def test_unsupported_requests_raise(target):
+    head = make_head(target)
+    ids = _prompt(71, 5)
+    with pytest.raises(ValueError, match="batch size 1; got a batch of 2"):
+        target.generate(ids.repeat(2, 1), max_new_tokens=3, assistant_model=head)
+    with pytest.raises(ValueError, match="num_beams=1; got num_beams=2"):
+        target.generate(ids, max_new_tokens=3, num_beams=2, assistant_model=head)
+    with pytest.raises(ValueError, match="num_return_sequences=2"):
+        target.generate(ids, max_new_tokens=3, do_sample=True, num_return_sequences=2, assistant_model=head)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        target.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=3, assistant_model=head)
+
+    wide = make_target(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS)
+    with pytest.raises(ValueError, match="hidden size 64, target has 32"):
+        wide.generate(ids, max_new_tokens=3, assistant_model=head)
+    other_vocab = make_target(vocab_size=100, num_hidden_layers=LAYERS)
+    with pytest.raises(ValueError, match="vocab size 128, target has 100"):
+        other_vocab.generate(ids % 100, max_new_tokens=3, assistant_model=head)
+    deeper = make_target(num_hidden_layers=8)
+    with pytest.raises(ValueError, match="4 layers, target has 8"):
+        deeper.generate(ids, max_new_tokens=3, assistant_model=head)
+
+
+def test_version_guard(target, monkeypatch):
+    head = make_head(target)
+    monkeypatch.setattr(transformers, "__version__", "5.22.0")
+    gen._integration_problem.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"transformers 5\.22\.0 .*older than 5\.23"):
+            target.generate(_prompt(81, 5), max_new_tokens=3, assistant_model=head)
+    finally:
+        monkeypatch.undo()
+        gen._integration_problem.cache_clear()
+    assert gen._integration_problem() is None
+
+
+def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):
+    dispatch = GenerationMixin._get_candidate_generator
+    validate = GenerationMixin._validate_generation_mode
+    assert dispatch._peagle_hook and validate._peagle_hook
+    assert peagle.install_generate_hook()
+    assert GenerationMixin._get_candidate_generator is dispatch
+    assert not getattr(dispatch.__wrapped__, "_peagle_hook", False)  # wrapped once, not twice
+
+    # an ordinary assistant goes through transformers' own AssistedCandidateGenerator
+    torch.manual_seed(0)
+    assistant = LlamaForCausalLM(target.config).eval()
+    ids = _prompt(91, 6)
+    ref = _greedy(target, ids, max_new_tokens=8)
+    seen = []
+    original = dispatch.__wrapped__
+
+    def spy(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        seen.append(type(result).__name__)
+        return result
+
+    try:
+        peagle.uninstall_generate_hook()
+        assert GenerationMixin._get_candidate_generator is original
+        GenerationMixin._get_candidate_generator = spy
+        peagle.install_generate_hook()  # wraps whatever is there, once
+        out = _greedy(target, ids, max_new_tokens=8, assistant_model=assistant)
+    finally:
+        peagle.uninstall_generate_hook()
+        GenerationMixin._get_candidate_generator = original
+        peagle.install_generate_hook()
+    assert torch.equal(out, ref) and seen == ["AssistedCandidateGenerator"]
+    assert GenerationMixin._get_candidate_generator._peagle_hook
+
+
+# ---------------------------------------------------------------------------------------------- the real target
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_smollm2_greedy_lossless(mode):
+    """The embedded SmolLM2-135M target with a random head (and with oracle drafts): plain greedy output."""
+    try:
+        smol, tokenizer = peagle.load_default_target()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        pytest.skip(f"embedded target unavailable: {err}")
+    torch.manual_seed(0)
+    head = peagle.PEagleDrafter(
+        peagle.PEagleConfig.for_target(smol.config, num_hidden_layers=1, drafting_mode=mode)
+    )
+    head.eval()
+    assert head.config.eagle_aux_hidden_state_layer_ids == [2, 15, 27]
+    for i, text in enumerate(["def fibonacci(n):", "The capital of France is"]):
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        ref = _greedy(smol, ids, max_new_tokens=16)
+        oracle = Oracle(head, ref, p=0.8, seed=i) if i == 0 else None
+        out = _greedy(smol, ids, max_new_tokens=16, assistant_model=head, num_assistant_tokens=5)
+        if oracle:
+            oracle.handle.remove()
+        assert torch.equal(out, ref), text
+        st = _check_stats(head, ids.shape[1], out)
+        expected_calls = st.rounds if mode == "parallel" else st.draft_tokens
+        assert st.drafter_forward_calls == expected_calls
+        if oracle:
+            assert st.accepted_tokens > 0
