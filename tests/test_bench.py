@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import torch
-from conftest import make_head, make_target
 
+from conftest import make_head, make_target
 from peagle.bench import format_table, run_benchmark, summarize, timed_generate, write_results
 from peagle.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
 
@@ -23,13 +23,16 @@ def test_run_benchmark_rows_summary_and_files(tmp_path):
     target = make_target()
     head = make_head(target)
     prompts = {"toy": [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]]), torch.tensor([[9, 10, 11, 12]])]}
-    res = run_benchmark(target, prompts, {"peagle": head}, ks=(2, 3), max_new_tokens=8, repeats=2, progress=False)
+    res = run_benchmark(
+        target, prompts, {"peagle": head}, ks=(2, 3), max_new_tokens=8, repeats=2, progress=False
+    )
     rows = res["runs"]
     assert len(rows) == 2 * (1 + 2 * 2)  # per prompt: greedy + (peagle, pld) x 2 Ks
     assert {r["method"] for r in rows} == {"greedy", "peagle", "pld"}
     assert all(r["lossless"] for r in rows)
     peagle_rows = [r for r in rows if r["method"] == "peagle"]
-    assert all(r["drafter_calls"] == r["rounds"] for r in peagle_rows)  # one drafter pass per round
+    # one drafter pass per drafting round; target passes without a draft (at the length cap) add none
+    assert all(0 < r["drafter_calls"] <= r["rounds"] for r in peagle_rows)
     summary = {(s["dataset"], s["method"], s["k"]): s for s in res["summary"]}
     assert summary[("toy", "greedy", 0)]["tau"] == 1.0
     assert summary[("toy", "greedy", 0)]["speedup"] == 1.0

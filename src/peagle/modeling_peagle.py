@@ -470,7 +470,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
             past_key_values: the drafter cache holding the earlier context slots (and nothing else).
             start_position: RoPE position of the first new slot (default: the cache length).
             do_sample: sample drafts from softmax(logits) instead of argmax.
-            logits_processor: optional callable `(ids, scores) -> scores` applied per slot before picking.
+            logits_processor: optional callable `scores -> scores` on the `(B, K, V_draft)` logits before picking.
 
         Returns:
             [`PEagleDraft`] with `tokens` `(B, K)` in target ids and the K slots' draft-vocab logits.
