@@ -22,12 +22,10 @@ def cod_counts(num_anchors: int, num_depths: int, ratio: float, min_ratio: float
 
     Example:
 
-    ```python
     >>> cod_counts(10, 4, ratio=0.5, min_ratio=0.2)
     [10, 5, 3, 2]
     >>> cod_counts(10, 3, ratio=1.0)
     [10, 10, 10]
-    ```
     """
     _check_ratios(ratio, min_ratio)
     counts = [int(num_anchors)] if num_depths > 0 else []
@@ -63,24 +61,26 @@ def cod_sample(
 
     Example (n = 10 anchors, K = 4, r = 0.5, r_min = 0.2 -> counts 10, 5, 3, 2):
 
-    ```python
     >>> g = torch.Generator().manual_seed(0)
     >>> keep = cod_sample(10, 4, 0.5, 0.2, generator=g)
     >>> keep.sum(1).tolist()
     [10, 5, 3, 2]
     >>> bool((keep[1:] <= keep[:-1]).all())  # (a, d) kept => (a, d-1) kept
     True
-    ```
     """
     _check_ratios(ratio, min_ratio)
     if num_anchors < 0 or num_depths < 1:
-        raise ValueError(f"cod_sample needs num_anchors >= 0 and num_depths >= 1, got {num_anchors} and {num_depths}.")
+        raise ValueError(
+            f"cod_sample needs num_anchors >= 0 and num_depths >= 1, got {num_anchors} and {num_depths}."
+        )
     keep = torch.zeros(num_depths, num_anchors, dtype=torch.bool)
     keep[0] = True
     if eligible is not None:
         eligible = torch.as_tensor(eligible, dtype=torch.bool).cpu()
         if eligible.shape != (num_depths, num_anchors):
-            raise ValueError(f"eligible has shape {tuple(eligible.shape)}; expected ({num_depths}, {num_anchors}).")
+            raise ValueError(
+                f"eligible has shape {tuple(eligible.shape)}; expected ({num_depths}, {num_anchors})."
+            )
     for d in range(1, num_depths):
         pool = keep[d - 1] if eligible is None else keep[d - 1] & eligible[d]
         base = num_anchors if eligible is None else int(eligible[d].sum())

@@ -1,0 +1,637 @@
+"""`PEagleTrainer`: P-EAGLE (and EAGLE-3) head training on `transformers.Trainer`, with exact sequence partitioning.
+
+One training step per micro-batch:
+
+1. plan (CPU, in `get_batch_samples`, before the step): per example, COD-sample the elements ``(a, d)``
+   ([`cod_sample`]), mark the supervised ones (label ``x_{a+d+2}`` in the response and in the draft vocabulary),
+   split them into `sequence_partitions` segments ([`partition_plan`]), and count the supervised elements of the
+   whole accumulated batch across all processes (the loss normaliser);
+2. capture the frozen target's features once (one target forward per micro-batch, or a [`FeatureCache`]);
+3. for each segment: build the drafter inputs of its elements, forward, loss over the draft vocabulary divided
+   by the global count, `accelerator.backward` (under `no_sync` for all but the last segment).
+
+Element inputs (DESIGN.md section 4): element ``(a, 0)`` = token ``x_{a+1}``, features ``f_a``, position ``a``,
+label ``x_{a+2}``; element ``(a, d >= 1)`` = parallel slot (mask embedding, ``fc(mask_hidden)``), position
+``a + d``, label ``x_{a+d+2}``.  The target's logits for label ``x_p`` are its logits at position ``p - 1``.
+
+EAGLE-3 heads (`drafting_mode == "autoregressive"`) train with the same plan by training-time test: depth d is
+step d of an unroll whose slot ``(a, d)`` reads token ``x_{a+d+1}`` and the drafter's own output hidden state of
+``(a, d - 1)``, attends like a P-EAGLE element, and is weighted ``ttt_decay ** d``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Trainer, TrainingArguments
+from transformers.cache_utils import DynamicCache
+
+from .cod import cod_sample
+from .data import PEagleDataCollator, capture_features
+from .losses import LOSS_TYPES, distillation_loss, target_draft_logits
+from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
+from .partition import Segment, partition_plan
+
+
+@dataclass
+class PEagleTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus the P-EAGLE training method.
+
+    Args:
+        num_parallel_positions: K_train, depths 0..K-1 per anchor (default: the head config's).
+        cod_ratio: COD keep ratio r per depth (``r**d`` of the anchors at depth d).
+        cod_min_ratio: floor r_min of the keep ratio.
+        sequence_partitions: S, forward/backward passes per example (same gradient for every S).
+        balance_partitions: choose segment boundaries that even out the passes' sizes.
+        max_length: examples are truncated to this many tokens.
+        loss_type: `"kl"` (against the target's distribution over the draft vocab) or `"ce"` (its argmax).
+        ttt_decay: EAGLE-3 mode: weight of unroll step i is ``ttt_decay ** i``.
+        flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
+    """
+
+    num_parallel_positions: int | None = field(
+        default=None, metadata={"help": "K_train (default: head config)."}
+    )
+    cod_ratio: float = field(default=0.7, metadata={"help": "COD keep ratio r per depth."})
+    cod_min_ratio: float = field(default=0.2, metadata={"help": "COD keep-ratio floor r_min."})
+    sequence_partitions: int = field(default=1, metadata={"help": "Forward/backward passes per example."})
+    balance_partitions: bool = field(default=True, metadata={"help": "Balance segment sizes."})
+    max_length: int = field(default=2048, metadata={"help": "Truncate examples to this many tokens."})
+    loss_type: str = field(default="kl", metadata={"help": "'kl' or 'ce'."})
+    ttt_decay: float = field(default=0.8, metadata={"help": "EAGLE-3 unroll step weight decay."})
+    flex_block_size: int = field(default=128, metadata={"help": "flex-attention block size."})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "Keep every example column."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type is {self.loss_type!r}; expected one of {LOSS_TYPES}.")
+        if self.sequence_partitions < 1:
+            raise ValueError(f"sequence_partitions is {self.sequence_partitions}; expected >= 1.")
+        if self.num_parallel_positions is not None and self.num_parallel_positions < 1:
+            raise ValueError(f"num_parallel_positions is {self.num_parallel_positions}; expected >= 1.")
+        if self.max_length < 3:
+            raise ValueError(f"max_length is {self.max_length}; expected >= 3 tokens.")
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+@dataclass
+class ExamplePlan:
+    """The training elements of one example and their partition.
+
+    Attributes:
+        length: T, tokens of the example (no padding).
+        num_anchors: n = max(T - 2, 0); anchors ``0..n-1`` (each has a depth-0 label ``x_{a+2}``).
+        anchor, depth: `(E,)` coordinates of the kept elements, depth-major.
+        supervised: `(E,)` bool, the element's label is in the response and in the draft vocabulary.
+        segments: the S [`Segment`]s.
+    """
+
+    length: int
+    num_anchors: int
+    anchor: torch.Tensor
+    depth: torch.Tensor
+    supervised: torch.Tensor
+    segments: list[Segment]
+
+    @property
+    def num_supervised(self) -> int:
+        return int(self.supervised.sum())
+
+
+def plan_example(
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    in_draft_vocab: torch.Tensor,
+    num_depths: int,
+    cod_ratio: float,
+    cod_min_ratio: float,
+    num_segments: int = 1,
+    *,
+    generator: torch.Generator | None = None,
+    template: PEagleMaskTemplate | None = None,
+    balance: bool = True,
+) -> ExamplePlan:
+    """Plan the training elements of one example.
+
+    Args:
+        input_ids: `(T,)` tokens (no padding).
+        loss_mask: `(T,)` 1 where a token is a response token (a supervised label).
+        in_draft_vocab: `(V,)` bool, the head's `t2d`.
+        num_depths: K_train.
+        cod_ratio, cod_min_ratio: COD; parallel elements are only sampled where their chain still reaches a
+            supervised label (prompt-only chains are never built).
+        num_segments: S.
+        generator: COD's random source.
+        template: coordinate grid at the maximum length (built on the fly when None).
+
+    Returns:
+        [`ExamplePlan`].
+
+    Example (T = 6 tokens, response = the last 3, K = 3, no dropping):
+
+        >>> ids = torch.tensor([1, 5, 6, 7, 8, 2]); resp = torch.tensor([0, 0, 0, 1, 1, 1])
+        >>> p = plan_example(ids, resp, torch.ones(10, dtype=torch.bool), 3, 1.0, 1.0)
+        >>> p.num_anchors, list(zip(p.anchor.tolist(), p.depth.tolist()))
+        (4, [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (0, 2), (1, 2)])
+        >>> p.supervised.int().tolist()  # labels x_{a+d+2}: positions 2 3 4 5 | 3 4 5 | 4 5
+        [0, 1, 1, 1, 1, 1, 1, 1, 1]
+    """
+    input_ids = input_ids.cpu()
+    length = int(input_ids.numel())
+    n = max(length - 2, 0)
+    label_ok = loss_mask.cpu().bool() & in_draft_vocab.cpu()[input_ids]
+    label_pos = torch.arange(n)[None, :] + torch.arange(num_depths)[:, None] + 2  # (K, n)
+    in_range = label_pos < length
+    sup_grid = torch.zeros(num_depths, n, dtype=torch.bool)
+    sup_grid[in_range] = label_ok[label_pos[in_range]]
+    # a chain is worth extending to depth d if some element at depth >= d is supervised
+    eligible = sup_grid.flip(0).int().cummax(0).values.flip(0).bool()
+    keep = cod_sample(n, num_depths, cod_ratio, cod_min_ratio, generator=generator, eligible=eligible)
+    if template is None or template.max_anchors < n or template.num_depths < num_depths:
+        template = PEagleMaskTemplate(n, num_depths)
+    anchor, depth = template.coordinates(keep)
+    supervised = sup_grid[depth, anchor]
+    segments = partition_plan(anchor, depth, n, num_segments, balance=balance)
+    return ExamplePlan(length, n, anchor, depth, supervised, segments)
+
+
+def _cod_seed(seed: int, step: int, ids: torch.Tensor) -> int:
+    """Per-example COD seed from the run seed, the optimiser step and the example's tokens.
+
+    It does not depend on the process, batch position or partitioning, so a DDP run, a single-process run of the
+    same global batch and a resumed run all draw the same elements.
+    """
+    crc = zlib.crc32(ids.to(torch.int64).numpy().tobytes())
+    return (int(seed) * 1_000_003 + int(step) * 7_919 + crc) % (2**63 - 1)
+
+
+@dataclass
+class _Rows:
+    """Elements of one segment for a batch of rows: `(B, E)` tensors, laid out ``[unsupervised, pad, supervised]``
+    per row so the supervised ones are the last `keep` columns (`logits_to_keep`)."""
+
+    anchor: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+    supervised: torch.Tensor
+    keep: int
+
+    @property
+    def width(self) -> int:
+        return int(self.anchor.shape[1])
+
+    def to(self, device) -> _Rows:
+        return _Rows(
+            self.anchor.to(device),
+            self.depth.to(device),
+            self.valid.to(device),
+            self.supervised.to(device),
+            self.keep,
+        )
+
+
+def _segment_rows(plans: list[ExamplePlan], s: int, depth: int | None = None) -> _Rows:
+    parts = []
+    for plan in plans:
+        seg = plan.segments[s]
+        idx, owned = seg.elements, seg.owned
+        if depth is not None:
+            sel = plan.depth[idx] == depth
+            idx, owned = idx[sel], owned[sel]
+        sup = owned & plan.supervised[idx]
+        parts.append((idx[~sup], idx[sup], plan))
+    u_max = max(p[0].numel() for p in parts)
+    s_max = max(p[1].numel() for p in parts)
+    bsz, width = len(plans), u_max + s_max
+    anchor = torch.zeros(bsz, width, dtype=torch.long)
+    dep = torch.zeros(bsz, width, dtype=torch.long)
+    valid = torch.zeros(bsz, width, dtype=torch.bool)
+    sup = torch.zeros(bsz, width, dtype=torch.bool)
+    for b, (u_idx, s_idx, plan) in enumerate(parts):
+        for cols, idx, is_sup in (
+            (slice(0, u_idx.numel()), u_idx, False),
+            (slice(width - s_idx.numel(), width), s_idx, True),
+        ):
+            anchor[b, cols] = plan.anchor[idx]
+            dep[b, cols] = plan.depth[idx]
+            valid[b, cols] = True
+            sup[b, cols] = is_sup
+    return _Rows(anchor, dep, valid, sup, s_max)
+
+
+def parallel_drafter_inputs(
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    anchor: torch.Tensor,
+    depth: torch.Tensor,
+    valid: torch.Tensor,
+    mask_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Drafter inputs of P-EAGLE training elements.
+
+    Args:
+        input_ids: `(B, T)` tokens of the examples.
+        features: `(B, T, 3 * H_t)` target features ``f_0 .. f_{T-1}``.
+        anchor, depth, valid: `(B, E)` element coordinates; `valid` False at padding.
+        mask_token_id: the head's mask token.
+
+    Returns:
+        Keyword arguments of `PEagleDrafter.forward`, each `(B, E, ...)`: element ``(a, 0)`` reads token
+        ``x_{a+1}`` and features ``f_a`` at position ``a``; element ``(a, d >= 1)`` is a parallel slot
+        (`parallel_mask` True) at position ``a + d``.  Padding elements are parallel slots.
+    """
+    parallel = (depth > 0) | ~valid
+    tok = input_ids.gather(1, (anchor + 1).clamp(max=input_ids.shape[1] - 1))
+    tok = torch.where(parallel, torch.full_like(tok, mask_token_id), tok)
+    feats = features.gather(1, anchor[..., None].expand(-1, -1, features.shape[-1]))
+    return {
+        "input_ids": tok,
+        "target_hidden_states": feats,
+        "position_ids": anchor + depth,
+        "parallel_mask": parallel,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the trainer
+class PEagleTrainer(Trainer):
+    """Train a [`PEagleDrafter`] against a frozen target with the P-EAGLE method (or EAGLE-3's, for
+    autoregressive heads).
+
+    Args:
+        model: the head to train (the only optimised, wrapped and saved model).
+        target_model: the frozen target; kept outside the optimised model (eval mode, no grads, never wrapped by
+            DDP/FSDP), moved to the training device.  With `head.config.embed_from_target` the head takes its
+            (frozen) embeddings, so only the mask embedding is learned.
+        args: [`PEagleTrainingArguments`].
+        data_collator: default [`PEagleDataCollator`] truncating to `args.max_length`.
+        train_dataset, eval_dataset: examples with `input_ids` and `loss_mask` (or a [`FeatureCache`]).
+
+    Logged besides the loss: `acc_d{i}`, the drafter's top-1 agreement with the target at depth i (eval: with the
+    `eval_` prefix), and `supervised_elements` per optimiser step.
+    """
+
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model=None,
+        target_model=None,
+        args: PEagleTrainingArguments | None = None,
+        data_collator=None,
+        **kwargs,
+    ):
+        if model is None or target_model is None:
+            raise ValueError("PEagleTrainer needs model= (the head) and target_model= (the frozen target).")
+        if args is None:
+            args = PEagleTrainingArguments(output_dir="peagle_trainer_output")
+        if not isinstance(args, PEagleTrainingArguments):
+            raise TypeError(f"args is a {type(args).__name__}; expected PEagleTrainingArguments.")
+        cfg = model.config
+        if not cfg.eagle_aux_hidden_state_layer_ids:
+            raise ValueError(
+                "head.config.eagle_aux_hidden_state_layer_ids is empty; build the head with for_target()."
+            )
+        target_model.eval()
+        target_model.requires_grad_(False)
+        model.attach_target(target_model)
+        if args.num_parallel_positions is not None:
+            cfg.num_parallel_positions = int(args.num_parallel_positions)
+        self.num_depths = int(cfg.num_parallel_positions)
+        self.autoregressive = cfg.drafting_mode == "autoregressive"
+        if self.autoregressive:  # EAGLE-3 heads never use the parallel-slot placeholders
+            model.mask_hidden.requires_grad_(False)
+            if model.mask_embedding is not None:
+                model.mask_embedding.requires_grad_(False)
+        if data_collator is None:
+            data_collator = PEagleDataCollator(pad_token_id=cfg.pad_token_id or 0, max_length=args.max_length)
+        super().__init__(model=model, args=args, data_collator=data_collator, **kwargs)
+        if self.args.n_gpu > 1:
+            raise ValueError(
+                f"PEagleTrainer does not support DataParallel over {self.args.n_gpu} GPUs; launch one process per "
+                "GPU with `accelerate launch` or `torchrun` (DDP)."
+            )
+        if model.config._attn_implementation == "flex_attention" and self.args.device.type == "cpu":
+            raise ValueError(
+                "the head uses flex_attention, which has no backward pass on the CPU in torch "
+                f"{torch.__version__}; build it with attn_implementation='sdpa' for CPU training."
+            )
+        self.target_model = target_model.to(self.args.device)
+        self._template = PEagleMaskTemplate(args.max_length, self.num_depths)
+        self._draft_weight: torch.Tensor | None = None
+        self._stats = {k: self._zero_stats() for k in ("train", "eval")}
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _head(self):
+        return self.accelerator.unwrap_model(self.model)
+
+    def _zero_stats(self) -> dict[str, torch.Tensor]:
+        k = self.num_depths
+        return {
+            "correct": torch.zeros(k, dtype=torch.long),
+            "total": torch.zeros(k, dtype=torch.long),
+            "items": torch.zeros(1),
+        }
+
+    def plan_batch(self, batch: dict[str, torch.Tensor], step: int | None = None) -> list[ExamplePlan]:
+        """[`ExamplePlan`]s of a collated batch; COD draws depend on (seed, `step`, tokens) only."""
+        step = self.state.global_step if step is None else step
+        ids = batch["input_ids"].cpu()
+        att = batch["attention_mask"].cpu().bool()
+        loss_mask = batch["loss_mask"].cpu()
+        t2d = self._head().t2d.cpu()
+        plans = []
+        for b in range(ids.shape[0]):
+            length = int(att[b].sum())
+            if not bool(att[b, :length].all()):
+                raise ValueError("PEagleTrainer expects right-padded batches (attention_mask = 1...1 0...0).")
+            row = ids[b, :length]
+            gen = torch.Generator().manual_seed(_cod_seed(self.args.seed, step, row))
+            if self._template.max_anchors < length:
+                self._template = PEagleMaskTemplate(length, self.num_depths)
+            plans.append(
+                plan_example(
+                    row,
+                    loss_mask[b, :length],
+                    t2d,
+                    self.num_depths,
+                    self.args.cod_ratio,
+                    self.args.cod_min_ratio,
+                    self.args.sequence_partitions,
+                    generator=gen,
+                    template=self._template,
+                    balance=self.args.balance_partitions,
+                )
+            )
+        return plans
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
+        """Fetch the micro-batches of one optimiser step, plan them, and count their supervised elements over
+        all processes (the loss normaliser, `num_items_in_batch`)."""
+        batch_samples = []
+        for _ in range(num_batches):
+            try:
+                batch_samples.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        count = 0
+        for batch in batch_samples:
+            batch["peagle_plans"] = self.plan_batch(batch)
+            count += sum(p.num_supervised for p in batch["peagle_plans"])
+        total = torch.tensor(count, dtype=torch.long, device=device)
+        if self.accelerator.num_processes > 1:
+            total = self.accelerator.gather(total).sum()
+        return batch_samples, total
+
+    def _draft_lm_weight(self) -> torch.Tensor:
+        """Rows of the target's `lm_head` for the draft vocabulary, `(V_draft, H_t)` (cached)."""
+        head = self._head()
+        if self._draft_weight is None:
+            ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+            weight = self.target_model.get_output_embeddings().weight
+            self._draft_weight = weight.detach()[ids.to(weight.device)]
+        return self._draft_weight
+
+    def _features(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        if "target_hidden_states" in inputs and "target_last_hidden" in inputs:
+            return inputs["target_hidden_states"], inputs["target_last_hidden"]
+        return capture_features(
+            self.target_model,
+            inputs["input_ids"],
+            inputs["attention_mask"],
+            self._head().config.eagle_aux_hidden_state_layer_ids,
+        )
+
+    def _attention(self, rows: _Rows, key_rows: list[_Rows] | None = None):
+        """Mask of the queries `rows` over the keys (`key_rows` concatenated, the queries last; default the
+        queries themselves): a flex-attention `BlockMask` for flex heads, else a dense `(B, 1, Eq, Ek)` bool."""
+        keys = {}
+        if key_rows is not None:
+            keys = {
+                "key_anchor": torch.cat([r.anchor for r in key_rows], 1),
+                "key_depth": torch.cat([r.depth for r in key_rows], 1),
+                "key_valid": torch.cat([r.valid for r in key_rows], 1),
+            }
+        if self._head().config._attn_implementation == "flex_attention":
+            return peagle_block_mask(
+                rows.anchor,
+                rows.depth,
+                rows.valid,
+                pad_self=True,
+                block_size=self.args.flex_block_size,
+                **keys,
+            )
+        return peagle_attention_mask(rows.anchor, rows.depth, rows.valid, pad_self=True, **keys)[:, None]
+
+    # ----------------------------------------------------------------------------------------- losses
+    def _loss_from_logits(self, logits, rows: _Rows, last_hidden, weights_by_depth=None):
+        """Loss sum, per-depth correct and total counts of the supervised columns of `rows`."""
+        sub = rows.supervised[:, rows.width - rows.keep :]
+        draft = logits[sub]
+        depth = rows.depth[:, rows.width - rows.keep :][sub]
+        anchor = rows.anchor[:, rows.width - rows.keep :][sub]
+        batch_idx = sub.nonzero()[:, 0]
+        pos = anchor + depth + 1  # the target's logits at p - 1 predict the label x_p, p = a + d + 2
+        softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
+        with torch.no_grad():
+            target = target_draft_logits(last_hidden[batch_idx, pos], self._draft_lm_weight(), softcap)
+        weights = None if weights_by_depth is None else weights_by_depth[depth]
+        loss, correct = distillation_loss(draft, target, self.args.loss_type, weights)
+        k = self.num_depths
+        stats = (
+            torch.bincount(depth[correct], minlength=k)[:k].detach().cpu(),
+            torch.bincount(depth, minlength=k)[:k].detach().cpu(),
+        )
+        return loss, stats
+
+    def _parallel_segment(self, model, inputs, plans, aux, last, s: int, rows: _Rows):
+        ids = inputs["input_ids"]
+        rows = rows.to(ids.device)
+        out = model(
+            **parallel_drafter_inputs(
+                ids, aux, rows.anchor, rows.depth, rows.valid, self._head().config.mask_token_id
+            ),
+            attention_mask=self._attention(rows),
+            use_cache=False,
+            logits_to_keep=max(rows.keep, 1),
+        )
+        if rows.keep == 0:  # keeps DDP's reducer fed when a process has nothing to learn from
+            return out.logits.sum() * 0.0, None
+        return self._loss_from_logits(out.logits, rows, last)
+
+    def _autoregressive_segment(self, model, inputs, plans, aux, last, s: int, rows: _Rows):
+        """EAGLE-3 training-time test over one segment: step d forwards the depth-d elements with a KV cache
+        holding steps 0..d-1 (kept in the autograd graph)."""
+        ids = inputs["input_ids"]
+        device = ids.device
+        head = self._head()
+        steps = [_segment_rows(plans, s, depth=d) for d in range(self.num_depths)]
+        steps = [r.to(device) for r in steps if r.width > 0]
+        decay = self.args.ttt_decay ** torch.arange(self.num_depths, device=device, dtype=torch.float32)
+        cache = DynamicCache(config=head.config)
+        loss = None
+        correct = torch.zeros(self.num_depths, dtype=torch.long)
+        total = torch.zeros(self.num_depths, dtype=torch.long)
+        prev_hidden, lut = None, None
+        for i, rows in enumerate(steps):
+            tok = ids.gather(1, (rows.anchor + rows.depth + 1).clamp(max=ids.shape[1] - 1))
+            kwargs = {}
+            if i == 0:
+                kwargs["target_hidden_states"] = aux.gather(
+                    1, rows.anchor[..., None].expand(-1, -1, aux.shape[-1])
+                )
+            else:
+                src = lut.gather(1, rows.anchor).clamp(min=0)
+                kwargs["projected_hidden_states"] = prev_hidden.gather(
+                    1, src[..., None].expand(-1, -1, prev_hidden.shape[-1])
+                )
+            last_step = i == len(steps) - 1
+            sync = contextlib.nullcontext() if last_step else self.accelerator.no_sync(model)
+            with sync:
+                out = model(
+                    input_ids=tok,
+                    position_ids=rows.anchor + rows.depth,
+                    attention_mask=self._attention(rows, steps[: i + 1]),
+                    parallel_mask=torch.zeros_like(rows.valid),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=max(rows.keep, 1),
+                    **kwargs,
+                )
+            prev_hidden = out.last_hidden_state
+            lut = torch.full((ids.shape[0], ids.shape[1] + 1), -1, dtype=torch.long, device=device)
+            cols = torch.arange(rows.width, device=device).expand_as(rows.anchor)
+            lut.scatter_(1, torch.where(rows.valid, rows.anchor, ids.shape[1]), cols)
+            if rows.keep > 0:
+                step_loss, (c, t) = self._loss_from_logits(out.logits, rows, last, decay)
+                correct += c
+                total += t
+            else:
+                step_loss = out.logits.sum() * 0.0
+            loss = step_loss if loss is None else loss + step_loss
+        return loss, (correct, total)
+
+    def _segments(self, model, inputs: dict, plans: list[ExamplePlan]):
+        """Yield `(is_last, loss_sum, stats)` per segment that has something to learn; the forward pass runs
+        lazily so the caller can wrap it in `no_sync`."""
+        aux, last = self._features(inputs)
+        num_segments = len(plans[0].segments)
+        todo = []
+        for s in range(num_segments):
+            rows = _segment_rows(plans, s)
+            if rows.keep > 0:
+                todo.append((s, rows))
+        if not todo:  # nothing supervised on this process: one zero-weight pass over the largest segment
+            s = max(range(num_segments), key=lambda j: sum(len(p.segments[j]) for p in plans))
+            if sum(len(p.segments[s]) for p in plans) == 0:
+                raise ValueError(
+                    f"a batch has no training elements: examples need >= 3 tokens, got {[p.length for p in plans]}."
+                )
+            todo = [(s, _segment_rows(plans, s))]
+        run = self._autoregressive_segment if self.autoregressive else self._parallel_segment
+        for j, (s, rows) in enumerate(todo):
+            yield j == len(todo) - 1, lambda s=s, rows=rows: run(model, inputs, plans, aux, last, s, rows)
+
+    def _record(self, split: str, stats) -> None:
+        if stats is not None:
+            self._stats[split]["correct"] += stats[0]
+            self._stats[split]["total"] += stats[1]
+
+    # ----------------------------------------------------------------------------------------- Trainer API
+    def training_step(
+        self, model, inputs: dict, num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """Forward + backward of every partition segment of one micro-batch; returns the (detached) loss.
+
+        Each segment's summed loss is divided by `num_items_in_batch` (the supervised elements of the whole
+        accumulated batch on all processes) and multiplied by the process count (DDP averages gradients), so the
+        accumulated gradient is that of the global mean loss, whatever the partitioning.
+        """
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        plans = inputs.pop("peagle_plans", None)
+        inputs = self._prepare_inputs(inputs)
+        if plans is None:
+            plans = self.plan_batch(inputs)
+            local = sum(p.num_supervised for p in plans)
+            num_items_in_batch = num_items_in_batch if num_items_in_batch is not None else local
+        denom = float(num_items_in_batch) if num_items_in_batch is not None else 1.0
+        scale = self.accelerator.num_processes / max(denom, 1.0)
+        total = torch.zeros((), device=self.args.device)
+        for is_last, run in self._segments(model, inputs, plans):
+            sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(model)
+            with sync:
+                with self.compute_loss_context_manager():
+                    loss_sum, stats = run()
+                loss = loss_sum * scale
+                self.accelerator.backward(loss)
+            total += loss.detach()
+            self._record("train", stats)
+        self._stats["train"]["items"] += sum(p.num_supervised for p in plans)
+        if not bool(torch.isfinite(total)):
+            lengths = [p.length for p in plans]
+            raise FloatingPointError(
+                f"non-finite training loss {total.item()} at global step {self.state.global_step} (example lengths "
+                f"{lengths}, learning rate {self._get_learning_rate() if self.lr_scheduler else 'n/a'}); lower the "
+                "learning rate, check the data, or train in float32/bfloat16 instead of float16."
+            )
+        return total
+
+    def compute_loss(self, model, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+        """Loss of a batch without backward (evaluation): summed over segments, divided by `num_items_in_batch`
+        or, by default, by this batch's supervised count."""
+        plans = inputs.pop("peagle_plans", None) or self.plan_batch(inputs, step=0)
+        denom = num_items_in_batch if num_items_in_batch is not None else sum(p.num_supervised for p in plans)
+        loss = torch.zeros((), device=self.args.device)
+        split = "train" if model.training else "eval"
+        for _, run in self._segments(model, inputs, plans):
+            loss_sum, stats = run()
+            loss = loss + loss_sum
+            if split == "eval":
+                self._record(split, stats)
+        loss = loss / max(float(denom), 1.0)
+        return (loss, None) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add per-depth top-1 accuracy (`acc_d{i}` / `eval_acc_d{i}`) to the loss logs."""
+        for split, key, prefix in (("train", "loss", ""), ("eval", "eval_loss", "eval_")):
+            if key not in logs:
+                continue
+            stats = self._stats[split]
+            correct, total, items = stats["correct"], stats["total"], stats["items"]
+            if self.accelerator.num_processes > 1:
+                packed = torch.cat([correct.float(), total.float(), items]).to(self.args.device)
+                packed = self.accelerator.reduce(packed, reduction="sum").cpu()
+                k = self.num_depths
+                correct, total, items = packed[:k], packed[k : 2 * k], packed[2 * k :]
+            for d in range(self.num_depths):
+                if total[d] > 0:
+                    logs[f"{prefix}acc_d{d}"] = round(float(correct[d]) / float(total[d]), 4)
+            if split == "train":
+                logs["supervised_elements"] = float(items[0])
+            self._stats[split] = self._zero_stats()
+        super().log(logs, start_time)
+
+    def per_depth_accuracy(self, split: str = "train") -> list[float | None]:
+        """Top-1 agreement per depth since the last log (None where nothing was supervised)."""
+        s = self._stats[split]
+        return [float(c) / float(t) if t > 0 else None for c, t in zip(s["correct"], s["total"])]
+
+
+__all__ = [
+    "PEagleTrainingArguments",
+    "PEagleTrainer",
+    "ExamplePlan",
+    "plan_example",
+    "parallel_drafter_inputs",
+]

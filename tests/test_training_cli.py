@@ -1,0 +1,82 @@
+"""`peagle train` end to end on a tiny target saved to disk (with a tiny word-level tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import make_target
+from peagle import PEagleDrafter
+from peagle.cli import main
+from test_training_data import tiny_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_peagle_train_command(tmp_path, capsys):
+    target_dir = tmp_path / "target"
+    make_target().save_pretrained(target_dir)
+    tiny_tokenizer().save_pretrained(target_dir)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nwrite code please\nthe bot\n")
+    out = tmp_path / "head"
+    common = ["--target", str(target_dir), "--cpu", "--k", "3", "--grad-accum", "1", "--logging-steps", "1"]
+    rc = main(
+        [
+            "train",
+            *common,
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(out),
+            "--max-steps",
+            "3",
+            "--max-new-tokens",
+            "6",
+            "--draft-vocab-size",
+            "64",
+            "--partitions",
+            "2",
+        ]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "optimizer steps" in printed and "top-1 by depth" in printed
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["examples"] == 3 and summary["optimizer_steps"] == 3 and summary["draft_vocab_size"] == 64
+    assert os.path.exists(out / "examples.jsonl") and os.path.exists(out / "model.safetensors")
+    head = PEagleDrafter.from_pretrained(out)
+    assert head.config.draft_vocab_size == 64 and head.config.num_parallel_positions == 3
+    assert int(head.t2d.sum()) == 64
+
+    # reuse the examples, train the EAGLE-3 baseline on them from a feature cache
+    out2 = tmp_path / "eagle3"
+    rc = main(
+        [
+            "train",
+            *common,
+            "--examples",
+            str(out / "examples.jsonl"),
+            "--output",
+            str(out2),
+            "--max-steps",
+            "2",
+            "--mode",
+            "autoregressive",
+            "--feature-cache",
+            str(tmp_path / "cache"),
+        ]
+    )
+    assert rc == 0
+    summary = json.loads((out2 / "train_summary.json").read_text())
+    assert summary["drafting_mode"] == "autoregressive" and summary["feature_cache"]["bytes"] > 0
+    assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"

@@ -1,0 +1,380 @@
+"""PEagleTrainer: exact partitioned gradients, agreement with inference, accumulation, resume, caching, learning."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import LlamaForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from conftest import make_head, make_target, tiny_target_config
+from peagle.training import (
+    FeatureCache,
+    PEagleDataCollator,
+    PEagleTrainer,
+    PEagleTrainingArguments,
+    self_distill,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run far faster on one thread, above all on a busy 2-core machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def random_examples(n: int, seed: int = 0, lo: int = 18, hi: int = 40, vocab: int = 120) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(lo, hi, (1,), generator=g))
+        prompt = int(torch.randint(3, 10, (1,), generator=g))
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        out.append({"input_ids": ids, "loss_mask": [0] * prompt + [1] * (length - prompt)})
+    return out
+
+
+def make_args(tmp_path, **overrides) -> PEagleTrainingArguments:
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        optim="sgd",
+        learning_rate=1.0,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        num_parallel_positions=4,
+        cod_ratio=0.8,
+        cod_min_ratio=0.2,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=1,
+        seed=0,
+    )
+    values.update(overrides)
+    return PEagleTrainingArguments(**values)
+
+
+def update_after_one_step(target, data, tmp_path, head_kwargs=None, **arg_overrides):
+    head = make_head(target, **(head_kwargs or {})).float()
+    before = {k: p.detach().clone() for k, p in head.named_parameters()}
+    trainer = PEagleTrainer(
+        model=head, target_model=target, args=make_args(tmp_path, **arg_overrides), train_dataset=data
+    )
+    trainer.train()
+    return {k: p.detach() - before[k] for k, p in head.named_parameters()}, trainer
+
+
+def rel_diff(a: dict, b: dict) -> float:
+    num = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    den = sum(float((b[k] ** 2).sum()) for k in b) ** 0.5
+    assert den > 0, "the reference update is zero: the test would prove nothing"
+    return num / den
+
+
+# ---------------------------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_partitioned_step_equals_unpartitioned(tmp_path, mode):
+    target = make_target()
+    data = random_examples(2)
+    ref, _ = update_after_one_step(target, data, tmp_path, {"drafting_mode": mode}, sequence_partitions=1)
+    for parts in (2, 4, 7):
+        upd, _ = update_after_one_step(
+            target, data, tmp_path, {"drafting_mode": mode}, sequence_partitions=parts
+        )
+        assert rel_diff(upd, ref) < 1e-5, parts
+    # the unbalanced (equal-length) segments give the same gradient too
+    upd, _ = update_after_one_step(
+        target, data, tmp_path, {"drafting_mode": mode}, sequence_partitions=3, balance_partitions=False
+    )
+    assert rel_diff(upd, ref) < 1e-5
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    target = make_target()
+    data = random_examples(4, seed=1)
+    big, _ = update_after_one_step(target, data, tmp_path, per_device_train_batch_size=4)
+    acc, _ = update_after_one_step(
+        target,
+        data,
+        tmp_path,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=4,
+        sequence_partitions=3,
+    )
+    assert rel_diff(acc, big) < 1e-5
+
+
+def naive_loss(head, target, batch, k: int, autoregressive: bool) -> tuple[float, int]:
+    """Sum of KL(target || drafter) over every supervised element, each computed the way inference drafts it."""
+    t2d = head.t2d
+    draft_rows = torch.arange(head.config.draft_vocab_size) + head.d2t
+    total, count = 0.0, 0
+    ids_all = batch["input_ids"]
+    for b in range(ids_all.shape[0]):
+        length = int(batch["attention_mask"][b].sum())
+        ids = ids_all[b : b + 1, :length]
+        out = target(ids, output_hidden_states=True)
+        aux = torch.cat([out.hidden_states[i] for i in head.config.eagle_aux_hidden_state_layer_ids], -1)
+        tlogits = out.logits[0][:, draft_rows]
+        for a in range(length - 2):
+            depths = [d for d in range(k) if a + d + 2 < length]
+            if autoregressive:
+                cache = DynamicCache(config=head.config)
+                step = head(ids[:, 1 : a + 2], aux[:, : a + 1], past_key_values=cache, use_cache=True)
+                logits, hidden = [step.logits[0, -1]], step.last_hidden_state[:, -1:]
+                for d in depths[1:]:
+                    step = head(
+                        ids[:, a + d + 1 : a + d + 2],
+                        projected_hidden_states=hidden,
+                        position_ids=torch.tensor([[a + d]]),
+                        parallel_mask=torch.zeros(1, 1, dtype=torch.bool),
+                        past_key_values=cache,
+                        use_cache=True,
+                    )
+                    logits.append(step.logits[0, -1])
+                    hidden = step.last_hidden_state
+            else:
+                logits = head.draft(ids[:, 1 : a + 2], aux[:, : a + 1], num_draft_tokens=len(depths)).logits[
+                    0
+                ]
+            for d in depths:
+                p = a + d + 2
+                if batch["loss_mask"][b, p] and t2d[ids[0, p]]:
+                    lp = tlogits[p - 1].float().log_softmax(-1)
+                    lq = logits[d].float().log_softmax(-1)
+                    w = 0.8**d if autoregressive else 1.0
+                    total += w * float((lp.exp() * (lp - lq)).sum())
+                    count += 1
+    return total, count
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_training_loss_equals_inference_time_drafting(tmp_path, mode):
+    """Element (a, d) sees exactly what a drafting round from context x_0..x_{a+1} shows its slot d."""
+    target = make_target()
+    head = make_head(target, drafting_mode=mode, draft_vocab_size=64).float()
+    head.set_draft_vocab(torch.arange(0, 128, 2))  # even ids only: odd labels are not supervised
+    data = random_examples(2, seed=3, lo=9, hi=14)
+    args = make_args(tmp_path, cod_ratio=1.0, cod_min_ratio=1.0, sequence_partitions=2)
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=data)
+    batch = PEagleDataCollator()(data)
+    with torch.no_grad():
+        loss = trainer.compute_loss(head.eval(), dict(batch))
+        expected, count = naive_loss(head, target, batch, 4, mode == "autoregressive")
+    plans = trainer.plan_batch(batch)
+    assert sum(p.num_supervised for p in plans) == count > 0
+    assert abs(float(loss) - expected / count) < 1e-5 * max(1.0, expected / count)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex attention has no backward on the CPU")
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_flex_attention_block_mask_gives_the_sdpa_update(tmp_path, mode):
+    target = make_target()
+    data = random_examples(2)
+    kw = dict(use_cpu=False, sequence_partitions=2, flex_block_size=16)
+    ref, _ = update_after_one_step(target, data, tmp_path, {"drafting_mode": mode}, **kw)
+    flex, _ = update_after_one_step(
+        target, data, tmp_path, {"drafting_mode": mode, "attn_implementation": "flex_attention"}, **kw
+    )
+    assert rel_diff({k: v.cpu() for k, v in flex.items()}, {k: v.cpu() for k, v in ref.items()}) < 1e-4
+
+
+def test_flex_attention_head_is_refused_on_the_cpu(tmp_path):
+    target = make_target()
+    head = make_head(target, attn_implementation="flex_attention")
+    with pytest.raises(ValueError, match="flex_attention"):
+        PEagleTrainer(
+            model=head, target_model=target, args=make_args(tmp_path), train_dataset=random_examples(1)
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- behaviour
+def test_nan_loss_stops_with_a_clear_error(tmp_path):
+    target = make_target()
+    head = make_head(target).float()
+    with torch.no_grad():
+        head.fc.weight[0, 0] = float("nan")
+    trainer = PEagleTrainer(
+        model=head, target_model=target, args=make_args(tmp_path), train_dataset=random_examples(2)
+    )
+    with pytest.raises(FloatingPointError, match="non-finite training loss"):
+        trainer.train()
+
+
+def test_target_stays_frozen_and_embeddings_come_from_it(tmp_path):
+    target = make_target()
+    target_before = {k: p.clone() for k, p in target.state_dict().items()}
+    head = make_head(target, embed_from_target=True).float()
+    args = make_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=random_examples(4))
+    mask_before = head.mask_embedding.detach().clone()
+    trainer.train()
+    assert not target.training and not any(p.requires_grad for p in target.parameters())
+    for k, v in target.state_dict().items():
+        assert torch.equal(v, target_before[k]), k
+    assert torch.equal(head.embed_tokens.weight, target.get_input_embeddings().weight)
+    assert not torch.equal(head.mask_embedding, mask_before), "the mask embedding is learned"
+    ckpt = os.path.join(args.output_dir, "checkpoint-2", "model.safetensors")
+    with safe_open(ckpt, framework="pt") as fh:
+        keys = set(fh.keys())
+    assert "mask_embedding" in keys and "embed_tokens.weight" not in keys
+    assert trainer.model is head and not isinstance(
+        trainer.target_model, torch.nn.parallel.DistributedDataParallel
+    )
+
+
+def test_resume_from_checkpoint_continues_identically(tmp_path):
+    target = make_target()
+    data = random_examples(8, seed=5)
+    common = dict(optim="adamw_torch", learning_rate=1e-2, per_device_train_batch_size=2, max_steps=4)
+
+    head_a = make_head(target).float()
+    args_a = make_args(tmp_path / "a", **common)
+    PEagleTrainer(model=head_a, target_model=target, args=args_a, train_dataset=data).train()
+
+    args_b = make_args(tmp_path / "b", save_strategy="steps", save_steps=2, **common)
+    head_b = make_head(target).float()
+    trainer_b = PEagleTrainer(model=head_b, target_model=target, args=args_b, train_dataset=data)
+    trainer_b.train()
+    head_c = make_head(target, seed=7).float()  # different init: everything must come from the checkpoint
+    trainer_c = PEagleTrainer(model=head_c, target_model=target, args=args_b, train_dataset=data)
+    trainer_c.train(resume_from_checkpoint=os.path.join(args_b.output_dir, "checkpoint-2"))
+    for (k, a), (_, c) in zip(head_a.named_parameters(), head_c.named_parameters()):
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_logs_per_depth_accuracy_and_evaluates(tmp_path):
+    target = make_target()
+    head = make_head(target).float()
+    args = make_args(tmp_path, max_steps=2, per_device_eval_batch_size=2)
+    trainer = PEagleTrainer(
+        model=head,
+        target_model=target,
+        args=args,
+        train_dataset=random_examples(4),
+        eval_dataset=random_examples(2, 9),
+    )
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert {"acc_d0", "acc_d3", "supervised_elements"} <= set(logged[0])
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] > 0 and 0.0 <= metrics["eval_acc_d0"] <= 1.0
+
+
+def test_feature_cache_gives_the_online_gradient_and_is_reused(tmp_path):
+    target = make_target()
+    data = random_examples(2, seed=11)
+    online, _ = update_after_one_step(target, data, tmp_path)
+    head = make_head(target)
+    cache = FeatureCache.build(
+        target,
+        data,
+        tmp_path / "cache",
+        head.config.eagle_aux_hidden_state_layer_ids,
+        dtype=torch.float32,
+        progress=False,
+    )
+    assert len(cache) == 2 and cache.size_bytes > 0 and "MiB" in repr(cache)
+    shard = os.path.join(cache.directory, cache.index["locations"][0])
+    stamp = os.path.getmtime(shard)
+    again = FeatureCache.build(
+        target,
+        data,
+        tmp_path / "cache",
+        head.config.eagle_aux_hidden_state_layer_ids,
+        dtype=torch.float32,
+        progress=False,
+    )
+    assert os.path.getmtime(shard) == stamp and again.index == cache.index
+    cached, _ = update_after_one_step(target, cache, tmp_path)
+    assert rel_diff(cached, online) < 1e-5
+
+
+def test_rejects_wrong_arguments(tmp_path):
+    target = make_target()
+    head = make_head(target)
+    with pytest.raises(ValueError, match="target_model"):
+        PEagleTrainer(model=head, args=make_args(tmp_path), train_dataset=random_examples(1))
+    with pytest.raises(ValueError, match="loss_type"):
+        make_args(tmp_path, loss_type="mse")
+    other = make_target(hidden_size=32, intermediate_size=64)
+    with pytest.raises(ValueError, match="hidden size"):
+        PEagleTrainer(
+            model=head, target_model=other, args=make_args(tmp_path), train_dataset=random_examples(1)
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- learning
+def cycle_target(vocab: int = 32, seed: int = 0):
+    """A real Llama target whose greedy next token is a fixed cycle over ids 3..vocab-2: identity decoder
+    layers (zero output projections), orthonormal embeddings, lm_head rows pointing at each id's successor."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_target_config(vocab_size=vocab, num_hidden_layers=4)).eval()
+    inner = torch.arange(3, vocab - 1)
+    order = inner[torch.randperm(inner.numel())]
+    succ = torch.arange(vocab)
+    succ[order] = order.roll(-1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        q, _ = torch.linalg.qr(torch.randn(model.config.hidden_size, vocab))
+        emb = q.T.contiguous()
+        pred = torch.empty_like(succ)
+        pred[succ] = torch.arange(vocab)
+        model.model.embed_tokens.weight.copy_(emb)
+        model.lm_head.weight.copy_(emb[pred] * 40.0)
+    return model, succ
+
+
+def acceptance(head, target, prompts, k: int) -> float:
+    """Mean number of accepted drafts per round (greedy), drafting K tokens with one `draft()` call."""
+    accepted = []
+    for ids in prompts:
+        out = target(ids, output_hidden_states=True)
+        aux = torch.cat([out.hidden_states[i] for i in head.config.eagle_aux_hidden_state_layer_ids], -1)
+        cont = target.generate(ids, max_new_tokens=k + 1, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
+        # the target's bonus token is cont[0]; drafts must match cont[1:]
+        drafts = head.draft(torch.cat([ids[:, 1:], cont[None, :1]], 1), aux, num_draft_tokens=k).tokens[0]
+        n = 0
+        while n < k and int(drafts[n]) == int(cont[n + 1]):
+            n += 1
+        accepted.append(n)
+    return sum(accepted) / len(accepted)
+
+
+def test_a_few_hundred_steps_learn_a_deterministic_target(tmp_path):
+    target, succ = cycle_target()
+    g = torch.Generator().manual_seed(0)
+    prompts = [[1, int(torch.randint(3, 31, (1,), generator=g))] for _ in range(48)]
+    data = self_distill(target, prompts, max_new_tokens=30, batch_size=24, progress=False, eos_token_id=2)
+    assert all(ex["input_ids"][i + 1] == int(succ[ex["input_ids"][i]]) for ex in data for i in range(2, 20))
+    head = make_head(target, mask_token_id=31, num_parallel_positions=4).float()
+    held_out = [torch.tensor([[1, 3 + i, int(succ[3 + i])]]) for i in range(0, 28, 3)]
+    random_acc = acceptance(head, target, held_out, 4)
+    args = make_args(
+        tmp_path,
+        optim="adamw_torch",
+        learning_rate=3e-3,
+        per_device_train_batch_size=4,
+        max_steps=200,
+        logging_steps=50,
+        cod_ratio=0.8,
+    )
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=data)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs[-1]["loss"] < 0.3 * logs[0]["loss"]
+    assert logs[-1]["acc_d3"] > 0.8
+    trained_acc = acceptance(head.eval(), target, held_out, 4)
+    assert random_acc < 0.5 and trained_acc > 3.0, (random_acc, trained_acc)
