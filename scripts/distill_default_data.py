@@ -18,36 +18,11 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from peagle.targets import load_default_target
+from peagle.training.data import self_distill
 
-
-def self_distill(target, tokenizer, prompts, max_new_tokens=256, batch_size=32):
-    """Yield `{"input_ids", "loss_mask"}` rows in prompt order: chat prompt + the target's greedy answer."""
-    tokenizer.padding_side = "left"
-    pad = tokenizer.pad_token_id
-    chats = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-        )
-        for p in prompts
-    ]
-    with tqdm(total=len(chats), desc="self-distil", unit="prompt") as bar:
-        for start in range(0, len(chats), batch_size):
-            enc = tokenizer(
-                chats[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
-            )
-            with torch.inference_mode():
-                out = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-            width = enc["input_ids"].shape[1]
-            for i in range(out.shape[0]):
-                prompt = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
-                resp = out[i, width:].tolist()
-                if tokenizer.eos_token_id in resp:
-                    resp = resp[: resp.index(tokenizer.eos_token_id) + 1]
-                yield {"input_ids": prompt + resp, "loss_mask": [0] * len(prompt) + [1] * len(resp)}
-            bar.update(out.shape[0])
+CHUNK = 64  # prompts per appended chunk, so an interrupted run resumes
 
 
 def main() -> None:
@@ -70,12 +45,19 @@ def main() -> None:
     t0 = time.time()
     tokens = 0
     with open(args.out, "a") as fh:
-        for row in self_distill(
-            target, tokenizer, todo, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
-        ):
-            fh.write(json.dumps(row) + "\n")
+        for start in range(0, len(todo), CHUNK):
+            chunk = todo[start : start + CHUNK]
+            rows = self_distill(
+                target,
+                chunk,
+                tokenizer=tokenizer,
+                max_new_tokens=args.max_new_tokens,
+                batch_size=args.batch_size,
+            )
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+                tokens += int(sum(row["loss_mask"]))
             fh.flush()
-            tokens += int(sum(row["loss_mask"]))
     dt = time.time() - t0
     print(f"{tokens} response tokens in {dt:.0f} s ({tokens / max(dt, 1e-9):.0f} tok/s) -> {args.out}")
 

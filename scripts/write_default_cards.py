@@ -1,0 +1,45 @@
+"""Write the model cards of the shipped default heads (README.md in each head folder).
+
+Usage: python scripts/write_default_cards.py [--bench bench_results/bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from peagle import PEagleDrafter
+from peagle.hub import render_model_card
+from peagle.targets import DEFAULT_HEADS, default_drafter_path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default=None, help="a `peagle bench` JSON to include")
+    args = ap.parse_args()
+    for kind in DEFAULT_HEADS:
+        folder = default_drafter_path(kind)
+        head = PEagleDrafter.from_pretrained(folder)
+        summary = json.loads((folder / "train_summary.json").read_text())
+        training = {
+            "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.sh)",
+            "data": "self-distilled: SmolLM2-135M-Instruct answering 544 chat and Python-stdlib coding prompts "
+            "(scripts/default_prompts.py), greedy, up to 256 tokens; no MT-Bench or HumanEval prompts",
+            "examples": summary.get("examples"),
+            "response_tokens": summary.get("response_tokens"),
+            "optimizer_steps": summary.get("optimizer_steps"),
+            "budget": f"{summary.get('seconds')} s on a 2-core CPU (one thread), bf16 autocast",
+            "last_logged_top1_by_depth": summary.get("last_logged_accuracy"),
+        }
+        card = render_model_card(
+            head,
+            base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+            bench=args.bench,
+            training=training,
+        )
+        card.save(folder / "README.md")
+        print(f"wrote {folder / 'README.md'}")
+
+
+if __name__ == "__main__":
+    main()

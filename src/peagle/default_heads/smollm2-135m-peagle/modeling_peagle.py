@@ -1,0 +1,512 @@
+"""The P-EAGLE drafter head as a transformers model.
+
+Read top to bottom: fused first layer -> pre-trained model base -> drafter.  The building blocks (RMSNorm,
+rotary embedding, attention, MLP, decoder layer) are transformers' own Llama modules; attention goes
+through transformers' attention interface, so `attn_implementation="eager" | "sdpa" | "flex_attention"`
+all work.
+
+Slot layout of one drafting round (DESIGN.md section 3).  Context x_0..x_{p-1} with target features
+f_0..f_{p-1}; bonus token b = x_p:
+
+    slot              token embedding     hidden input        position     predicts
+    context t         embed(x_{t+1})      fc(f_t)             t            x_{t+2}
+    bonus             embed(b)            fc(f_{p-1})         p-1          draft 1
+    parallel i>=1     mask embedding      fc(mask_hidden)     p-1+i        draft i+1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+from transformers.utils import ModelOutput
+
+from .configuration_peagle import PEagleConfig, check_aux_layer_ids
+
+
+@dataclass
+class PEagleDrafterOutput(ModelOutput):
+    """Output of [`PEagleDrafter.forward`].
+
+    Args:
+        loss: unused by the model itself (the trainer computes its own); kept for the Trainer protocol.
+        logits: `(batch, slots, draft_vocab_size)` logits over the draft vocabulary, one row per slot.
+        last_hidden_state: `(batch, slots, hidden_size)` output of the last decoder layer *before* the
+            final norm (what EAGLE-3 feeds back as the next slot's hidden input).
+        past_key_values: the drafter's KV cache, updated with these slots when `use_cache`.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    past_key_values: Cache | None = None
+
+
+@dataclass
+class PEagleDraft(ModelOutput):
+    """The K draft tokens of one round.
+
+    Args:
+        tokens: `(batch, K)` draft tokens as *target* vocabulary ids.
+        logits: `(batch, K, draft_vocab_size)` logits of the K drafting slots (bonus + K-1 parallel).
+        past_key_values: the drafter cache, holding the context slots, the bonus and the K-1 parallel slots.
+    """
+
+    tokens: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: Cache | None = None
+
+
+class PEagleFusedAttention(LlamaAttention):
+    """Llama attention whose q/k/v projections read `2 * hidden_size` (embeddings and features side by side)."""
+
+    def __init__(self, config: PEagleConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        bias = config.attention_bias
+        in_dim = 2 * config.hidden_size
+        self.q_proj = nn.Linear(in_dim, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, config.num_key_value_heads * self.head_dim, bias=bias)
+
+
+class PEagleFusedDecoderLayer(GradientCheckpointingLayer):
+    """Layer 0: attention over `cat([input_layernorm(embeds), hidden_norm(h)])`, residual `h`."""
+
+    def __init__(self, config: PEagleConfig, layer_idx: int = 0):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.norm_before_residual = config.norm_before_residual
+        self.self_attn = PEagleFusedAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        normed_hidden = self.hidden_norm(hidden_states)
+        residual = normed_hidden if self.norm_before_residual else hidden_states
+        fused = torch.cat([self.input_layernorm(inputs_embeds), normed_hidden], dim=-1)
+        attn_out, _ = self.self_attn(
+            hidden_states=fused,
+            attention_mask=attention_mask,
+            position_embeddings=position_embeddings,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = residual + attn_out
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class PEaglePreTrainedModel(PreTrainedModel):
+    config_class = PEagleConfig
+    config: PEagleConfig
+    base_model_prefix = ""
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["PEagleFusedDecoderLayer", "LlamaDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, PEagleDrafter):
+            nn.init.normal_(module.mask_hidden, mean=0.0, std=std)
+            if module.mask_embedding is not None:
+                nn.init.normal_(module.mask_embedding, mean=0.0, std=std)
+
+
+class PEagleDrafter(PEaglePreTrainedModel):
+    """P-EAGLE drafter: drafts K tokens for a target model in one forward pass.
+
+    Parameters: `embed_tokens` (V, H), `fc` (H, 3*H_t), `mask_hidden` (1, 1, 3*H_t), `layers[0]` fused,
+    `layers[1:]` plain Llama layers, `norm`, `lm_head` (V_draft, H), buffers `d2t` (V_draft,) int64 offsets
+    and `t2d` (V,) bool.  With `config.embed_from_target`, `embed_tokens` holds the target's embeddings (not
+    saved) and the learned mask embedding is the separate parameter `mask_embedding` (1, H).
+    """
+
+    def __init__(self, config: PEagleConfig):
+        super().__init__(config)
+        hidden, feat = config.hidden_size, config.target_hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.fc = nn.Linear(3 * feat, hidden, bias=False)
+        self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * feat))
+        if config.embed_from_target:
+            self.mask_embedding = nn.Parameter(torch.zeros(1, hidden))
+            self._keys_to_ignore_on_save = {"embed_tokens.weight"}
+            self._keys_to_ignore_on_load_missing = [r"embed_tokens\.weight"]
+        else:
+            self.mask_embedding = None
+        layers: list[nn.Module] = [PEagleFusedDecoderLayer(config, 0)]
+        layers += [LlamaDecoderLayer(config, i) for i in range(1, config.num_hidden_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[: config.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+        self.gradient_checkpointing = False
+        self.last_generation_stats = None
+        if getattr(config, "peagle_fp8", None):  # an FP8 head (peagle.fp8): FP8 layers before loading
+            from .fp8 import apply_fp8_config
+
+            apply_fp8_config(self, config.peagle_fp8)
+        self.post_init()
+
+    # ------------------------------------------------------------------ loading and uploading
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a head saved by peagle, or convert one saved in another published layout.
+
+        With peagle installed, `peagle.formats` recognises the AWS/vLLM, speculators and EAGLE-3 layouts,
+        refuses pickle checkpoints unless `allow_pickle=True`, and checks every tensor against the config
+        (errors name the file and tensor).  `target_model=` attaches the head to its target after loading
+        and supplies `embed_tokens` / `lm_head` a foreign checkpoint lacks.  As Hub remote code without
+        peagle installed, only peagle's own layout loads, through plain transformers loading.
+        """
+        target_model = kwargs.pop("target_model", None)
+        allow_pickle = kwargs.pop("allow_pickle", False)
+        try:
+            from peagle import formats
+        except ImportError:
+            formats = None
+        if formats is not None:
+            checkpoint = formats.inspect_checkpoint(
+                pretrained_model_name_or_path, allow_pickle=allow_pickle, hub_kwargs=kwargs
+            )
+            if checkpoint.layout != "peagle":
+                dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+                return formats.load_converted(checkpoint, cls=cls, target_model=target_model, dtype=dtype)
+            formats.check_native(checkpoint, cls, config=kwargs.get("config"))
+            pretrained_model_name_or_path = checkpoint.path
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if target_model is not None:
+            model.attach_target(target_model)
+        return model
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload with a model card, the remote-code files and `custom_generate/` (`peagle.hub.push_to_hub`)."""
+        try:
+            from peagle.hub import push_to_hub
+        except ImportError:
+            return super().push_to_hub(repo_id, **kwargs)
+        return push_to_hub(self, repo_id, **kwargs)
+
+    # ------------------------------------------------------------------ embeddings and vocabularies
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    @property
+    def mask_vector(self) -> torch.Tensor:
+        """The learned mask embedding, shape `(hidden_size,)`."""
+        if self.mask_embedding is not None:
+            return self.mask_embedding[0]
+        return self.embed_tokens.weight[self.config.mask_token_id]
+
+    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Set the draft vocabulary from the sorted target ids it keeps, shape `(draft_vocab_size,)`.
+
+        Stores `d2t[i] = draft_to_target[i] - i` (offsets, as vLLM and EAGLE-3 expect) and the `t2d` mask.
+        """
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long).flatten()
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(
+                f"got {ids.numel()} draft ids; expected draft_vocab_size={self.config.draft_vocab_size}."
+            )
+        if (
+            bool((ids[1:] <= ids[:-1]).any())
+            or int(ids.min()) < 0
+            or int(ids.max()) >= self.config.vocab_size
+        ):
+            raise ValueError(
+                f"draft ids must be strictly increasing target ids in [0, {self.config.vocab_size})."
+            )
+        ids = ids.to(self.d2t.device)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids: `target = i + d2t[i]`."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def draft_logits_to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Scatter `(..., V_draft)` logits into `(..., V)` target-vocabulary logits, `-inf` outside the draft vocab."""
+        if self.config.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
+            return logits
+        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        target_ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t
+        out[..., target_ids] = logits
+        return out
+
+    def check_target(self, target) -> None:
+        """Raise a clear error when this head does not fit `target` (a model or its config)."""
+        tc = getattr(target, "config", target)
+        if hasattr(tc, "get_text_config"):
+            tc = tc.get_text_config()
+        cfg = self.config
+        if getattr(tc, "hidden_size", cfg.target_hidden_size) != cfg.target_hidden_size:
+            raise ValueError(
+                f"head was trained for target hidden size {cfg.target_hidden_size}, target has {tc.hidden_size}."
+            )
+        if getattr(tc, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
+            raise ValueError(f"head was built for vocab size {cfg.vocab_size}, target has {tc.vocab_size}.")
+        ids = cfg.eagle_aux_hidden_state_layer_ids
+        if ids is not None and hasattr(tc, "num_hidden_layers"):
+            check_aux_layer_ids(ids, int(tc.num_hidden_layers))
+
+    def attach_target(self, target: PreTrainedModel) -> PEagleDrafter:
+        """Check the head against `target`; with `embed_from_target`, take the target's (frozen) embeddings."""
+        self.check_target(target)
+        if self.config.embed_from_target:
+            weight = target.get_input_embeddings().weight
+            emb = self.embed_tokens
+            if weight.dtype == emb.weight.dtype and weight.device == emb.weight.device:
+                emb.weight = weight
+            else:
+                emb.weight = nn.Parameter(
+                    weight.detach().to(emb.weight.device, emb.weight.dtype), requires_grad=False
+                )
+            emb.weight.requires_grad_(False)
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def project_target_hidden_states(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
+        """`fc` over concatenated target features `(..., 3 * target_hidden_size) -> (..., hidden_size)`."""
+        expected = 3 * self.config.target_hidden_size
+        if target_hidden_states.shape[-1] != expected:
+            raise ValueError(
+                f"target hidden states have width {target_hidden_states.shape[-1]}; expected {expected} "
+                f"(3 aux layers x target_hidden_size {self.config.target_hidden_size})."
+            )
+        return self.fc(target_hidden_states.to(self.mask_hidden.dtype))  # not fc.weight: FP8 heads store e4m3
+
+    def _attention_mask(
+        self, attention_mask, inputs_embeds, past_key_values, position_ids
+    ) -> torch.Tensor | None:
+        """A 4D boolean mask (True = attend) is converted for the active attention implementation;
+        anything else goes through transformers' `create_causal_mask`."""
+        if (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dim() == 4
+            and attention_mask.dtype == torch.bool
+        ):
+            impl = self.config._attn_implementation
+            if impl == "eager":
+                zero = torch.zeros((), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
+                neg = torch.tensor(
+                    torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype, device=zero.device
+                )
+                return torch.where(attention_mask, zero, neg)
+            return attention_mask
+        return create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        parallel_mask: torch.BoolTensor | None = None,
+        projected_hidden_states: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> PEagleDrafterOutput:
+        """Run the drafter over a block of slots.
+
+        Args:
+            input_ids: `(B, T)` token of each slot (the token *after* the feature's position).
+            target_hidden_states: `(B, T, 3 * target_hidden_size)` concatenated target features per slot;
+                ignored at parallel slots.
+            position_ids: `(B, T)` RoPE positions; default continues the cache.
+            past_key_values: drafter cache (`DynamicCache`); new slots are appended when `use_cache`.
+            attention_mask: `None` (causal), a 2D padding mask, or a 4D `(B, 1, T, past+T)` boolean mask
+                (True = attend), e.g. the P-EAGLE training mask.
+            parallel_mask: `(B, T)` True at parallel (mask) slots; default `input_ids == mask_token_id`.
+                Those slots get the mask embedding and `fc(mask_hidden)`.
+            projected_hidden_states: `(B, T, hidden_size)` hidden inputs that skip `fc` (EAGLE-3 feeds the
+                drafter's own `last_hidden_state` back this way); replaces `target_hidden_states`.
+            logits_to_keep: compute logits for the last N slots only (0 = all).
+        """
+        if parallel_mask is None:
+            parallel_mask = input_ids == self.config.mask_token_id
+        if projected_hidden_states is not None:
+            hidden = projected_hidden_states
+        elif target_hidden_states is not None:
+            hidden = self.project_target_hidden_states(target_hidden_states)
+        elif bool(parallel_mask.all()):
+            hidden = None
+        else:
+            raise ValueError(
+                "forward needs target_hidden_states (or projected_hidden_states) for non-parallel slots."
+            )
+        inputs_embeds = self.embed_tokens(input_ids)
+        if parallel_mask.any():
+            dtype = inputs_embeds.dtype
+            mask_feat = self.fc(self.mask_hidden).to(dtype).expand(*input_ids.shape, -1)
+            hidden = (
+                mask_feat
+                if hidden is None
+                else torch.where(parallel_mask[..., None], mask_feat, hidden.to(dtype))
+            )
+            inputs_embeds = torch.where(parallel_mask[..., None], self.mask_vector.to(dtype), inputs_embeds)
+
+        if use_cache is None:
+            use_cache = past_key_values is not None
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
+            position_ids = position_ids.expand(input_ids.shape[0], -1)
+
+        mask = self._attention_mask(attention_mask, inputs_embeds, past_key_values, position_ids)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
+        cache = past_key_values if use_cache else None
+        hidden = self.layers[0](
+            inputs_embeds,
+            hidden,
+            attention_mask=mask,
+            position_embeddings=position_embeddings,
+            past_key_values=cache,
+            **kwargs,
+        )
+        for layer in self.layers[1:]:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                past_key_values=cache,
+                **kwargs,
+            )
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        logits = self.lm_head(self.norm(kept))
+        return PEagleDrafterOutput(logits=logits, last_hidden_state=hidden, past_key_values=cache)
+
+    # ------------------------------------------------------------------ one drafting round
+    def parallel_slots(
+        self, input_ids: torch.LongTensor, start_position: int, num_draft_tokens: int
+    ) -> tuple[torch.LongTensor, torch.LongTensor, torch.BoolTensor]:
+        """Append K-1 parallel slots to a block of real slots.
+
+        Args:
+            input_ids: `(B, R)` tokens of the R new real slots (the last one is the bonus token).
+            start_position: RoPE position of the first real slot.
+            num_draft_tokens: K.
+
+        Returns:
+            `(ids, position_ids, parallel_mask)`, each `(B, R + K - 1)`: ids with `mask_token_id` in the
+            parallel slots, positions `start, start+1, ...`, and True at the parallel slots.
+        """
+        bsz, real = input_ids.shape
+        extra = num_draft_tokens - 1
+        fill = input_ids.new_full((bsz, extra), self.config.mask_token_id)
+        ids = torch.cat([input_ids, fill], dim=1)
+        positions = torch.arange(start_position, start_position + real + extra, device=input_ids.device)
+        par = torch.zeros_like(ids, dtype=torch.bool)
+        par[:, real:] = True
+        return ids, positions.unsqueeze(0).expand(bsz, -1), par
+
+    @torch.no_grad()
+    def draft(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor,
+        num_draft_tokens: int | None = None,
+        past_key_values: Cache | None = None,
+        start_position: int | None = None,
+        do_sample: bool = False,
+        generator: torch.Generator | None = None,
+        logits_processor=None,
+    ) -> PEagleDraft:
+        """Turn one round's inputs into K draft tokens with ONE forward call.
+
+        Args:
+            input_ids: `(B, R)` the R new real slots' tokens (accepted drafts and the bonus token last).
+            target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
+            num_draft_tokens: K (default `config.num_speculative_tokens`).
+            past_key_values: the drafter cache holding the earlier context slots (and nothing else).
+            start_position: RoPE position of the first new slot (default: the cache length).
+            do_sample: sample drafts from softmax(logits) instead of argmax.
+            logits_processor: optional callable `scores -> scores` on the `(B, K, V_draft)` logits before picking.
+
+        Returns:
+            [`PEagleDraft`] with `tokens` `(B, K)` in target ids and the K slots' draft-vocab logits.
+        """
+        k = num_draft_tokens or self.config.num_speculative_tokens
+        if start_position is None:
+            start_position = past_key_values.get_seq_length() if past_key_values is not None else 0
+        ids, pos, par = self.parallel_slots(input_ids, start_position, k)
+        feats = torch.cat(
+            [
+                target_hidden_states,
+                target_hidden_states.new_zeros(ids.shape[0], k - 1, target_hidden_states.shape[-1]),
+            ],
+            dim=1,
+        )
+        out = self(
+            input_ids=ids,
+            target_hidden_states=feats,
+            position_ids=pos,
+            past_key_values=past_key_values,
+            parallel_mask=par,
+            use_cache=True,
+            logits_to_keep=k,
+        )
+        logits = out.logits.float()
+        if logits_processor is not None:
+            logits = logits_processor(logits)
+        if do_sample:
+            probs = logits.softmax(-1)
+            flat = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator)
+            picked = flat.view(probs.shape[:-1])
+        else:
+            picked = logits.argmax(-1)
+        return PEagleDraft(
+            tokens=self.draft_to_target(picked), logits=logits, past_key_values=out.past_key_values
+        )
+
+
+__all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]

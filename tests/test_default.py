@@ -1,0 +1,66 @@
+"""The embedded default: the real SmolLM2 target from PyPI and the heads shipped inside the package."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+import peagle
+from peagle.bench import chat_prompt_ids, timed_generate
+from peagle.targets import cache_dir, default_drafter_path, default_target_path
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def target_and_tokenizer():
+    return peagle.load_default_target()
+
+
+def test_cache_location_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_converted_target_is_real_smollm2(target_and_tokenizer):
+    target, tok = target_and_tokenizer
+    cfg = target.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (30, 576, 49152)
+    assert "quantization_config" not in json.loads((default_target_path() / "config.json").read_text())
+    t0 = time.perf_counter()
+    peagle.load_default_target()
+    assert time.perf_counter() - t0 < 15  # the GGUF path takes ~25 s; the cached folder ~1 s
+    ids = chat_prompt_ids(tok, "What is the capital of France?")
+    out = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_shipped_heads_are_small_and_lossless(target_and_tokenizer, kind):
+    target, tok = target_and_tokenizer
+    folder = default_drafter_path(kind)
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    assert size <= 50 * 2**20
+    head = peagle.load_default_drafter(target, kind=kind)
+    assert head.config.drafting_mode == ("parallel" if kind == "peagle" else "autoregressive")
+    head.check_target(target)
+    emitted = rounds = 0
+    for text in ("Write a Python function that adds two numbers.", "Give me two tips for better sleep."):
+        ids = chat_prompt_ids(tok, text)
+        plain = timed_generate(target, ids, 48)
+        spec = timed_generate(target, ids, 48, assistant=head, num_assistant_tokens=5)
+        assert spec.output == plain.output
+        stats = head.last_generation_stats
+        assert stats.generated_tokens == spec.new_tokens
+        emitted, rounds = emitted + spec.new_tokens, rounds + spec.target_calls
+    assert emitted / rounds > 1.05  # a trained head gets drafts accepted (a random head stays at 1.0)
+
+
+def test_model_card_ships_with_the_default_head():
+    card = default_drafter_path("peagle") / "README.md"
+    assert card.is_file()
+    text = card.read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in text and "library_name: peagle" in text
