@@ -12,7 +12,9 @@ import peagle
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(1)  # the suite runs beside other work on 2 cores; 1 thread avoids oversubscription stalls
+torch.set_num_threads(
+    1
+)  # the suite runs beside other work on 2 cores; 1 thread avoids oversubscription stalls
 
 
 def tiny_target_config(**overrides) -> LlamaConfig:

@@ -6,7 +6,6 @@ import json
 import time
 
 import pytest
-import torch
 
 import peagle
 from peagle.bench import chat_prompt_ids, timed_generate
