@@ -470,6 +470,8 @@ sys.meta_path.insert(0, _BlockPeagle())
 import torch
 from transformers import AutoModel
 
+torch.set_num_threads(1)  # the reference logits were computed with the suite's single thread
+
 folder, ref_file = sys.argv[1:3]
 ref = torch.load(ref_file)
 head = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
