@@ -22,15 +22,6 @@ from peagle import generation as gen
 LAYERS = 4  # aux layers default to (1, 2, 3): distinct, so an off-by-one layer index shows
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other processes share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target():
     return make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)

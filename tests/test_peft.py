@@ -25,14 +25,6 @@ from peagle.training import PEagleTrainer, PEagleTrainingArguments
 from test_generation import Oracle
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def random_lora(head, seed: int = 3, **kw):
     """LoRA with random (non-zero) A and B, so the adapter changes the outputs."""
     torch.manual_seed(seed)

@@ -5,21 +5,10 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-import torch
-
 from conftest import make_target
 from peagle import PEagleDrafter
 from peagle.cli import main
 from test_training_data import tiny_tokenizer
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def test_peagle_train_command(tmp_path, capsys):

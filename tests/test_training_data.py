@@ -24,14 +24,6 @@ from peagle.training import (
 SYSTEM = "you are a helpful bot"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def tiny_tokenizer():
     """A word-level tokenizer (ids < 128) whose chat template inserts a default system prompt, like SmolLM2's."""
     from tokenizers import Tokenizer, models, pre_tokenizers

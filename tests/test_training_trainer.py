@@ -20,15 +20,6 @@ from peagle.training import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread, above all on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def random_examples(n: int, seed: int = 0, lo: int = 18, hi: int = 40, vocab: int = 120) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     out = []
