@@ -8,6 +8,7 @@ Rows already present are skipped, so an interrupted run resumes.
 Usage:
     python scripts/distill_default_data.py --prompts prompts.jsonl --out data.jsonl \
         --max-new-tokens 256 --batch-size 32 --dtype bfloat16
+    # two processes, one thread each, on the two halves:  --limit 576 --out a.jsonl  /  --start 576 --out b.jsonl
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--start", type=int, default=0, help="skip the first START prompts (to split the work)")
+    ap.add_argument("--limit", type=int, default=None, help="stop before prompt number LIMIT")
     args = ap.parse_args()
 
     lines = Path(args.prompts).read_text().splitlines()
-    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.limit]
+    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][args.start : args.limit]
     out = Path(args.out)
     done = sum(1 for line in out.read_text().splitlines() if line.strip()) if out.exists() else 0
     todo = prompts[done:]

@@ -28,7 +28,7 @@ import torch
 from peagle import PEagleConfig, PEagleDrafter
 from peagle.evalsets import is_evaluation_prompt
 from peagle.targets import load_default_target
-from peagle.training.data import load_examples, select_draft_vocab
+from peagle.training.data import FeatureCache, load_examples, select_draft_vocab
 from peagle.training.recipe import format_summary, train_head
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>": a reserved special token that never occurs in chat
@@ -56,8 +56,8 @@ def build_head(target, examples, kind: str, layers: int, draft_vocab: int, k_tra
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", required=True)
-    ap.add_argument("--kind", choices=["peagle", "eagle3"], required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle")
+    ap.add_argument("--out", default=None)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--k-train", type=int, default=8)
@@ -67,7 +67,14 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--feature-cache", default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="only build --feature-cache (shared by both heads), then exit",
+    )
     args = ap.parse_args()
+    if args.out is None and not args.cache_only:
+        ap.error("--out is required unless --cache-only")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -77,6 +84,14 @@ def main() -> None:
         text = tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m])
         assert not is_evaluation_prompt(text.split("<|im_start|>user")[-1].split("<|im_end|>")[0]), text
     head = build_head(target, examples, args.kind, args.layers, args.draft_vocab, args.k_train)
+    if args.cache_only:
+        if args.feature_cache is None:
+            ap.error("--cache-only needs --feature-cache")
+        cache = FeatureCache.build(
+            target, examples, args.feature_cache, head.config.eagle_aux_hidden_state_layer_ids
+        )
+        print(cache)
+        return
     training_args = {
         "num_parallel_positions": args.k_train,
         "cod_ratio": 0.7,

@@ -381,6 +381,44 @@ def test_num_draft_tokens_default_and_warning(target, caplog):
         _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=0)
 
 
+# ---------------------------------------------------------------------------------------------- confidence cut
+def test_confidence_threshold_resolution():
+    from transformers import GenerationConfig
+
+    assert gen.resolve_confidence_threshold(GenerationConfig()) == 0.0  # transformers' 0.4 default = not given
+    assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.25)) == 0.25
+    assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.0)) == 0.0
+    with pytest.raises(ValueError, match="probability"):
+        gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=1.5))
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_confidence_threshold_cuts_rounds_losslessly(target, mode):
+    k = 5
+    head = make_head(target, seed=21, drafting_mode=mode)
+    ids = _prompt(71, 9)
+    ref = _greedy(target, ids, max_new_tokens=30)
+    seen = {}
+    for threshold in (None, 0.5, 1.0):
+        oracle = Oracle(head, ref, p=0.7, seed=5)
+        kw = {} if threshold is None else {"assistant_confidence_threshold": threshold}
+        out = _greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=k, **kw)
+        oracle.handle.remove()
+        assert torch.equal(out, ref), threshold
+        seen[threshold] = st = _check_stats(head, ids.shape[1], out)
+        assert st.confidence_threshold == (threshold or 0.0)
+    full, half, one = seen[None], seen[0.5], seen[1.0]
+    assert full.truncated_rounds <= 2  # only the rounds at the length limit draft fewer than K
+    # threshold 1.0: every draft is "unsure", so each round keeps exactly one
+    assert one.draft_tokens == one.rounds and one.truncated_rounds >= one.rounds - 2
+    # 0.5: oracle hits (p ~ 0.99) continue a round, the random head's guesses (p << 0.5) end it
+    assert half.truncated_rounds > 2 and half.rounds < half.draft_tokens < half.rounds * k
+    assert half.accepted_tokens > 0
+    if mode == "autoregressive":  # a cut round also skips the rest of its drafter passes
+        assert one.drafter_forward_calls == one.rounds
+        assert half.drafter_forward_calls == half.draft_tokens < full.drafter_forward_calls
+
+
 # ---------------------------------------------------------------------------------------------- sampling
 def _exact_distribution(target, prompt: torch.LongTensor, steps: int, processors) -> dict[tuple, float]:
     """Probability of every continuation of `steps` tokens under plain sampling with `processors`."""

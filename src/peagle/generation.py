@@ -82,6 +82,8 @@ class PEagleGenerationStats:
         accepted_per_depth: `[K]` rounds whose draft at depth d (0 = first draft) was kept.
         drafted_per_depth: `[K]` rounds that proposed a draft at depth d.
         drafter_forward_calls: drafter forward passes (parallel: one per round; autoregressive: K per round).
+        confidence_threshold: the `assistant_confidence_threshold` in effect (0.0: every round drafts K tokens).
+        truncated_rounds: rounds whose drafts were cut below K by the confidence threshold.
         drafter_seconds: wall time spent drafting (forwards and token selection).
         total_seconds: wall time from the start of decoding to the last verified round.
     """
@@ -96,6 +98,8 @@ class PEagleGenerationStats:
     accepted_per_depth: list[int] = field(default_factory=list)
     drafted_per_depth: list[int] = field(default_factory=list)
     drafter_forward_calls: int = 0
+    confidence_threshold: float = 0.0
+    truncated_rounds: int = 0
     drafter_seconds: float = 0.0
     total_seconds: float = 0.0
 
@@ -231,6 +235,26 @@ def resolve_num_draft_tokens(generation_config: GenerationConfig, head: PEagleDr
     return k
 
 
+def resolve_confidence_threshold(generation_config: GenerationConfig) -> float:
+    """The draft-confidence cut for one `generate()` call: `assistant_confidence_threshold` when given, else 0.0.
+
+    With a threshold `t > 0`, a round keeps its drafts up to and including the first one whose probability
+    under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models): fewer
+    tokens to verify when the head is unsure, and fewer drafter passes for autoregressive heads.  The output
+    is unchanged (greedy: identical; sampling: same distribution), only the work per round changes.
+    transformers fills an unset threshold with its global default (0.4); peagle reads that exact value as
+    "not given" and drafts all K tokens, as vLLM does.
+    """
+    value = generation_config.assistant_confidence_threshold
+    default = GenerationConfig._get_default_generation_params().get("assistant_confidence_threshold")
+    if value is None or value == default:
+        return 0.0
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"assistant_confidence_threshold is {value!r}; expected a probability in [0, 1].")
+    return value
+
+
 # ---------------------------------------------------------------------------------------------- generator
 _ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -269,6 +293,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
             cfg.eagle_aux_hidden_state_layer_ids or default_aux_layer_ids(self.num_target_layers)
         )
         self.num_draft_tokens = resolve_num_draft_tokens(generation_config, head)
+        self.confidence_threshold = resolve_confidence_threshold(generation_config)
         if self.drafting_mode == "parallel" and self.num_draft_tokens > cfg.num_parallel_positions:
             logger.warning_once(
                 f"drafting K={self.num_draft_tokens} tokens per round with a head trained for "
@@ -302,6 +327,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
             num_draft_tokens=k,
             accepted_per_depth=[0] * k,
             drafted_per_depth=[0] * k,
+            confidence_threshold=self.confidence_threshold,
         )
         head.last_generation_stats = self.stats
 
@@ -352,6 +378,11 @@ class PEagleCandidateGenerator(CandidateGenerator):
             token = scores.argmax(dim=-1)
         return token, scores
 
+    def _unsure(self, token: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """`(..., )` bool: the head's probability of each picked `token` is below the confidence threshold."""
+        probs = scores.float().softmax(dim=-1).gather(-1, token[..., None].to(scores.device))[..., 0]
+        return probs < self.confidence_threshold
+
     def _pick_all(
         self, context: torch.LongTensor, draft_logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,7 +426,13 @@ class PEagleCandidateGenerator(CandidateGenerator):
         )
         self.stats.drafter_forward_calls += 1
         self._speculative_slots = k - 1
-        return self._pick_all(context, out.logits)
+        tokens, scores = self._pick_all(context, out.logits)
+        if self.confidence_threshold > 0 and tokens.shape[1] > 1:
+            unsure = self._unsure(tokens, scores)[0].nonzero()
+            if len(unsure) and int(unsure[0]) + 1 < tokens.shape[1]:
+                keep = int(unsure[0]) + 1  # up to and including the first unsure draft
+                tokens, scores = tokens[:, :keep], scores[:, :keep]
+        return tokens, scores
 
     def _draft_autoregressive(
         self, context: torch.LongTensor, start: int, tokens: torch.LongTensor, feats: torch.Tensor, k: int
@@ -424,6 +461,8 @@ class PEagleCandidateGenerator(CandidateGenerator):
             context = torch.cat([context, picked[0][:, None]], dim=-1)
             if d == k - 1:
                 break
+            if self.confidence_threshold > 0 and bool(self._unsure(*picked)[0]):
+                break  # the rest of the round would follow an unsure draft
             # slot for draft d+1 at position n-1+d: token = draft, hidden input = previous last hidden state
             token = picked[0][:, None].to(self.device)
             out = head(
@@ -482,6 +521,8 @@ class PEagleCandidateGenerator(CandidateGenerator):
         if num == 0:
             return input_ids, None
         self.stats.draft_tokens += num
+        if num < k:
+            self.stats.truncated_rounds += 1
         for d in range(num):
             self.stats.drafted_per_depth[d] += 1
         candidates = torch.cat([input_ids, drafts.to(input_ids.device)], dim=-1)
@@ -586,6 +627,7 @@ __all__ = [
     "PEagleGenerationStats",
     "check_generation_request",
     "resolve_num_draft_tokens",
+    "resolve_confidence_threshold",
     "install_generate_hook",
     "uninstall_generate_hook",
     "MIN_TRANSFORMERS_VERSION",

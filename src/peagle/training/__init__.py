@@ -55,9 +55,9 @@ _EXPORTS = {
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
-if TYPE_CHECKING:
-    from .cod import cod_counts, cod_sample
-    from .data import (
+if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime imports are lazy
+    from .cod import cod_counts, cod_sample  # noqa: F401
+    from .data import (  # noqa: F401
         FeatureCache,
         PEagleDataCollator,
         capture_features,
@@ -72,11 +72,11 @@ if TYPE_CHECKING:
         synthesize_prompts,
         user_turn_template,
     )
-    from .losses import distillation_loss, target_draft_logits
-    from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule
-    from .partition import Segment, partition_boundaries, partition_plan
-    from .recipe import train_head
-    from .trainer import (
+    from .losses import distillation_loss, target_draft_logits  # noqa: F401
+    from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
+    from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
+    from .recipe import train_head  # noqa: F401
+    from .trainer import (  # noqa: F401
         ExamplePlan,
         PEagleTrainer,
         PEagleTrainingArguments,
@@ -98,35 +98,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_WHERE))
 
 
-__all__ = [
-    "cod_counts",
-    "cod_sample",
-    "peagle_mask_rule",
-    "peagle_attention_mask",
-    "peagle_block_mask",
-    "PEagleMaskTemplate",
-    "Segment",
-    "partition_boundaries",
-    "partition_plan",
-    "distillation_loss",
-    "target_draft_logits",
-    "PEagleDataCollator",
-    "FeatureCache",
-    "capture_features",
-    "chat_prompt_ids",
-    "user_turn_template",
-    "generate_responses",
-    "self_distill",
-    "synthesize_prompts",
-    "load_prompts",
-    "stdlib_code_prompts",
-    "save_examples",
-    "load_examples",
-    "select_draft_vocab",
-    "ExamplePlan",
-    "plan_example",
-    "parallel_drafter_inputs",
-    "PEagleTrainer",
-    "PEagleTrainingArguments",
-    "train_head",
-]
+__all__ = [name for names in _EXPORTS.values() for name in names]

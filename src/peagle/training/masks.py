@@ -67,6 +67,17 @@ def peagle_mask_rule(
     return allowed
 
 
+def _key_coordinates(anchor, depth, valid, document_ids, key_anchor, key_depth, key_valid, key_document_ids):
+    """The key coordinates of a mask: the given ones, else the queries' (a square mask)."""
+    square = key_anchor is None or key_anchor is anchor
+    return (
+        anchor if key_anchor is None else key_anchor,
+        depth if key_depth is None else key_depth,
+        valid if (key_valid is None and square) else key_valid,
+        document_ids if (key_document_ids is None and square) else key_document_ids,
+    )
+
+
 def peagle_attention_mask(
     anchor: torch.Tensor,
     depth: torch.Tensor,
@@ -99,12 +110,9 @@ def peagle_attention_mask(
     >>> peagle_attention_mask(a, d).int().tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
     """
-    key_anchor = anchor if key_anchor is None else key_anchor
-    key_depth = depth if key_depth is None else key_depth
-    if key_valid is None and key_anchor is anchor:
-        key_valid = valid
-    if key_document_ids is None and key_anchor is anchor:
-        key_document_ids = document_ids
+    key_anchor, key_depth, key_valid, key_document_ids = _key_coordinates(
+        anchor, depth, valid, document_ids, key_anchor, key_depth, key_valid, key_document_ids
+    )
     mask = peagle_mask_rule(
         anchor[..., :, None],
         depth[..., :, None],
@@ -206,11 +214,9 @@ def peagle_block_mask(
 
     if anchor.dim() != 2:
         raise ValueError(f"peagle_block_mask expects (B, E) coordinates, got shape {tuple(anchor.shape)}.")
-    k_anchor = anchor if key_anchor is None else key_anchor
-    k_depth = depth if key_depth is None else key_depth
-    square = key_anchor is None
-    k_valid = valid if (key_valid is None and square) else key_valid
-    k_doc = document_ids if (key_document_ids is None and square) else key_document_ids
+    k_anchor, k_depth, k_valid, k_doc = _key_coordinates(
+        anchor, depth, valid, document_ids, key_anchor, key_depth, key_valid, key_document_ids
+    )
 
     def mask_mod(b, h, q_idx, kv_idx):
         allowed = peagle_mask_rule(
