@@ -42,6 +42,19 @@ def test_run_benchmark_rows_summary_and_files(tmp_path):
     assert "| toy | peagle | 3 |" in format_table(res["summary"])
 
 
+def test_run_benchmark_passes_the_confidence_threshold():
+    target = make_target()
+    head = make_head(target)
+    prompts = {"toy": [torch.tensor([[5, 6, 7, 8]])]}
+    res = run_benchmark(
+        target, prompts, {"peagle": head}, ks=(4,), max_new_tokens=8, repeats=1, progress=False,
+        methods=("greedy", "peagle"), confidence_threshold=1.0,
+    )  # fmt: skip
+    assert res["config"]["confidence_threshold"] == 1.0 and all(r["lossless"] for r in res["runs"])
+    stats = head.last_generation_stats
+    assert stats.confidence_threshold == 1.0 and stats.draft_tokens == stats.rounds  # one draft per round
+
+
 def test_summarize_flags_a_mismatch():
     rows = [
         dict(dataset="d", prompt=0, method="greedy", k=0, new_tokens=10, seconds=1.0, rounds=10,

@@ -95,16 +95,21 @@ def timed_generate(
     )
 
 
-def _method_kwargs(method: str, k: int, heads: dict[str, Any]) -> dict[str, Any]:
+def _method_kwargs(
+    method: str, k: int, heads: dict[str, Any], confidence_threshold: float | None = None
+) -> dict[str, Any]:
     if method == "greedy":
         return {}
     if method == "pld":
         return {"prompt_lookup_num_tokens": k}
-    return {
+    kwargs = {
         "assistant": heads[method],
         "num_assistant_tokens": k,
         "num_assistant_tokens_schedule": "constant",
     }
+    if confidence_threshold:
+        kwargs["assistant_confidence_threshold"] = confidence_threshold
+    return kwargs
 
 
 def run_benchmark(
@@ -116,6 +121,7 @@ def run_benchmark(
     repeats: int = 3,
     methods: Sequence[str] = METHODS,
     progress: bool = True,
+    confidence_threshold: float | None = None,
 ) -> dict[str, Any]:
     """Measure every method on every prompt, side by side.
 
@@ -125,6 +131,8 @@ def run_benchmark(
         heads: method name (`"peagle"`, `"eagle3"`) -> drafter head; methods without a head are skipped.
         ks: draft lengths K to sweep (PLD uses K as `prompt_lookup_num_tokens`).
         repeats: timed repeats per (prompt, method, K); the median time is kept.
+        confidence_threshold: `assistant_confidence_threshold` for the heads (a round stops after its first
+            draft below it; K is then the most drafts per round); None or 0 drafts K tokens every round.
 
     Returns:
         A JSON-ready dict with `runs` (one row per prompt/method/K) and `summary` (per dataset/method/K:
@@ -141,7 +149,9 @@ def run_benchmark(
             reference: list[int] | None = None
             for method, k in plan:
                 runs = [
-                    timed_generate(target, ids, max_new_tokens, **_method_kwargs(method, k, heads))
+                    timed_generate(
+                        target, ids, max_new_tokens, **_method_kwargs(method, k, heads, confidence_threshold)
+                    )
                     for _ in range(max(1, repeats))
                 ]
                 first = runs[0]
@@ -168,7 +178,12 @@ def run_benchmark(
     return {
         "runs": rows,
         "summary": summarize(rows),
-        "config": {"ks": list(ks), "max_new_tokens": max_new_tokens, "repeats": repeats},
+        "config": {
+            "ks": list(ks),
+            "max_new_tokens": max_new_tokens,
+            "repeats": repeats,
+            "confidence_threshold": confidence_threshold or 0.0,
+        },
     }
 
 
@@ -326,6 +341,7 @@ def run_cli(args) -> int:
         max_new_tokens=args.max_new_tokens,
         repeats=args.repeats,
         methods=methods,
+        confidence_threshold=args.confidence_threshold,
     )
     results["machine"] = machine_description()
     results["command"] = "peagle bench " + " ".join(

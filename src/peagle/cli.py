@@ -13,13 +13,26 @@ import sys
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return 0 if run_demo(max_new_tokens=args.max_new_tokens, k=args.k) else 1
+    ok = run_demo(
+        max_new_tokens=args.max_new_tokens, k=args.k, confidence_threshold=args.confidence_threshold
+    )
+    return 0 if ok else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_cli
 
     return run_cli(args)
+
+
+def _confidence_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=None,
+        help="assistant_confidence_threshold: end a round after its first draft the head gives a lower "
+        "probability (default: off, K drafts every round)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("-k", type=int, default=None, help="draft tokens per round (default: the head's)")
+    _confidence_argument(p)
     p.set_defaults(func=_demo)
 
     p = sub.add_parser(
@@ -48,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", default="bench_results", help="folder for bench.json and bench.png")
+    _confidence_argument(p)
     p.set_defaults(func=_bench)
 
     # --- sub-commands added by other modules go below this line (one block each) ---

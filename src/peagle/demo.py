@@ -12,7 +12,10 @@ DEMO_PROMPTS = (
 
 
 def run_demo(
-    max_new_tokens: int = 128, k: int | None = None, prompts: tuple[str, ...] = DEMO_PROMPTS
+    max_new_tokens: int = 128,
+    k: int | None = None,
+    prompts: tuple[str, ...] = DEMO_PROMPTS,
+    confidence_threshold: float | None = None,
 ) -> bool:
     """Generate for a few prompts with and without the head; print equality, tokens/s, speedup, tau.
 
@@ -25,7 +28,10 @@ def run_demo(
     target, tokenizer = load_default_target()
     head = load_default_drafter(target)
     k = k or head.config.num_speculative_tokens
-    print(f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}")
+    cut = f", confidence threshold {confidence_threshold}" if confidence_threshold else ""
+    print(
+        f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}{cut}"
+    )
     all_equal, plain_s, spec_s, plain_n, spec_n, rounds = True, 0.0, 0.0, 0, 0, 0
     for text in prompts:
         ids = chat_prompt_ids(tokenizer, text)
@@ -38,6 +44,7 @@ def run_demo(
             assistant=head,
             num_assistant_tokens=k,
             num_assistant_tokens_schedule="constant",
+            **({"assistant_confidence_threshold": confidence_threshold} if confidence_threshold else {}),
         )
         equal = plain.output == spec.output
         all_equal &= equal
