@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--feature-cache", default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--run-dir", default=None, help="checkpoints and logs (default: runs/<name of --out>)")
+    ap.add_argument("--save-steps", type=int, default=100000, help="checkpoint every N optimizer steps")
     ap.add_argument(
         "--cache-only",
         action="store_true",
@@ -107,14 +109,15 @@ def main() -> None:
         "per_device_train_batch_size": 1,
         "gradient_accumulation_steps": args.grad_accum,
         "bf16": True,
-        "save_steps": 100000,
+        "save_steps": args.save_steps,
+        "save_total_limit": 2,
         "logging_steps": 10,
         "seed": 0,
         "use_cpu": not torch.cuda.is_available(),
     }
     out = Path(args.out)
     head, summary = train_head(
-        target, tokenizer, output_dir=out / "run", examples=examples, head=head,
+        target, tokenizer, output_dir=Path(args.run_dir or Path("runs") / out.name), examples=examples, head=head,
         feature_cache=args.feature_cache, training_args=training_args,
     )  # fmt: skip
     head.to(torch.bfloat16).save_pretrained(out)

@@ -23,12 +23,14 @@ def main() -> None:
         summary = json.loads((folder / "train_summary.json").read_text())
         training = {
             "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.sh)",
-            "data": "self-distilled: SmolLM2-135M-Instruct answering 544 chat and Python-stdlib coding prompts "
-            "(scripts/default_prompts.py), greedy, up to 256 tokens; no MT-Bench or HumanEval prompts",
+            "data": f"self-distilled: SmolLM2-135M-Instruct answering {summary.get('examples')} chat and "
+            "Python-stdlib coding prompts (scripts/default_prompts.py), greedy, up to 256 tokens; no MT-Bench or "
+            "HumanEval prompts",
             "examples": summary.get("examples"),
             "response_tokens": summary.get("response_tokens"),
             "optimizer_steps": summary.get("optimizer_steps"),
-            "budget": f"{summary.get('seconds')} s on a 2-core CPU (one thread), bf16 autocast",
+            "budget": f"{summary.get('seconds')} s on a 2-core CPU (one thread per head, both heads side by side), "
+            "bf16 autocast, target features cached once",
             "last_logged_top1_by_depth": summary.get("last_logged_accuracy"),
         }
         card = render_model_card(
