@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("-k", type=int, default=None, help="draft tokens per round (default: the head's)")
     _confidence_argument(p)
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="target and head dtype (bfloat16: faster here, not bit-identical)",
+    )
     p.set_defaults(func=_demo)
 
     p = sub.add_parser(
