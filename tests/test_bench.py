@@ -73,3 +73,16 @@ def test_evaluation_sets_and_guard():
     assert load_mtbench(5) == mt[:5]
     assert is_evaluation_prompt(mt[10]) and is_evaluation_prompt("  " + he[3].upper())
     assert not is_evaluation_prompt("Explain the water cycle to a beginner in a few paragraphs.")
+
+
+def test_demo_command_passes_its_options(monkeypatch):
+    import peagle.demo
+    from peagle.cli import build_parser
+
+    seen = {}
+    monkeypatch.setattr(peagle.demo, "run_demo", lambda **kw: seen.update(kw) or True)
+    args = build_parser().parse_args(
+        ["demo", "--dtype", "bfloat16", "--confidence-threshold", "0.3", "-k", "5"]
+    )
+    assert args.func(args) == 0
+    assert seen == {"max_new_tokens": 128, "k": 5, "confidence_threshold": 0.3, "dtype": "bfloat16"}

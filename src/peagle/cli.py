@@ -14,7 +14,10 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     ok = run_demo(
-        max_new_tokens=args.max_new_tokens, k=args.k, confidence_threshold=args.confidence_threshold
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        confidence_threshold=args.confidence_threshold,
+        dtype=args.dtype,
     )
     return 0 if ok else 1
 
