@@ -385,9 +385,8 @@ def test_num_draft_tokens_default_and_warning(target, caplog):
 def test_confidence_threshold_resolution():
     from transformers import GenerationConfig
 
-    assert (
-        gen.resolve_confidence_threshold(GenerationConfig()) == 0.0
-    )  # transformers' 0.4 default = not given
+    # transformers' 0.4 default reads as "not given"
+    assert gen.resolve_confidence_threshold(GenerationConfig()) == 0.0
     assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.25)) == 0.25
     assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.0)) == 0.0
     with pytest.raises(ValueError, match="probability"):

@@ -22,7 +22,7 @@ def run_demo(
 
     Returns True when every speculative output equals the plain greedy output.
     """
-    from .bench import chat_prompt_ids, timed_generate
+    from .bench import _method_kwargs, chat_prompt_ids, timed_generate
     from .targets import load_default_drafter, load_default_target
 
     print("loading the embedded SmolLM2-135M-Instruct target and the default P-EAGLE head ...")
@@ -42,10 +42,7 @@ def run_demo(
             target,
             ids,
             max_new_tokens,
-            assistant=head,
-            num_assistant_tokens=k,
-            num_assistant_tokens_schedule="constant",
-            **({"assistant_confidence_threshold": confidence_threshold} if confidence_threshold else {}),
+            **_method_kwargs("peagle", k, {"peagle": head}, confidence_threshold),
         )
         equal = plain.output == spec.output
         all_equal &= equal

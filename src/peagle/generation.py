@@ -83,7 +83,8 @@ class PEagleGenerationStats:
         drafted_per_depth: `[K]` rounds that proposed a draft at depth d.
         drafter_forward_calls: drafter forward passes (parallel: one per round; autoregressive: K per round).
         confidence_threshold: the `assistant_confidence_threshold` in effect (0.0: every round drafts K tokens).
-        truncated_rounds: rounds whose drafts were cut below K by the confidence threshold.
+        truncated_rounds: rounds that drafted fewer tokens than allowed there (K, or fewer near `max_length`):
+            cut by the confidence threshold, or a logits processor left no admissible draft.
         drafter_seconds: wall time spent drafting (forwards and token selection).
         total_seconds: wall time from the start of decoding to the last verified round.
     """
@@ -220,6 +221,14 @@ def check_generation_request(
         )
 
 
+def _given(generation_config: GenerationConfig, name: str) -> Any:
+    """`generation_config.<name>`, or None when unset or equal to transformers' global default (which
+    transformers fills in before the candidate generator is built, so it cannot be told apart from unset)."""
+    value = getattr(generation_config, name)
+    default = GenerationConfig._get_default_generation_params().get(name)
+    return None if value is None or value == default else value
+
+
 def resolve_num_draft_tokens(generation_config: GenerationConfig, head: PEagleDrafter) -> int:
     """K for one `generate()` call: `num_assistant_tokens` when given, else `head.config.num_speculative_tokens`.
 
@@ -227,9 +236,8 @@ def resolve_num_draft_tokens(generation_config: GenerationConfig, head: PEagleDr
     built, so that exact value cannot be told apart from "not given" and means the head's default; set
     `head.config.num_speculative_tokens = 20` for K=20.
     """
-    requested = generation_config.num_assistant_tokens
-    default = GenerationConfig._get_default_generation_params().get("num_assistant_tokens")
-    k = head.config.num_speculative_tokens if requested is None or requested == default else requested
+    requested = _given(generation_config, "num_assistant_tokens")
+    k = head.config.num_speculative_tokens if requested is None else requested
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"num_assistant_tokens (K) is {k!r}; expected an integer >= 1.")
     return k
@@ -245,9 +253,8 @@ def resolve_confidence_threshold(generation_config: GenerationConfig) -> float:
     transformers fills an unset threshold with its global default (0.4); peagle reads that exact value as
     "not given" and drafts all K tokens, as vLLM does.
     """
-    value = generation_config.assistant_confidence_threshold
-    default = GenerationConfig._get_default_generation_params().get("assistant_confidence_threshold")
-    if value is None or value == default:
+    value = _given(generation_config, "assistant_confidence_threshold")
+    if value is None:
         return 0.0
     value = float(value)
     if not 0.0 <= value <= 1.0:
@@ -427,9 +434,9 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self.stats.drafter_forward_calls += 1
         self._speculative_slots = k - 1
         tokens, scores = self._pick_all(context, out.logits)
-        if self.confidence_threshold > 0 and tokens.shape[1] > 1:
+        if self.confidence_threshold > 0:
             unsure = self._unsure(tokens, scores)[0].nonzero()
-            if len(unsure) and int(unsure[0]) + 1 < tokens.shape[1]:
+            if len(unsure):
                 keep = int(unsure[0]) + 1  # up to and including the first unsure draft
                 tokens, scores = tokens[:, :keep], scores[:, :keep]
         return tokens, scores
