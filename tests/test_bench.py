@@ -85,4 +85,14 @@ def test_demo_command_passes_its_options(monkeypatch):
         ["demo", "--dtype", "bfloat16", "--confidence-threshold", "0.3", "-k", "5"]
     )
     assert args.func(args) == 0
-    assert seen == {"max_new_tokens": 128, "k": 5, "confidence_threshold": 0.3, "dtype": "bfloat16"}
+    assert seen == {
+        "max_new_tokens": 128,
+        "k": 5,
+        "confidence_threshold": 0.3,
+        "dtype": "bfloat16",
+        "head_dtype": None,
+    }
+    args = build_parser().parse_args(["demo", "--head-dtype", "bfloat16"])
+    assert args.func(args) == 0
+    assert seen["dtype"] == "float32" and seen["head_dtype"] == "bfloat16"
+    assert build_parser().parse_args(["bench", "--head-dtype", "bfloat16"]).head_dtype == "bfloat16"

@@ -163,6 +163,20 @@ def test_greedy_lossless_draft_vocab_subset(target):
     assert torch.equal(out, ref)
 
 
+def test_reduced_precision_head_keeps_float32_target_lossless(target):
+    """A bfloat16 drafter on a float32 target: target features are cast at the head's input, drafts are
+    still proposals only, so the output is the float32 greedy output."""
+    head = make_head(target, seed=8).to(torch.bfloat16)
+    assert target.dtype == torch.float32 and head.dtype == torch.bfloat16
+    ids = _prompt(11, 9)
+    ref = _greedy(target, ids, max_new_tokens=18)
+    oracle = Oracle(head, ref, p=0.8)
+    out = _greedy(target, ids, max_new_tokens=18, assistant_model=head, num_assistant_tokens=4)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    assert _check_stats(head, ids.shape[1], out).accepted_tokens > 0
+
+
 # ---------------------------------------------------------------------------------------------- passes per round
 def _rounds(events: list[str]) -> list[int]:
     """Drafter calls between consecutive target calls (the first target call is the prefill)."""

@@ -316,6 +316,7 @@ def run_cli(args) -> int:
     from .targets import default_drafter_path, load_default_target
 
     dtype = getattr(torch, args.dtype)
+    head_dtype = getattr(torch, args.head_dtype or args.dtype)
     target, tokenizer = load_default_target(dtype=dtype)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
@@ -325,7 +326,9 @@ def run_cli(args) -> int:
     for method, path in (("peagle", args.head), ("eagle3", args.ar_head)):
         if method in methods:
             folder = path or default_drafter_path(method)
-            heads[method] = PEagleDrafter.from_pretrained(folder, dtype=dtype).attach_target(target).eval()
+            heads[method] = (
+                PEagleDrafter.from_pretrained(folder, dtype=head_dtype).attach_target(target).eval()
+            )
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
     prompts = {}
     for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:

@@ -18,6 +18,7 @@ def _demo(args: argparse.Namespace) -> int:
         k=args.k,
         confidence_threshold=args.confidence_threshold,
         dtype=args.dtype,
+        head_dtype=args.head_dtype,
     )
     return 0 if ok else 1
 
@@ -38,6 +39,16 @@ def _confidence_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _head_dtype_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--head-dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="drafter dtype (default: the target's); drafts only propose, so a bfloat16 head keeps a "
+        "float32 target lossless",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         default="float32",
         choices=["float32", "bfloat16"],
-        help="target and head dtype (bfloat16: faster here, not bit-identical)",
+        help="target dtype (bfloat16: faster here, not bit-identical)",
     )
+    _head_dtype_argument(p)
     p.set_defaults(func=_demo)
 
     p = sub.add_parser(
@@ -69,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ar-head", default=None, help="autoregressive head folder (default: the shipped EAGLE-3 head)"
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
+    _head_dtype_argument(p)
     p.add_argument("--out", default="bench_results", help="folder for bench.json and bench.png")
     _confidence_argument(p)
     p.set_defaults(func=_bench)

@@ -17,9 +17,11 @@ def run_demo(
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     confidence_threshold: float | None = None,
     dtype: str = "float32",
+    head_dtype: str | None = None,
 ) -> bool:
     """Generate for a few prompts with and without the head; print equality, tokens/s, speedup, tau.
 
+    `dtype` is the target's; `head_dtype` the drafter's (default: the target's).
     Returns True when every speculative output equals the plain greedy output.
     """
     from .bench import _method_kwargs, chat_prompt_ids, timed_generate
@@ -27,7 +29,7 @@ def run_demo(
 
     print("loading the embedded SmolLM2-135M-Instruct target and the default P-EAGLE head ...")
     target, tokenizer = load_default_target(dtype=getattr(torch, dtype))
-    head = load_default_drafter(target, dtype=getattr(torch, dtype))
+    head = load_default_drafter(target, dtype=getattr(torch, head_dtype or dtype))
     k = k or head.config.num_speculative_tokens
     cut = f", confidence threshold {confidence_threshold}" if confidence_threshold else ""
     print(
@@ -67,7 +69,9 @@ def run_demo(
         f"TOTAL  outputs identical: {all_equal} | plain {plain_n / plain_s:.1f} tok/s | P-EAGLE {spec_n / spec_s:.1f} tok/s"
         f" | speedup {(spec_n / spec_s) / (plain_n / plain_s):.2f}x | acceptance length (bonus counted) {spec_n / max(rounds, 1):.2f}"
     )
-    print(f"(CPU threads: {torch.get_num_threads()}; {dtype}; greedy; {max_new_tokens} new tokens max)")
+    print(
+        f"(CPU threads: {torch.get_num_threads()}; target {dtype}, head {head.dtype}; greedy; {max_new_tokens} new tokens max)"
+    )
     if dtype != "float32" and not all_equal:
         print(
             "note: in reduced precision a multi-token verify pass rounds differently from one-token steps, so"
