@@ -70,6 +70,11 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None, help="checkpoints and logs (default: runs/<name of --out>)")
     ap.add_argument("--save-steps", type=int, default=100000, help="checkpoint every N optimizer steps")
     ap.add_argument(
+        "--init-from",
+        default=None,
+        help="continue training this head folder (keeps its layers, draft vocabulary and K) instead of a new head",
+    )
+    ap.add_argument(
         "--cache-only",
         action="store_true",
         help="only build --feature-cache (shared by both heads), then exit",
@@ -85,7 +90,15 @@ def main() -> None:
     for ex in examples[:50]:  # the prompts are chat turns; make sure none is evaluation data
         text = tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m])
         assert not is_evaluation_prompt(text.split("<|im_start|>user")[-1].split("<|im_end|>")[0]), text
-    head = build_head(target, examples, args.kind, args.layers, args.draft_vocab, args.k_train)
+    if args.init_from:
+        head = PEagleDrafter.from_pretrained(args.init_from, dtype=torch.float32)
+        want = "parallel" if args.kind == "peagle" else "autoregressive"
+        if head.config.drafting_mode != want:
+            ap.error(
+                f"--init-from {args.init_from} is a {head.config.drafting_mode} head; --kind {args.kind}"
+            )
+    else:
+        head = build_head(target, examples, args.kind, args.layers, args.draft_vocab, args.k_train)
     if args.cache_only:
         if args.feature_cache is None:
             ap.error("--cache-only needs --feature-cache")
@@ -120,6 +133,8 @@ def main() -> None:
         target, tokenizer, output_dir=Path(args.run_dir or Path("runs") / out.name), examples=examples, head=head,
         feature_cache=args.feature_cache, training_args=training_args,
     )  # fmt: skip
+    if args.init_from and (Path(args.init_from) / "train_summary.json").is_file():
+        summary["previous_stage"] = json.loads((Path(args.init_from) / "train_summary.json").read_text())
     head.to(torch.bfloat16).save_pretrained(out)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_summary(summary))
