@@ -90,9 +90,10 @@ def test_demo_command_passes_its_options(monkeypatch):
         "k": 5,
         "confidence_threshold": 0.3,
         "dtype": "bfloat16",
-        "head_dtype": None,
+        "head_dtype": "bfloat16",
     }
-    args = build_parser().parse_args(["demo", "--head-dtype", "bfloat16"])
+    args = build_parser().parse_args(["demo", "--head-dtype", "float32"])
     assert args.func(args) == 0
-    assert seen["dtype"] == "float32" and seen["head_dtype"] == "bfloat16"
-    assert build_parser().parse_args(["bench", "--head-dtype", "bfloat16"]).head_dtype == "bfloat16"
+    assert seen["dtype"] == "float32" and seen["head_dtype"] == "float32"
+    assert build_parser().parse_args(["bench"]).head_dtype == "bfloat16"
+    assert build_parser().parse_args(["bench", "--head-dtype", "float32"]).head_dtype == "float32"

@@ -17,11 +17,11 @@ def run_demo(
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     confidence_threshold: float | None = None,
     dtype: str = "float32",
-    head_dtype: str | None = None,
+    head_dtype: str | None = "bfloat16",
 ) -> bool:
     """Generate for a few prompts with and without the head; print equality, tokens/s, speedup, tau.
 
-    `dtype` is the target's; `head_dtype` the drafter's (default: the target's).
+    `dtype` is the target's; `head_dtype` the drafter's (None: the target's).
     Returns True when every speculative output equals the plain greedy output.
     """
     from .bench import _method_kwargs, chat_prompt_ids, timed_generate
