@@ -97,6 +97,7 @@ def main() -> None:
             ap.error(
                 f"--init-from {args.init_from} is a {head.config.drafting_mode} head; --kind {args.kind}"
             )
+        args.k_train = head.config.num_parallel_positions  # the continued head's training K, as --help says
     else:
         head = build_head(target, examples, args.kind, args.layers, args.draft_vocab, args.k_train)
     if args.cache_only:

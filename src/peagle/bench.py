@@ -95,9 +95,10 @@ def timed_generate(
     )
 
 
-def _method_kwargs(
+def method_kwargs(
     method: str, k: int, heads: dict[str, Any], confidence_threshold: float | None = None
 ) -> dict[str, Any]:
+    """`timed_generate` keyword arguments that run `method` ("greedy", "pld" or a key of `heads`) with K=`k`."""
     if method == "greedy":
         return {}
     if method == "pld":
@@ -150,7 +151,7 @@ def run_benchmark(
             for method, k in plan:
                 runs = [
                     timed_generate(
-                        target, ids, max_new_tokens, **_method_kwargs(method, k, heads, confidence_threshold)
+                        target, ids, max_new_tokens, **method_kwargs(method, k, heads, confidence_threshold)
                     )
                     for _ in range(max(1, repeats))
                 ]
@@ -301,6 +302,7 @@ def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
 __all__ = [
     "run_benchmark",
     "timed_generate",
+    "method_kwargs",
     "summarize",
     "format_table",
     "plot",
@@ -316,7 +318,7 @@ def run_cli(args) -> int:
     from .targets import default_drafter_path, load_default_target
 
     dtype = getattr(torch, args.dtype)
-    head_dtype = getattr(torch, args.head_dtype or args.dtype)
+    head_dtype = getattr(torch, args.head_dtype)
     target, tokenizer = load_default_target(dtype=dtype)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))

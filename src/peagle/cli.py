@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+DTYPES = ["float32", "bfloat16"]
+"""The dtypes the demo and the benchmark run the target and the heads in."""
+
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
@@ -43,7 +46,7 @@ def _head_dtype_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--head-dtype",
         default="bfloat16",
-        choices=["float32", "bfloat16"],
+        choices=DTYPES,
         help="drafter dtype (default: bfloat16, the shipped weights' dtype and the faster one on CPU); drafts "
         "only propose, so the output is still the target's own",
     )
@@ -62,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype",
         default="float32",
-        choices=["float32", "bfloat16"],
+        choices=DTYPES,
         help="target dtype (bfloat16: faster here, not bit-identical)",
     )
     _head_dtype_argument(p)
@@ -81,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ar-head", default=None, help="autoregressive head folder (default: the shipped EAGLE-3 head)"
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="target dtype")
     _head_dtype_argument(p)
     p.add_argument("--out", default="bench_results", help="folder for bench.json and bench.png")
     _confidence_argument(p)

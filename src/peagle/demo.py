@@ -24,7 +24,7 @@ def run_demo(
     `dtype` is the target's; `head_dtype` the drafter's (None: the target's).
     Returns True when every speculative output equals the plain greedy output.
     """
-    from .bench import _method_kwargs, chat_prompt_ids, timed_generate
+    from .bench import chat_prompt_ids, method_kwargs, timed_generate
     from .targets import load_default_drafter, load_default_target
 
     print("loading the embedded SmolLM2-135M-Instruct target and the default P-EAGLE head ...")
@@ -44,7 +44,7 @@ def run_demo(
             target,
             ids,
             max_new_tokens,
-            **_method_kwargs("peagle", k, {"peagle": head}, confidence_threshold),
+            **method_kwargs("peagle", k, {"peagle": head}, confidence_threshold),
         )
         equal = plain.output == spec.output
         all_equal &= equal
