@@ -58,8 +58,10 @@ def main() -> None:
     ap.add_argument("--examples", required=True)
     ap.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers of a new head (default 2)")
+    ap.add_argument(
+        "--draft-vocab", type=int, default=None, help="draft vocabulary of a new head (default 8192)"
+    )
     ap.add_argument("--k-train", type=int, default=8)
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--max-steps", type=int, default=-1)
@@ -80,8 +82,12 @@ def main() -> None:
         help="only build --feature-cache (shared by both heads), then exit",
     )
     args = ap.parse_args()
+    if args.init_from and (args.layers is not None or args.draft_vocab is not None):
+        ap.error("--layers and --draft-vocab shape a new head; --init-from continues a head with its own")
     if args.out is None and not args.cache_only:
         ap.error("--out is required unless --cache-only")
+    if args.cache_only and args.feature_cache is None:
+        ap.error("--cache-only needs --feature-cache")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -90,6 +96,10 @@ def main() -> None:
     for ex in examples[:50]:  # the prompts are chat turns; make sure none is evaluation data
         text = tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m])
         assert not is_evaluation_prompt(text.split("<|im_start|>user")[-1].split("<|im_end|>")[0]), text
+    if args.cache_only:  # the target layers every new head reads (PEagleConfig.for_target's default)
+        aux = PEagleConfig.for_target(target.config).eagle_aux_hidden_state_layer_ids
+        print(FeatureCache.build(target, examples, args.feature_cache, aux))
+        return
     if args.init_from:
         head = PEagleDrafter.from_pretrained(args.init_from, dtype=torch.float32)
         want = "parallel" if args.kind == "peagle" else "autoregressive"
@@ -99,15 +109,9 @@ def main() -> None:
             )
         args.k_train = head.config.num_parallel_positions  # the continued head's training K, as --help says
     else:
-        head = build_head(target, examples, args.kind, args.layers, args.draft_vocab, args.k_train)
-    if args.cache_only:
-        if args.feature_cache is None:
-            ap.error("--cache-only needs --feature-cache")
-        cache = FeatureCache.build(
-            target, examples, args.feature_cache, head.config.eagle_aux_hidden_state_layer_ids
+        head = build_head(
+            target, examples, args.kind, args.layers or 2, args.draft_vocab or 8192, args.k_train
         )
-        print(cache)
-        return
     training_args = {
         "num_parallel_positions": args.k_train,
         "cod_ratio": 0.7,

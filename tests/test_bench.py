@@ -50,9 +50,20 @@ def test_run_benchmark_passes_the_confidence_threshold():
         target, prompts, {"peagle": head}, ks=(4,), max_new_tokens=8, repeats=1, progress=False,
         methods=("greedy", "peagle"), confidence_threshold=1.0,
     )  # fmt: skip
-    assert res["config"]["confidence_threshold"] == 1.0 and all(r["lossless"] for r in res["runs"])
+    assert res["config"]["confidence_threshold"] == {"peagle": 1.0} and all(
+        r["lossless"] for r in res["runs"]
+    )
     stats = head.last_generation_stats
     assert stats.confidence_threshold == 1.0 and stats.draft_tokens == stats.rounds  # one draft per round
+    # None: each head's own default; an explicit 0.0 overrides it
+    head.config.confidence_threshold = 1.0
+    for given, used in ((None, 1.0), (0.0, 0.0)):
+        res = run_benchmark(
+            target, prompts, {"peagle": head}, ks=(4,), max_new_tokens=8, repeats=1, progress=False,
+            methods=("greedy", "peagle"), confidence_threshold=given,
+        )  # fmt: skip
+        assert res["config"]["confidence_threshold"] == {"peagle": used}
+        assert head.last_generation_stats.confidence_threshold == used
 
 
 def test_summarize_flags_a_mismatch():

@@ -407,6 +407,35 @@ def test_confidence_threshold_resolution():
         gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=1.5))
 
 
+def test_head_default_confidence_threshold(target):
+    """A head's `config.confidence_threshold` applies when generate() is not given one; 0.0 turns it off."""
+    from transformers import GenerationConfig
+
+    head = make_head(target, seed=21)
+    head.config.confidence_threshold = 1.0
+    assert gen.resolve_confidence_threshold(GenerationConfig(), head) == 1.0
+    assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.0), head) == 0.0
+    assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.3), head) == 0.3
+    ids = _prompt(71, 9)
+    ref = _greedy(target, ids, max_new_tokens=20)
+    out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    st = head.last_generation_stats
+    assert torch.equal(out, ref)
+    assert (
+        st.confidence_threshold == 1.0 and st.draft_tokens == st.rounds
+    )  # every draft is "unsure": one per round
+    out = _greedy(
+        target,
+        ids,
+        max_new_tokens=20,
+        assistant_model=head,
+        num_assistant_tokens=4,
+        assistant_confidence_threshold=0.0,
+    )
+    st = head.last_generation_stats
+    assert torch.equal(out, ref) and st.confidence_threshold == 0.0 and st.draft_tokens > st.rounds
+
+
 @pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
 def test_confidence_threshold_cuts_rounds_losslessly(target, mode):
     k = 5

@@ -80,6 +80,9 @@ def test_model_card_without_hub_target_or_bench(tmp_path):
     assert parsed.data.base_model is None  # a local path is not a Hub id
     assert "No benchmark was attached" in parsed.text and "autoregressive (EAGLE-3)" in parsed.text
     assert "parallel_drafting" not in parsed.text
+    assert "none: K drafts a round" in parsed.text
+    head.config.confidence_threshold = 0.4
+    assert "| default confidence cut (`generate()`) | 0.4: a round ends" in str(render_model_card(head))
     with pytest.raises(ValueError, match="no result rows"):
         render_model_card(head, bench={"summary": []})
 

@@ -200,6 +200,8 @@ def test_error_bad_config_values():
         PEagleConfig.for_target(tiny_target_config(), draft_vocab_size=300)
     with pytest.raises(CONFIG_ERRORS, match="mask_token_id is 128"):
         PEagleConfig.for_target(tiny_target_config(), mask_token_id=128)
+    with pytest.raises(CONFIG_ERRORS, match="confidence_threshold is 2.0"):
+        PEagleConfig.for_target(tiny_target_config(), confidence_threshold=2.0)
 
 
 def test_error_misshaped_tensor_in_checkpoint(tiny_head, tmp_path):

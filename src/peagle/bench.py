@@ -108,7 +108,7 @@ def method_kwargs(
         "num_assistant_tokens": k,
         "num_assistant_tokens_schedule": "constant",
     }
-    if confidence_threshold:
+    if confidence_threshold is not None:  # None: the head's own default (its config's `confidence_threshold`)
         kwargs["assistant_confidence_threshold"] = confidence_threshold
     return kwargs
 
@@ -133,7 +133,8 @@ def run_benchmark(
         ks: draft lengths K to sweep (PLD uses K as `prompt_lookup_num_tokens`).
         repeats: timed repeats per (prompt, method, K); the median time is kept.
         confidence_threshold: `assistant_confidence_threshold` for the heads (a round stops after its first
-            draft below it; K is then the most drafts per round); None or 0 drafts K tokens every round.
+            draft below it; K is then the most drafts per round); None: each head's own default
+            (`config.confidence_threshold`); 0 drafts K tokens every round.
 
     Returns:
         A JSON-ready dict with `runs` (one row per prompt/method/K) and `summary` (per dataset/method/K:
@@ -183,7 +184,13 @@ def run_benchmark(
             "ks": list(ks),
             "max_new_tokens": max_new_tokens,
             "repeats": repeats,
-            "confidence_threshold": confidence_threshold or 0.0,
+            "confidence_threshold": {  # per head, as used
+                m: confidence_threshold
+                if confidence_threshold is not None
+                else heads[m].config.confidence_threshold
+                for m in methods
+                if m in heads
+            },
         },
     }
 

@@ -38,7 +38,7 @@ def _confidence_argument(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="assistant_confidence_threshold: end a round after its first draft the head gives a lower "
-        "probability (default: off, K drafts every round)",
+        "probability (default: the head's own `confidence_threshold`; 0 drafts K tokens every round)",
     )
 
 

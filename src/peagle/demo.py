@@ -31,7 +31,9 @@ def run_demo(
     target, tokenizer = load_default_target(dtype=getattr(torch, dtype))
     head = load_default_drafter(target, dtype=getattr(torch, head_dtype or dtype))
     k = k or head.config.num_speculative_tokens
-    cut = f", confidence threshold {confidence_threshold}" if confidence_threshold else ""
+    if confidence_threshold is None:
+        confidence_threshold = head.config.confidence_threshold
+    cut = f", confidence threshold {confidence_threshold}" if confidence_threshold else ", no confidence cut"
     print(
         f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}{cut}"
     )

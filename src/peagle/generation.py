@@ -243,19 +243,22 @@ def resolve_num_draft_tokens(generation_config: GenerationConfig, head: PEagleDr
     return k
 
 
-def resolve_confidence_threshold(generation_config: GenerationConfig) -> float:
-    """The draft-confidence cut for one `generate()` call: `assistant_confidence_threshold` when given, else 0.0.
+def resolve_confidence_threshold(
+    generation_config: GenerationConfig, head: PEagleDrafter | None = None
+) -> float:
+    """The draft-confidence cut for one `generate()` call: `assistant_confidence_threshold` when given, else the
+    head's default `head.config.confidence_threshold` (0.0 without a head).
 
     With a threshold `t > 0`, a round keeps its drafts up to and including the first one whose probability
     under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models): fewer
     tokens to verify when the head is unsure, and fewer drafter passes for autoregressive heads.  The output
     is unchanged (greedy: identical; sampling: same distribution), only the work per round changes.
     transformers fills an unset threshold with its global default (0.4); peagle reads that exact value as
-    "not given" and drafts all K tokens, as vLLM does.
+    "not given" and uses the head's default; pass 0.0 to draft all K tokens every round, as vLLM does.
     """
     value = _given(generation_config, "assistant_confidence_threshold")
     if value is None:
-        return 0.0
+        return float(getattr(head.config, "confidence_threshold", 0.0)) if head is not None else 0.0
     value = float(value)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"assistant_confidence_threshold is {value!r}; expected a probability in [0, 1].")
@@ -300,7 +303,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
             cfg.eagle_aux_hidden_state_layer_ids or default_aux_layer_ids(self.num_target_layers)
         )
         self.num_draft_tokens = resolve_num_draft_tokens(generation_config, head)
-        self.confidence_threshold = resolve_confidence_threshold(generation_config)
+        self.confidence_threshold = resolve_confidence_threshold(generation_config, head)
         if self.drafting_mode == "parallel" and self.num_draft_tokens > cfg.num_parallel_positions:
             logger.warning_once(
                 f"drafting K={self.num_draft_tokens} tokens per round with a head trained for "

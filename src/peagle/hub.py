@@ -140,6 +140,15 @@ def _architecture_rows(config: Any) -> str:
             ("trained parallel depth (K_train)", str(config.num_parallel_positions)),
         ]
     rows.append(("default K", str(config.num_speculative_tokens)))
+    cut = config.confidence_threshold
+    rows.append(
+        (
+            "default confidence cut (`generate()`)",
+            f"{cut:g}: a round ends after its first draft below this probability"
+            if cut
+            else "none: K drafts a round",
+        )
+    )
     if config.embed_from_target:
         rows.append(("token embeddings", "the target's (not stored; attached at load)"))
     return "\n".join(f"| {a} | {b} |" for a, b in rows)
