@@ -126,6 +126,26 @@ def test_custom_generate_equals_greedy_batched(tmp_path, mode):
     assert head.last_custom_generate_stats["rounds"] > 0
 
 
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_custom_generate_confidence_cut(tmp_path, mode):
+    """The head's default cut applies (threshold 1.0: every draft is unsure, one per round); an explicit
+    `assistant_confidence_threshold=0.0` drafts K every round; the output is greedy's either way."""
+    target = make_target()
+    head = make_head(target, drafting_mode=mode)
+    head.config.confidence_threshold = 1.0
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    ids = torch.randint(3, 120, (1, 8), generator=torch.Generator().manual_seed(7))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=16)
+    for given, per_round in ((None, 1), (0.0, 4)):
+        extra = {} if given is None else {"assistant_confidence_threshold": given}
+        got = recipe.generate(
+            target, ids, peagle_head=head, max_new_tokens=16, num_speculative_tokens=4, **extra
+        )
+        stats = head.last_custom_generate_stats
+        assert torch.equal(got, expected), given
+        assert stats["rounds"] > 0 and stats["draft_tokens"] == per_round * stats["rounds"], given
+
+
 def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch):
     """Oracle drafts (right for a varying prefix) exercise acceptance and cache cropping; the real slots the
     drafter saw must be the EAGLE pairing of the final sequence: token t+1 with target features of position t."""
@@ -136,15 +156,17 @@ def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch
     expected = target.generate(ids, do_sample=False, max_new_tokens=40)
     k, seen, real_draft = 4, [], recipe._draft
 
-    def oracle(head_, slots, feats, cache, k_):
+    def oracle(head_, slots, feats, cache, k_, cut):
         seen.append((cache.get_seq_length(), slots.clone(), feats.clone()))
-        real_draft(head_, slots, feats, cache, k_)  # grows the drafter cache as a real round does
+        _, speculative = real_draft(
+            head_, slots, feats, cache, k_, cut
+        )  # grows the drafter cache as a round does
         last = cache.get_seq_length() - (k_ - 1) - 1  # index of the bonus slot, which holds token last + 1
         right = len(seen) % (k_ + 1)
         truth = expected[0, last + 2 : last + 2 + k_].tolist()
         truth += [0] * (k_ - len(truth))
         drafts = [t if i < right else (t + 1) % 128 for i, t in enumerate(truth)]
-        return torch.tensor([drafts])
+        return torch.tensor([drafts]), speculative
 
     monkeypatch.setattr(recipe, "_draft", oracle)
     got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=40, num_speculative_tokens=k)

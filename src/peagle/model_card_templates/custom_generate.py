@@ -9,8 +9,10 @@ head) to use another one, and `num_speculative_tokens=` to change K.
 
 Each round the head drafts K tokens (one forward pass for a parallel P-EAGLE head, K passes for an
 EAGLE-3 head) from the target features of the previous verify pass, keeping its own KV cache; the target
-verifies [last token, K drafts] in one forward pass and keeps the longest prefix of drafts equal to its
-own greedy choices plus its next token.  The output is token-for-token the target's own greedy output.
+verifies [last token, drafts] in one forward pass and keeps the longest prefix of drafts equal to its
+own greedy choices plus its next token.  With a confidence cut (`assistant_confidence_threshold=`, default
+the head's `config.confidence_threshold`) a round keeps its drafts up to and including the first one the
+head gives a probability below it; 0 keeps all K.  The output is token-for-token the target's own greedy output.
 Batches run row by row (left padding is removed per row and put back).  Sampling, beam search, logits
 processors and stopping criteria go to transformers' own `generate()` unchanged.
 
@@ -80,31 +82,40 @@ def _drop(cache, n):
         cache.crop(-n)
 
 
-def _draft(head, tokens, feats, cache, k):
-    """K draft tokens `(1, K)` for the real slots (tokens, feats); the cache gains len(tokens) + K - 1 slots."""
+def _kept(probs, cut):
+    """How many drafts a round keeps: up to and including the first whose probability is below `cut`."""
+    low = (probs[0] < cut).nonzero() if cut > 0 else []
+    return int(low[0]) + 1 if len(low) else probs.shape[1]
+
+
+def _draft(head, tokens, feats, cache, k, cut=0.0):
+    """Up to K drafts `(1, m)` for the real slots (tokens, feats), cut after the first one the head gives a
+    probability below `cut`; and the number of speculative slots the drafter cache gained after the real ones."""
     if head.config.drafting_mode == "parallel":
-        return head.draft(tokens, feats, num_draft_tokens=k, past_key_values=cache).tokens
+        out = head.draft(tokens, feats, num_draft_tokens=k, past_key_values=cache)
+        kept = _kept(out.logits.float().softmax(-1).amax(-1), cut)
+        return out.tokens[:, :kept], k - 1
     real = torch.zeros_like(tokens, dtype=torch.bool)
     out = head(tokens, feats, past_key_values=cache, use_cache=True, parallel_mask=real, logits_to_keep=1)
     drafts = []
     for step in range(k):
-        token = head.draft_to_target(out.logits[:, -1:].argmax(-1))
-        drafts.append(token)
-        if step + 1 < k:  # EAGLE-3: the next slot reads the drafted token and the drafter's own hidden state
-            hidden = out.last_hidden_state[:, -1:]
-            real = torch.zeros_like(token, dtype=torch.bool)
-            out = head(
-                token,
-                projected_hidden_states=hidden,
-                past_key_values=cache,
-                use_cache=True,
-                parallel_mask=real,
-            )
-    return torch.cat(drafts, dim=1)
+        logits = out.logits[:, -1:]
+        drafts.append(head.draft_to_target(logits.argmax(-1)))
+        if step + 1 == k or (cut > 0 and float(logits.float().softmax(-1).max()) < cut):
+            break
+        # EAGLE-3: the next slot reads the drafted token and the drafter's own hidden state
+        out = head(
+            drafts[-1],
+            projected_hidden_states=out.last_hidden_state[:, -1:],
+            past_key_values=cache,
+            use_cache=True,
+            parallel_mask=torch.zeros_like(drafts[-1], dtype=torch.bool),
+        )
+    return torch.cat(drafts, dim=1), len(drafts) - 1
 
 
 @torch.no_grad()
-def _generate_row(model, head, ids, max_new, eos, k, stats):
+def _generate_row(model, head, ids, max_new, eos, k, cut, stats):
     """Greedy speculative decoding of one unpadded row `ids` `(1, p)`; returns the new tokens `(1, n)`."""
     layer_ids = _layer_ids(head, model)
     cache = DynamicCache(config=model.config)
@@ -115,24 +126,26 @@ def _generate_row(model, head, ids, max_new, eos, k, stats):
     pieces, count = [tokens], 1
     draft_cache = DynamicCache(config=head.config)
     while count < max_new and not any(int(t) in eos for t in tokens[0]):
-        drafts = _draft(head, slots, feats, draft_cache, k)
-        _drop(draft_cache, k - 1)  # keep only real slots in the drafter cache
+        drafts, speculative = _draft(head, slots, feats, draft_cache, k, cut)
+        _drop(draft_cache, speculative)  # keep only real slots in the drafter cache
+        m = drafts.shape[1]
         out = model(
             input_ids=torch.cat([tokens[:, -1:], drafts], dim=1),
             past_key_values=cache,
             use_cache=True,
             output_hidden_states=True,
         )
-        choice = out.logits.argmax(-1)  # (1, K + 1)
-        n = int((drafts == choice[:, :k]).int().cumprod(dim=-1).sum())
+        choice = out.logits.argmax(-1)  # (1, m + 1)
+        n = int((drafts == choice[:, :m]).int().cumprod(dim=-1).sum())
         tokens = torch.cat([drafts[:, :n], choice[:, n : n + 1]], dim=1)
-        _drop(cache, k - n)  # the rejected drafts
+        _drop(cache, m - n)  # the rejected drafts
         feats = _features(out.hidden_states, layer_ids)[:, : n + 1]
         slots = tokens
         pieces.append(tokens)
         count += n + 1
         stats["rounds"] += 1
         stats["accepted_drafts"] += n
+        stats["draft_tokens"] += m
         stats["round_tokens"] += n + 1
     new = torch.cat(pieces, dim=1)[:, :max_new]
     hits = [i for i, t in enumerate(new[0].tolist()) if t in eos]
@@ -148,6 +161,7 @@ def generate(model, *args, **kwargs):
     kwargs.pop("input_ids", None)
     head_spec = kwargs.pop("peagle_head", None)
     k = kwargs.pop("num_speculative_tokens", None)
+    cut = kwargs.pop("assistant_confidence_threshold", None)
     assistant = kwargs.pop("assistant_model", None)
     if head_spec is None and assistant is not None and hasattr(assistant, "draft"):
         head_spec = assistant
@@ -164,6 +178,8 @@ def generate(model, *args, **kwargs):
         )
         if assistant is not None and not hasattr(assistant, "draft"):
             model_kwargs["assistant_model"] = assistant
+        if cut is not None:
+            model_kwargs["assistant_confidence_threshold"] = cut
         return GenerationMixin.generate(
             model,
             inputs,
@@ -174,6 +190,7 @@ def generate(model, *args, **kwargs):
 
     head = _load_head(head_spec if head_spec is not None else HEAD_REPO, model)
     k = int(k or head.config.num_speculative_tokens)
+    cut = float(getattr(head.config, "confidence_threshold", 0.0) if cut is None else cut)
     eos = generation_config.eos_token_id
     eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
     pad = generation_config.pad_token_id
@@ -186,13 +203,15 @@ def generate(model, *args, **kwargs):
         max_new = generation_config.max_new_tokens
     else:
         max_new = max(0, (generation_config.max_length or 20) - prompt_len)
-    stats = {"rounds": 0, "accepted_drafts": 0, "round_tokens": 0}
+    stats = {"rounds": 0, "accepted_drafts": 0, "draft_tokens": 0, "round_tokens": 0}
     rows = []
     for b in range(inputs.shape[0]):
         ids = inputs[b : b + 1]
         if mask is not None:
             ids = ids[:, mask[b].bool()]
-        rows.append(_generate_row(model, head, ids, max_new, eos, k, stats) if max_new > 0 else ids[:, :0])
+        rows.append(
+            _generate_row(model, head, ids, max_new, eos, k, cut, stats) if max_new > 0 else ids[:, :0]
+        )
     width = max(r.shape[1] for r in rows)
     padded = [torch.cat([r, r.new_full((1, width - r.shape[1]), pad)], dim=1) for r in rows]
     sequences = torch.cat([inputs, torch.cat(padded, dim=0)], dim=1)
