@@ -66,9 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     folder = Path(args.head or default_drafter_path(args.kind))
-    target, tokenizer = (
-        load_default_target()
-    )  # float32: the dtype in which speculative output is bit-identical
+    # float32 target: the dtype in which speculative output is bit-identical
+    target, tokenizer = load_default_target()
     head = (
         PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype))
         .attach_target(target)

@@ -421,9 +421,8 @@ def test_head_default_confidence_threshold(target):
     out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
     st = head.last_generation_stats
     assert torch.equal(out, ref)
-    assert (
-        st.confidence_threshold == 1.0 and st.draft_tokens == st.rounds
-    )  # every draft is "unsure": one per round
+    # every draft is "unsure": one per round
+    assert st.confidence_threshold == 1.0 and st.draft_tokens == st.rounds
     out = _greedy(
         target,
         ids,

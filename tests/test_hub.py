@@ -158,9 +158,8 @@ def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch
 
     def oracle(head_, slots, feats, cache, k_, cut):
         seen.append((cache.get_seq_length(), slots.clone(), feats.clone()))
-        _, speculative = real_draft(
-            head_, slots, feats, cache, k_, cut
-        )  # grows the drafter cache as a round does
+        # grows the drafter cache as a real round does
+        _, speculative = real_draft(head_, slots, feats, cache, k_, cut)
         last = cache.get_seq_length() - (k_ - 1) - 1  # index of the bonus slot, which holds token last + 1
         right = len(seen) % (k_ + 1)
         truth = expected[0, last + 2 : last + 2 + k_].tolist()

@@ -258,7 +258,7 @@ def resolve_confidence_threshold(
     """
     value = _given(generation_config, "assistant_confidence_threshold")
     if value is None:
-        return float(getattr(head.config, "confidence_threshold", 0.0)) if head is not None else 0.0
+        return float(head.config.confidence_threshold) if head is not None else 0.0
     value = float(value)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"assistant_confidence_threshold is {value!r}; expected a probability in [0, 1].")
