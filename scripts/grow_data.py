@@ -1,0 +1,140 @@
+"""Grow the self-distilled training data of the default heads, one resumable cycle at a time.
+
+Each cycle: the target writes user turns itself (Magpie) under a system prompt drawn from a varied list
+(chat, writing, maths, many coding domains) at a sampled temperature, adds a slice of stdlib coding
+prompts, then answers every prompt greedily with the same system prompt (self-distillation).  Rows
+`{"input_ids", "loss_mask", "source"}` are appended to OUT after every cycle, so an interrupted run
+loses at most one cycle; the evaluation-set guard of the library drops MT-Bench/HumanEval prompts.
+
+Usage:  OMP_NUM_THREADS=1 python scripts/grow_data.py --out data/grow/rows.jsonl --cycles 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from peagle.evalsets import is_evaluation_prompt
+from peagle.targets import load_default_target
+from peagle.training.data import self_distill, stdlib_code_prompts, synthesize_prompts, user_turn_template
+
+SYSTEM_PROMPTS = [
+    None,  # the template's own default system prompt
+    "You are a helpful assistant.",
+    "You are a concise assistant. Answer in a few sentences.",
+    "You are a patient teacher who explains things step by step.",
+    "You are a creative writing assistant.",
+    "You are a math tutor. Users ask you to solve problems.",
+    "You are a Python programming assistant. Users ask you to write Python functions and scripts.",
+    "You are an expert Python developer. Users ask about data processing with lists, dicts and files.",
+    "You are a coding assistant. Users ask you to write SQL queries and explain databases.",
+    "You are a JavaScript and web development assistant.",
+    "You are a coding assistant. Users ask for algorithms and data structures implemented in Python.",
+    "You are a helpful assistant for command-line tools, shell scripts and Linux.",
+    "You are a coding assistant. Users ask you to fix bugs and write unit tests.",
+    "You are a travel and lifestyle advisor.",
+    "You are a science explainer for curious adults.",
+    "You are a business and career coach.",
+    "You are a cooking assistant who writes recipes.",
+    "You are a history enthusiast who answers questions about the past.",
+    "You are an assistant that writes emails, letters and summaries.",
+    "You are a health and fitness assistant. You give general advice, not medical diagnoses.",
+]
+
+
+def system_prefix(tokenizer, system: str | None) -> tuple[list[int], list[int]]:
+    """Magpie prefix/suffix token ids of the chat template with this system prompt."""
+    if system is None:
+        return user_turn_template(tokenizer)
+    sentinel = "\u2063USER\u2063"
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": sentinel}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    before, after = text.split(sentinel)
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []  # noqa: E731
+    return enc(before), enc(after)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cycles", type=int, default=1000)
+    ap.add_argument("--magpie-per-cycle", type=int, default=96)
+    ap.add_argument("--code-per-cycle", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=320)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=31)
+    args = ap.parse_args()
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done_cycles = set()
+    if out.exists():
+        for line in out.read_text().splitlines():
+            if line.strip():
+                done_cycles.add(json.loads(line).get("cycle"))
+    target, tokenizer = load_default_target(dtype=torch.bfloat16)
+    code_pool = stdlib_code_prompts(100_000, seed=args.seed)
+    for cycle in range(args.cycles):
+        if cycle in done_cycles:
+            continue
+        rng = random.Random(args.seed * 100_003 + cycle)
+        system = rng.choice(SYSTEM_PROMPTS)
+        temperature = rng.choice([0.7, 0.85, 1.0, 1.1])
+        t0 = time.time()
+        prefix, suffix = system_prefix(tokenizer, system)
+        turns = synthesize_prompts(
+            target,
+            args.magpie_per_cycle,
+            prefix_ids=prefix,
+            suffix_ids=suffix,
+            temperature=temperature,
+            top_p=0.95,
+            batch_size=args.batch_size,
+            seed=args.seed * 1000 + cycle,
+            max_rounds=2,
+            progress=False,
+        )
+        keep = []
+        for ids in turns:
+            text = tokenizer.decode(ids[len(prefix) : len(ids) - len(suffix)], skip_special_tokens=True)
+            if len(text.strip()) >= 12 and not is_evaluation_prompt(text):
+                keep.append(ids)
+        start = (cycle * args.code_per_cycle) % max(len(code_pool), 1)
+        code = [p for p in code_pool[start : start + args.code_per_cycle] if not is_evaluation_prompt(p)]
+        t1 = time.time()
+        rows = self_distill(
+            target, keep, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=False
+        )
+        rows = [dict(r, source="magpie") for r in rows]
+        code_rows = self_distill(
+            target,
+            code,
+            tokenizer=tokenizer,
+            system=system,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            progress=False,
+        )
+        rows += [dict(r, source="stdlib-code") for r in code_rows]
+        resp = sum(sum(r["loss_mask"]) for r in rows)
+        with open(out, "a") as fh:
+            for r in rows:
+                fh.write(json.dumps(dict(r, cycle=cycle, system=system, temperature=temperature)) + "\n")
+        dt = time.time() - t0
+        print(
+            f"cycle {cycle}: {len(rows)} rows, {resp} response tokens, prompts {t1 - t0:.0f} s, "
+            f"total {dt:.0f} s ({resp / dt:.1f} resp tok/s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

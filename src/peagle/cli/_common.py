@@ -1,0 +1,37 @@
+"""Arguments shared by several sub-commands (argparse only)."""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPES = ["float32", "bfloat16"]
+"""The dtypes the demo and the benchmark run the target and the heads in."""
+
+
+def add_confidence_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=None,
+        help="assistant_confidence_threshold: end a round after its first draft the head gives a lower "
+        "probability (default: the head's own `confidence_threshold`; 0 drafts K tokens every round)",
+    )
+
+
+def add_head_dtype_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--head-dtype",
+        default="bfloat16",
+        choices=DTYPES,
+        help="drafter dtype (default: bfloat16, the shipped weights' dtype and the faster one on CPU); drafts "
+        "only propose, so the output is still the target's own",
+    )
+
+
+def add_target_argument(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    p.add_argument(
+        "--target",
+        default=None,
+        help=help
+        or "target model: a local folder, a Hub id, or 'default' (the embedded SmolLM2-135M-Instruct)",
+    )

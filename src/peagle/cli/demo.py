@@ -1,0 +1,43 @@
+"""`peagle demo`: generate with and without the default head on the embedded SmolLM2 target."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import DTYPES, add_confidence_argument, add_head_dtype_argument
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "demo", help="generate with and without the default head on the embedded SmolLM2 target"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="K, draft tokens per round (default: the head's)",
+    )
+    add_confidence_argument(p)
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="target dtype (bfloat16: faster here, not bit-identical)",
+    )
+    add_head_dtype_argument(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..demo import run_demo
+
+    ok = run_demo(
+        max_new_tokens=args.max_new_tokens,
+        k=args.num_speculative_tokens,
+        confidence_threshold=args.confidence_threshold,
+        dtype=args.dtype,
+        head_dtype=args.head_dtype,
+    )
+    return 0 if ok else 1

@@ -1,0 +1,34 @@
+"""`peagle export`: any published head layout -> vLLM / speculators / peagle."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "export", help="convert a head (any known layout) to the vllm, speculators or peagle layout"
+    )
+    p.add_argument("head", help="head folder or Hub repo id, in any layout peagle reads")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--layout", choices=["vllm", "speculators", "peagle"], default="vllm")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="target path, Hub id or 'default'; needed when the head "
+        "shares the target's embeddings or lacks embed_tokens / lm_head",
+    )
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=None, help="K to record (default: the head's)"
+    )
+    p.add_argument(
+        "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
+    )
+    p.add_argument("--max-shard-size", default="5GB")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..formats import cli_export
+
+    return cli_export(args)
