@@ -32,11 +32,11 @@ def test_run_benchmark_rows_summary_and_files(tmp_path):
     assert all(r["lossless"] for r in rows)
     peagle_rows = [r for r in rows if r["method"] == "peagle"]
     # one drafter pass per drafting round; target passes without a draft (at the length cap) add none
-    assert all(0 < r["drafter_calls"] <= r["rounds"] for r in peagle_rows)
+    assert all(0 < r["drafter_calls"] <= r["target_passes"] for r in peagle_rows)
     summary = {(s["dataset"], s["method"], s["k"]): s for s in res["summary"]}
-    assert summary[("toy", "greedy", 0)]["tau"] == 1.0
+    assert summary[("toy", "greedy", 0)]["tokens_per_target_pass"] == 1.0
     assert summary[("toy", "greedy", 0)]["speedup"] == 1.0
-    assert all(s["tau"] >= 1.0 for s in res["summary"])
+    assert all(s["tokens_per_target_pass"] >= 1.0 for s in res["summary"])
     js, png = write_results(res, tmp_path)
     assert json.loads(js.read_text())["summary"] and png.stat().st_size > 1000
     assert "| toy | peagle | 3 |" in format_table(res["summary"])
@@ -68,13 +68,13 @@ def test_run_benchmark_passes_the_confidence_threshold():
 
 def test_summarize_flags_a_mismatch():
     rows = [
-        dict(dataset="d", prompt=0, method="greedy", k=0, new_tokens=10, seconds=1.0, rounds=10,
+        dict(dataset="d", prompt=0, method="greedy", k=0, new_tokens=10, seconds=1.0, target_passes=10,
              target_seconds=0.9, drafter_seconds=0.0, drafter_calls=0, lossless=True),
-        dict(dataset="d", prompt=0, method="peagle", k=3, new_tokens=10, seconds=0.5, rounds=4,
+        dict(dataset="d", prompt=0, method="peagle", k=3, new_tokens=10, seconds=0.5, target_passes=4,
              target_seconds=0.3, drafter_seconds=0.1, drafter_calls=4, lossless=False),
     ]  # fmt: skip
     s = {x["method"]: x for x in summarize(rows)}
-    assert s["peagle"]["speedup"] == 2.0 and s["peagle"]["tau"] == 2.5 and s["peagle"]["lossless"] is False
+    assert s["peagle"]["speedup"] == 2.0 and s["peagle"]["tokens_per_target_pass"] == 2.5 and s["peagle"]["lossless"] is False
     assert "NO" in format_table(summarize(rows))
 
 
@@ -98,7 +98,7 @@ def test_demo_command_passes_its_options(monkeypatch):
     assert args.func(args) == 0
     assert seen == {
         "max_new_tokens": 128,
-        "k": 5,
+        "num_speculative_tokens": 5,
         "confidence_threshold": 0.3,
         "dtype": "bfloat16",
         "head_dtype": "bfloat16",

@@ -18,6 +18,7 @@ from transformers.generation.utils import GenerationMixin
 import peagle
 from conftest import make_head, make_target
 from peagle import generation as gen
+from peagle.generation import hook as gen_hook
 
 LAYERS = 4  # aux layers default to (1, 2, 3): distinct, so an off-by-one layer index shows
 
@@ -120,7 +121,7 @@ def test_greedy_lossless_parallel(target, k):
             oracle.handle.remove()
         assert torch.equal(out, ref), (k, use_oracle)
         st = _check_stats(head, ids.shape[1], out)
-        assert st.num_draft_tokens == k and st.drafter_forward_calls == st.rounds
+        assert st.num_speculative_tokens == k and st.drafter_forward_calls == st.rounds
         if use_oracle and k > 1:
             assert st.accepted_tokens > 0
 
@@ -380,15 +381,15 @@ def test_return_dict_with_hidden_states(target):
 
 
 # ---------------------------------------------------------------------------------------------- K resolution
-def test_num_draft_tokens_default_and_warning(target, caplog):
+def test_num_speculative_tokens_default_and_warning(target, caplog):
     head = make_head(target, seed=13, num_speculative_tokens=3, num_parallel_positions=4)
     ids = _prompt(61, 6)
     _greedy(target, ids, max_new_tokens=8, assistant_model=head)
-    assert head.last_generation_stats.num_draft_tokens == 3  # head default when not given
+    assert head.last_generation_stats.num_speculative_tokens == 3  # head default when not given
     with caplog.at_level(logging.WARNING):
         _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
         _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
-    assert head.last_generation_stats.num_draft_tokens == 6
+    assert head.last_generation_stats.num_speculative_tokens == 6
     warned = [r for r in caplog.records if "trained for 4 parallel positions" in r.getMessage()]
     assert len(warned) == 1
     with pytest.raises(ValueError, match="expected an integer >= 1"):
@@ -633,14 +634,14 @@ def test_unsupported_requests_raise(target):
 def test_version_guard(target, monkeypatch):
     head = make_head(target)
     monkeypatch.setattr(transformers, "__version__", "5.22.0")
-    gen._integration_problem.cache_clear()
+    gen_hook._integration_problem.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"transformers 5\.22\.0 .*older than 5\.23"):
             target.generate(_prompt(81, 5), max_new_tokens=3, assistant_model=head)
     finally:
         monkeypatch.undo()
-        gen._integration_problem.cache_clear()
-    assert gen._integration_problem() is None
+        gen_hook._integration_problem.cache_clear()
+    assert gen_hook._integration_problem() is None
 
 
 def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):

@@ -123,7 +123,7 @@ def test_custom_generate_equals_greedy_batched(tmp_path, mode):
         target, ids, attention_mask=mask, peagle_head=head, max_new_tokens=14, num_speculative_tokens=3
     )
     assert torch.equal(got, expected)
-    assert head.last_custom_generate_stats["rounds"] > 0
+    assert head.last_generation_stats.rounds > 0
 
 
 @pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
@@ -141,9 +141,9 @@ def test_custom_generate_confidence_cut(tmp_path, mode):
         got = recipe.generate(
             target, ids, peagle_head=head, max_new_tokens=16, num_speculative_tokens=4, **extra
         )
-        stats = head.last_custom_generate_stats
+        stats = head.last_generation_stats
         assert torch.equal(got, expected), given
-        assert stats["rounds"] > 0 and stats["draft_tokens"] == per_round * stats["rounds"], given
+        assert stats.rounds > 0 and stats.draft_tokens == per_round * stats.rounds, given
 
 
 def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch):
@@ -170,8 +170,8 @@ def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch
     monkeypatch.setattr(recipe, "_draft", oracle)
     got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=40, num_speculative_tokens=k)
     assert torch.equal(got, expected)
-    stats = head.last_custom_generate_stats
-    assert stats["accepted_drafts"] > 0 and stats["tau"] > 1.5
+    stats = head.last_generation_stats
+    assert stats.accepted_tokens > 0 and stats.acceptance_length > 1.5
     starts = [s for s, _, _ in seen]
     slots = torch.cat([s for _, s, _ in seen], dim=1)
     feats = torch.cat([f for _, _, f in seen], dim=1)

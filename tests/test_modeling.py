@@ -97,7 +97,7 @@ def test_cached_block_equals_full_forward(tiny_head):
 
 
 def test_slot_layout_of_a_round(tiny_head):
-    ids, pos, par = tiny_head.parallel_slots(torch.tensor([[5, 6, 7]]), start_position=9, num_draft_tokens=4)
+    ids, pos, par = tiny_head.parallel_slots(torch.tensor([[5, 6, 7]]), start_position=9, num_speculative_tokens=4)
     assert ids.tolist() == [[5, 6, 7, 127, 127, 127]]
     assert pos.tolist() == [[9, 10, 11, 12, 13, 14]]
     assert par.tolist() == [[False, False, False, True, True, True]]
@@ -135,7 +135,7 @@ def test_draft_is_one_forward_with_positions(tiny_head):
         lambda m, a, k, o: calls.append(k.get("position_ids")), with_kwargs=True
     )
     ids, feats = _inputs(tiny_head, n=5)
-    draft = tiny_head.draft(ids, feats, num_draft_tokens=4)
+    draft = tiny_head.draft(ids, feats, num_speculative_tokens=4)
     handle.remove()
     assert len(calls) == 1
     assert calls[0].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]

@@ -2,9 +2,10 @@
 
 All methods run on the same prompts with the same `max_new_tokens`, interleaved prompt by prompt so
 that ratios are measured side by side.  Every run is checked against plain greedy output (a mismatch is
-recorded and reported, never hidden).  Acceptance length (tau) = new tokens / target forward passes,
-i.e. tokens emitted per verification round *counting the bonus token* (plain decoding = 1.0).  Time per
-round is split into target forward, drafter forward and the rest (overhead) with forward hooks.
+recorded and reported, never hidden).  Metrics are those of [`PEagleGenerationStats`]:
+`tokens_per_target_pass` = new tokens / target forward passes (prefill included; plain decoding = 1.0), for
+every method; `acceptance_length` = tokens per drafting round, bonus included, for the heads.  Time per
+target pass is split into target forward, drafter forward and the rest (overhead) with forward hooks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .generation.stats import PEagleGenerationStats
+
 METHODS = ("greedy", "peagle", "eagle3", "pld")
 
 
@@ -34,6 +37,13 @@ class RunResult:
     drafter_calls: int
     drafter_seconds: float
     output: list[int] = field(repr=False, default_factory=list)
+    stats: PEagleGenerationStats | None = None
+    """The head's statistics of this call (None for methods without a P-EAGLE head)."""
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """New tokens per target forward pass (prefill included), counted by forward hooks."""
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
     @property
     def overhead_seconds(self) -> float:
@@ -84,6 +94,7 @@ def timed_generate(
         target_timer.close()
         drafter_timer.close()
     new = out[0, input_ids.shape[1] :].tolist()
+    stats = getattr(assistant, "last_generation_stats", None) if assistant is not None else None
     return RunResult(
         new_tokens=len(new),
         seconds=seconds,
@@ -92,6 +103,7 @@ def timed_generate(
         drafter_calls=drafter_timer.calls,
         drafter_seconds=drafter_timer.seconds,
         output=new,
+        stats=stats if isinstance(stats, PEagleGenerationStats) else None,
     )
 
 
@@ -168,11 +180,12 @@ def run_benchmark(
                         "k": k if method != "greedy" else 0,
                         "new_tokens": first.new_tokens,
                         "seconds": med,
-                        "rounds": first.target_calls,
+                        "target_passes": first.target_calls,
                         "target_seconds": statistics.median(r.target_seconds for r in runs),
                         "drafter_seconds": statistics.median(r.drafter_seconds for r in runs),
                         "drafter_calls": first.drafter_calls,
                         "lossless": all(r.output == reference for r in runs),
+                        "stats": first.stats.to_dict() if first.stats is not None else None,
                     }
                 )
                 bar.update(1)
@@ -208,15 +221,18 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (ds, m, k), rs in sorted(groups.items()):
         tokens = sum(r["new_tokens"] for r in rs)
         seconds = sum(r["seconds"] for r in rs)
-        rounds = sum(r["rounds"] for r in rs)
+        rounds = sum(r["target_passes"] for r in rs)
         tps = tokens / seconds if seconds else 0.0
+        head_stats = [PEagleGenerationStats.from_dict(r["stats"]) for r in rs if r.get("stats")]
+        merged = PEagleGenerationStats.merge(head_stats) if head_stats else None
         out.append(
             {
                 "dataset": ds,
                 "method": m,
                 "k": k,
                 "prompts": len(rs),
-                "tau": tokens / rounds if rounds else 0.0,
+                "tokens_per_target_pass": tokens / rounds if rounds else 0.0,
+                "acceptance_length": merged.acceptance_length if merged is not None else None,
                 "tokens_per_s": tps,
                 "speedup": tps / greedy_tps[ds] if ds in greedy_tps and greedy_tps[ds] else None,
                 "ms_per_round_target": 1e3 * sum(r["target_seconds"] for r in rs) / max(1, rounds),
@@ -232,12 +248,12 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_table(summary: list[dict[str, Any]]) -> str:
     """A Markdown table of the summary (one row per dataset/method/K)."""
-    head = "| set | method | K | tau | tok/s | speedup | ms/round target | drafter | overhead | lossless |"
+    head = "| set | method | K | tokens/target pass | tok/s | speedup | ms/pass target | drafter | overhead | lossless |"
     lines = [head, "|" + "---|" * 10]
     for s in summary:
         sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
         lines.append(
-            f"| {s['dataset']} | {s['method']} | {s['k'] or '-'} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {sp} | "
+            f"| {s['dataset']} | {s['method']} | {s['k'] or '-'} | {s['tokens_per_target_pass']:.2f} | {s['tokens_per_s']:.1f} | {sp} | "
             f"{s['ms_per_round_target']:.0f} | {s['ms_per_round_drafter']:.0f} | {s['ms_per_round_overhead']:.0f} | "
             f"{'yes' if s['lossless'] else 'NO'} |"
         )
@@ -255,7 +271,7 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
     for row, ds in enumerate(datasets):
         for col, (key, label) in enumerate(
-            (("speedup", "speedup over greedy"), ("tau", "acceptance length (tau)"))
+            (("speedup", "speedup over greedy"), ("tokens_per_target_pass", "new tokens per target pass"))
         ):
             ax = axes[row][col]
             for m in METHODS[1:]:

@@ -5,7 +5,7 @@ rotary embedding, attention, MLP, decoder layer) are transformers' own Llama mod
 through transformers' attention interface, so `attn_implementation="eager" | "sdpa" | "flex_attention"`
 all work.
 
-Slot layout of one drafting round (DESIGN.md section 3).  Context x_0..x_{p-1} with target features
+Slot layout of one drafting round (docs/DESIGN.md section 3).  Context x_0..x_{p-1} with target features
 f_0..f_{p-1}; bonus token b = x_p:
 
     slot              token embedding     hidden input        position     predicts
@@ -16,7 +16,9 @@ f_0..f_{p-1}; bonus token b = x_p:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,17 +58,31 @@ class PEagleDrafterOutput(ModelOutput):
 
 @dataclass
 class PEagleDraft(ModelOutput):
-    """The K draft tokens of one round.
+    """The drafts of one round (see [`PEagleDrafter.draft_round`]).
 
     Args:
-        tokens: `(batch, K)` draft tokens as *target* vocabulary ids.
-        logits: `(batch, K, draft_vocab_size)` logits of the K drafting slots (bonus + K-1 parallel).
-        past_key_values: the drafter cache, holding the context slots, the bonus and the K-1 parallel slots.
+        tokens: `(batch, k)` draft tokens as *target* vocabulary ids, k <= K.
+        logits: `(batch, k, draft_vocab_size)` the drafter's logits at the k drafting slots.
+        scores: `(batch, k, ...)` what the round's selector returned per depth (in `generate()`: the processed
+            target-vocabulary logits each draft was drawn from), or None.
+        past_key_values: the drafter cache, holding the context slots, the new real slots and
+            `speculative_slots` speculative slots after them.
+        speculative_slots: slots after the real ones in the cache (parallel: K-1; autoregressive: one per
+            draft after the first); drop them before the next round.
+        forward_calls: drafter forward passes this round ran (parallel: 1).
     """
 
     tokens: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
     past_key_values: Cache | None = None
+    speculative_slots: int | None = None
+    forward_calls: int | None = None
+
+
+DraftSelector = Callable[[torch.Tensor, int], "tuple[torch.Tensor, Any, bool] | None"]
+"""`select(logits (B, V_draft), depth) -> (token (B,) target ids, scores, stop) | None`: how a drafting round
+turns one depth's logits into a draft (see [`PEagleDrafter.draft_round`])."""
 
 
 class PEagleFusedAttention(LlamaAttention):
@@ -427,21 +443,21 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
     # ------------------------------------------------------------------ one drafting round
     def parallel_slots(
-        self, input_ids: torch.LongTensor, start_position: int, num_draft_tokens: int
+        self, input_ids: torch.LongTensor, start_position: int, num_speculative_tokens: int
     ) -> tuple[torch.LongTensor, torch.LongTensor, torch.BoolTensor]:
         """Append K-1 parallel slots to a block of real slots.
 
         Args:
             input_ids: `(B, R)` tokens of the R new real slots (the last one is the bonus token).
             start_position: RoPE position of the first real slot.
-            num_draft_tokens: K.
+            num_speculative_tokens: K.
 
         Returns:
             `(ids, position_ids, parallel_mask)`, each `(B, R + K - 1)`: ids with `mask_token_id` in the
             parallel slots, positions `start, start+1, ...`, and True at the parallel slots.
         """
         bsz, real = input_ids.shape
-        extra = num_draft_tokens - 1
+        extra = num_speculative_tokens - 1
         fill = input_ids.new_full((bsz, extra), self.config.mask_token_id)
         ids = torch.cat([input_ids, fill], dim=1)
         positions = torch.arange(start_position, start_position + real + extra, device=input_ids.device)
@@ -450,62 +466,160 @@ class PEagleDrafter(PEaglePreTrainedModel):
         return ids, positions.unsqueeze(0).expand(bsz, -1), par
 
     @torch.no_grad()
+    def draft_round(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor,
+        num_speculative_tokens: int,
+        past_key_values: Cache,
+        start_position: int,
+        select: DraftSelector,
+    ) -> PEagleDraft:
+        """THE drafting round (docs/DESIGN.md section 3): the one implementation `draft()`, the `generate()`
+        candidate generator and the evaluation code call.
+
+        Appends the R new real slots to the drafter cache and proposes up to K drafts:
+
+        - `drafting_mode="parallel"`: ONE forward over the real slots plus K-1 parallel slots; the drafts are
+          read from the last K slots (bonus + parallel), depth by depth, through `select`.
+        - `drafting_mode="autoregressive"` (EAGLE-3): one forward over the real slots gives depth 0; each
+          further depth feeds one slot (token = the previous draft, hidden input = the previous slot's
+          `last_hidden_state`, skipping `fc`) and stops as soon as `select` says so.
+
+        Args:
+            input_ids: `(B, R)` tokens of the new real slots (accepted drafts, the bonus token last).
+            target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
+            num_speculative_tokens: K, the most drafts this round may propose.
+            past_key_values: the drafter cache holding the earlier real slots and nothing else (the caller
+                crops the previous round's `speculative_slots` first).
+            start_position: RoPE position of the first new real slot.
+            select: `select(logits (B, V_draft) float32, depth) -> (token (B,) target ids, scores, stop)` or
+                `None` to propose nothing at this depth; `stop=True` ends the round after this depth.  `scores`
+                (anything, e.g. the processed target-vocabulary logits the token was drawn from) are stacked
+                into the result when they are tensors.
+
+        Returns:
+            [`PEagleDraft`]: `tokens (B, k)` with k <= K, `logits (B, k, V_draft)`, `scores (B, k, ...)` when the
+            selector returned tensors, the cache, `speculative_slots` (slots after the real ones now in the
+            cache: drop them before the next round) and `forward_calls`.
+        """
+        k = int(num_speculative_tokens)
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens is {k}; expected >= 1.")
+        parallel = self.config.drafting_mode != "autoregressive"
+        if parallel:
+            ids, positions, par = self.parallel_slots(input_ids, start_position, k)
+            feats = target_hidden_states
+            if k > 1:
+                pad = feats.new_zeros(feats.shape[0], k - 1, feats.shape[-1])
+                feats = torch.cat([feats, pad], dim=1)
+            keep = k
+        else:
+            ids, feats = input_ids, target_hidden_states
+            positions = torch.arange(start_position, start_position + ids.shape[1], device=ids.device)
+            positions = positions.unsqueeze(0).expand(ids.shape[0], -1)
+            par = torch.zeros_like(ids, dtype=torch.bool)
+            keep = 1
+        out = self(
+            input_ids=ids,
+            target_hidden_states=feats,
+            position_ids=positions,
+            past_key_values=past_key_values,
+            parallel_mask=par,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        calls, speculative = 1, (k - 1 if parallel else 0)
+        tokens: list[torch.Tensor] = []
+        logits: list[torch.Tensor] = []
+        scores: list[Any] = []
+        position = start_position + input_ids.shape[1]  # of the next autoregressive slot
+        for depth in range(k):
+            row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
+            picked = select(row, depth)
+            if picked is None:
+                break
+            token, score, stop = picked
+            tokens.append(token)
+            logits.append(row)
+            scores.append(score)
+            if stop or depth == k - 1:
+                break
+            if not parallel:
+                slot = token[:, None].to(ids.device)
+                out = self(
+                    input_ids=slot,
+                    projected_hidden_states=out.last_hidden_state[:, -1:],
+                    position_ids=torch.full_like(slot, position),
+                    past_key_values=past_key_values,
+                    parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                position += 1
+                calls += 1
+                speculative += 1
+        bsz = input_ids.shape[0]
+        stacked_scores = (
+            torch.stack(scores, dim=1) if scores and isinstance(scores[0], torch.Tensor) else None
+        )
+        return PEagleDraft(
+            tokens=torch.stack(tokens, dim=1) if tokens else input_ids.new_zeros(bsz, 0),
+            logits=torch.stack(logits, dim=1)
+            if logits
+            else out.logits.new_zeros(bsz, 0, out.logits.shape[-1]),
+            scores=stacked_scores,
+            past_key_values=past_key_values,
+            speculative_slots=speculative,
+            forward_calls=calls,
+        )
+
+    @torch.no_grad()
     def draft(
         self,
         input_ids: torch.LongTensor,
         target_hidden_states: torch.Tensor,
-        num_draft_tokens: int | None = None,
+        num_speculative_tokens: int | None = None,
         past_key_values: Cache | None = None,
         start_position: int | None = None,
         do_sample: bool = False,
         generator: torch.Generator | None = None,
-        logits_processor=None,
+        logits_processor: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> PEagleDraft:
-        """Turn one round's inputs into K draft tokens with ONE forward call.
+        """K draft tokens for one round, greedy or sampled, through [`draft_round`] (one forward call for a
+        parallel head).
 
         Args:
             input_ids: `(B, R)` the R new real slots' tokens (accepted drafts and the bonus token last).
             target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
-            num_draft_tokens: K (default `config.num_speculative_tokens`).
-            past_key_values: the drafter cache holding the earlier context slots (and nothing else).
+            num_speculative_tokens: K (default `config.num_speculative_tokens`).
+            past_key_values: the drafter cache holding the earlier context slots (and nothing else); a new
+                cache when `None`.
             start_position: RoPE position of the first new slot (default: the cache length).
             do_sample: sample drafts from softmax(logits) instead of argmax.
-            logits_processor: optional callable `scores -> scores` on the `(B, K, V_draft)` logits before picking.
+            generator: the random generator for sampling.
+            logits_processor: optional callable `scores -> scores` on each depth's `(B, V_draft)` logits.
 
         Returns:
             [`PEagleDraft`] with `tokens` `(B, K)` in target ids and the K slots' draft-vocab logits.
         """
-        k = num_draft_tokens or self.config.num_speculative_tokens
+        k = num_speculative_tokens or self.config.num_speculative_tokens
+        if past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
         if start_position is None:
-            start_position = past_key_values.get_seq_length() if past_key_values is not None else 0
-        ids, pos, par = self.parallel_slots(input_ids, start_position, k)
-        feats = torch.cat(
-            [
-                target_hidden_states,
-                target_hidden_states.new_zeros(ids.shape[0], k - 1, target_hidden_states.shape[-1]),
-            ],
-            dim=1,
-        )
-        out = self(
-            input_ids=ids,
-            target_hidden_states=feats,
-            position_ids=pos,
-            past_key_values=past_key_values,
-            parallel_mask=par,
-            use_cache=True,
-            logits_to_keep=k,
-        )
-        logits = out.logits.float()
-        if logits_processor is not None:
-            logits = logits_processor(logits)
-        if do_sample:
-            probs = logits.softmax(-1)
-            flat = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator)
-            picked = flat.view(probs.shape[:-1])
-        else:
-            picked = logits.argmax(-1)
-        return PEagleDraft(
-            tokens=self.draft_to_target(picked), logits=logits, past_key_values=out.past_key_values
+            start_position = past_key_values.get_seq_length()
+
+        def select(logits: torch.Tensor, depth: int):
+            if logits_processor is not None:
+                logits = logits_processor(logits)
+            if do_sample:
+                picked = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+            else:
+                picked = logits.argmax(-1)
+            return self.draft_to_target(picked), logits, False
+
+        return self.draft_round(
+            input_ids, target_hidden_states, k, past_key_values, start_position, select=select
         )
 
 

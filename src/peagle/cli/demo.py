@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     ok = run_demo(
         max_new_tokens=args.max_new_tokens,
-        k=args.num_speculative_tokens,
+        num_speculative_tokens=args.num_speculative_tokens,
         confidence_threshold=args.confidence_threshold,
         dtype=args.dtype,
         head_dtype=args.head_dtype,

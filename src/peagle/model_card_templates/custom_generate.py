@@ -16,8 +16,13 @@ head gives a probability below it; 0 keeps all K.  The output is token-for-token
 Batches run row by row (left padding is removed per row and put back).  Sampling, beam search, logits
 processors and stopping criteria go to transformers' own `generate()` unchanged.
 
-Statistics of the last call: `head.last_custom_generate_stats` (rounds, accepted drafts, new tokens, tau =
-tokens emitted per verify round counting the target's own token).
+Statistics of the last call: `head.last_generation_stats`, with the field names of peagle's
+`PEagleGenerationStats` (`rounds`, `draft_tokens`, `accepted_tokens`, `generated_tokens`, ... and the metrics
+`tokens_per_target_pass` and `acceptance_length`).
+
+The drafting round itself is not copied here: it is the head's own `PEagleDrafter.draft_round` (remote code
+shipped with the head), the same function peagle's `generate()` hook calls.  This file adds only the greedy
+verify loop, mirroring transformers' assisted decoding with greedy verification.
 """
 
 from __future__ import annotations
@@ -82,36 +87,49 @@ def _drop(cache, n):
         cache.crop(-n)
 
 
-def _kept(probs, cut):
-    """How many drafts a round keeps: up to and including the first whose probability is below `cut`."""
-    low = (probs[0] < cut).nonzero() if cut > 0 else []
-    return int(low[0]) + 1 if len(low) else probs.shape[1]
+def _new_stats(head, k, cut):
+    """Statistics under the field names of `peagle.generation.PEagleGenerationStats` (that class itself when
+    peagle is installed; otherwise a namespace with the same fields and the two named metrics)."""
+    fields = dict(drafting_mode=head.config.drafting_mode, num_speculative_tokens=k, confidence_threshold=cut)
+    try:
+        from peagle.generation import PEagleGenerationStats
+    except ImportError:
+        return _Stats(**fields)
+    return PEagleGenerationStats(**fields)
+
+
+class _Stats:
+    """Counts of the greedy loop; `tokens_per_target_pass` and `acceptance_length` as peagle defines them."""
+
+    def __init__(self, **fields):
+        self.rounds = self.draft_tokens = self.accepted_tokens = self.plain_steps = 0
+        self.generated_tokens = self.drafter_forward_calls = 0
+        self.__dict__.update(fields)
+
+    @property
+    def tokens_per_target_pass(self):
+        passes = self.rounds + self.plain_steps
+        return self.generated_tokens / passes if passes else 0.0
+
+    @property
+    def acceptance_length(self):
+        return (self.accepted_tokens + self.rounds) / self.rounds if self.rounds else 0.0
 
 
 def _draft(head, tokens, feats, cache, k, cut=0.0):
-    """Up to K drafts `(1, m)` for the real slots (tokens, feats), cut after the first one the head gives a
-    probability below `cut`; and the number of speculative slots the drafter cache gained after the real ones."""
-    if head.config.drafting_mode == "parallel":
-        out = head.draft(tokens, feats, num_draft_tokens=k, past_key_values=cache)
-        kept = _kept(out.logits.float().softmax(-1).amax(-1), cut)
-        return out.tokens[:, :kept], k - 1
-    real = torch.zeros_like(tokens, dtype=torch.bool)
-    out = head(tokens, feats, past_key_values=cache, use_cache=True, parallel_mask=real, logits_to_keep=1)
-    drafts = []
-    for step in range(k):
-        logits = out.logits[:, -1:]
-        drafts.append(head.draft_to_target(logits.argmax(-1)))
-        if step + 1 == k or (cut > 0 and float(logits.float().softmax(-1).max()) < cut):
-            break
-        # EAGLE-3: the next slot reads the drafted token and the drafter's own hidden state
-        out = head(
-            drafts[-1],
-            projected_hidden_states=out.last_hidden_state[:, -1:],
-            past_key_values=cache,
-            use_cache=True,
-            parallel_mask=torch.zeros_like(drafts[-1], dtype=torch.bool),
-        )
-    return torch.cat(drafts, dim=1), len(drafts) - 1
+    """Up to K greedy drafts `(1, m)` for the real slots (tokens, feats), cut after the first one the head gives a
+    probability below `cut`, through the head's own `draft_round` (the one drafting round peagle's generate()
+    uses too); returns the drafts and the number of speculative slots the drafter cache gained."""
+
+    def select(logits, depth):
+        probs = logits.softmax(-1)
+        picked = probs.argmax(-1)
+        stop = cut > 0 and float(probs[0, picked[0]]) < cut
+        return head.draft_to_target(picked), None, stop
+
+    start = cache.get_seq_length()
+    round_ = head.draft_round(tokens, feats, k, cache, start, select=select)
+    return round_.tokens, round_.speculative_slots
 
 
 @torch.no_grad()
@@ -143,10 +161,11 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats):
         slots = tokens
         pieces.append(tokens)
         count += n + 1
-        stats["rounds"] += 1
-        stats["accepted_drafts"] += n
-        stats["draft_tokens"] += m
-        stats["round_tokens"] += n + 1
+        stats.rounds += 1
+        stats.accepted_tokens += n
+        stats.draft_tokens += m
+        # a parallel round is one drafter pass; an autoregressive one adds a pass per speculative slot
+        stats.drafter_forward_calls += 1 if head.config.drafting_mode == "parallel" else speculative + 1
     new = torch.cat(pieces, dim=1)[:, :max_new]
     hits = [i for i, t in enumerate(new[0].tolist()) if t in eos]
     return new[:, : hits[0] + 1] if hits else new
@@ -203,7 +222,7 @@ def generate(model, *args, **kwargs):
         max_new = generation_config.max_new_tokens
     else:
         max_new = max(0, (generation_config.max_length or 20) - prompt_len)
-    stats = {"rounds": 0, "accepted_drafts": 0, "draft_tokens": 0, "round_tokens": 0}
+    stats = _new_stats(head, k, cut)
     rows = []
     for b in range(inputs.shape[0]):
         ids = inputs[b : b + 1]
@@ -215,9 +234,9 @@ def generate(model, *args, **kwargs):
     width = max(r.shape[1] for r in rows)
     padded = [torch.cat([r, r.new_full((1, width - r.shape[1]), pad)], dim=1) for r in rows]
     sequences = torch.cat([inputs, torch.cat(padded, dim=0)], dim=1)
-    stats["new_tokens"] = sum(r.shape[1] for r in rows)
-    stats["tau"] = stats["round_tokens"] / stats["rounds"] if stats["rounds"] else None
-    head.last_custom_generate_stats = stats
+    stats.generated_tokens = sum(r.shape[1] for r in rows)
+    stats.plain_steps = stats.generated_tokens - stats.accepted_tokens - stats.rounds
+    head.last_generation_stats = stats
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences

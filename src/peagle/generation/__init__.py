@@ -1,0 +1,27 @@
+"""P-EAGLE drafting inside transformers' `generate()`.
+
+- [`stats`]: [`PEagleGenerationStats`], the one statistics object (named metrics, mergeable);
+- [`candidates`]: [`PEagleCandidateGenerator`], one drafting round per verify pass through
+  [`PEagleDrafter.draft_round`];
+- [`hook`]: the version-guarded dispatch hook `import peagle` installs.
+"""
+
+from .candidates import PEagleCandidateGenerator, resolve_confidence_threshold, resolve_num_speculative_tokens
+from .hook import (
+    MIN_TRANSFORMERS_VERSION,
+    check_generation_request,
+    install_generate_hook,
+    uninstall_generate_hook,
+)
+from .stats import PEagleGenerationStats
+
+__all__ = [
+    "PEagleCandidateGenerator",
+    "PEagleGenerationStats",
+    "check_generation_request",
+    "resolve_num_speculative_tokens",
+    "resolve_confidence_threshold",
+    "install_generate_hook",
+    "uninstall_generate_hook",
+    "MIN_TRANSFORMERS_VERSION",
+]

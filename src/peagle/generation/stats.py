@@ -1,0 +1,136 @@
+"""The one statistics object of speculative generation, shared by `generate()`, bench, demo and scripts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+@dataclass
+class PEagleGenerationStats:
+    """What speculative `generate()` calls with a P-EAGLE head did; one call's is `head.last_generation_stats`.
+
+    A *round* is a target verify pass that checked at least one draft token.  The target's first token (from
+    the prompt prefill, before any features exist) and steps without drafts are *plain steps*.  Always
+    `generated_tokens == accepted_tokens + rounds + plain_steps`, the number of new tokens.
+
+    Two named metrics, never called "tau" alone:
+
+    - [`tokens_per_target_pass`]: new tokens / target forward passes (prefill included; plain decoding = 1.0).
+      What the benchmark reports and what speed follows.
+    - [`acceptance_length`]: tokens emitted per *drafting round*, bonus token included (vLLM's and the P-EAGLE
+      paper's "acceptance length").
+
+    Stats of several calls merge with `a + b` (or `PEagleGenerationStats.merge(list)`), so a benchmark sums
+    counts over prompts before it divides.
+
+    Args:
+        drafting_mode: `"parallel"` or `"autoregressive"` (`"mixed"` after merging both).
+        num_speculative_tokens: K, the most draft tokens per round.
+        rounds: verify passes with drafts.
+        draft_tokens: draft tokens proposed over all rounds.
+        accepted_tokens: draft tokens kept (greedy: matched; sampling: accepted by the accept/resample rule).
+        plain_steps: target steps without drafts.
+        generated_tokens: new tokens emitted in total.
+        accepted_per_depth: `[K]` rounds whose draft at depth d (0 = first draft) was kept.
+        drafted_per_depth: `[K]` rounds that proposed a draft at depth d.
+        drafter_forward_calls: drafter forward passes (parallel: one per round; autoregressive: up to K).
+        confidence_threshold: the `assistant_confidence_threshold` in effect (0.0: every round drafts K tokens).
+        truncated_rounds: rounds that drafted fewer tokens than allowed there (K, or fewer near `max_length`):
+            cut by the confidence threshold, or a logits processor left no admissible draft.
+        drafter_seconds: wall time spent drafting (forwards and token selection).
+        total_seconds: wall time from the start of decoding to the last verified round.
+        calls: `generate()` calls these stats cover.
+    """
+
+    drafting_mode: str = "parallel"
+    num_speculative_tokens: int = 0
+    rounds: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    plain_steps: int = 0
+    generated_tokens: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)
+    drafted_per_depth: list[int] = field(default_factory=list)
+    drafter_forward_calls: int = 0
+    confidence_threshold: float = 0.0
+    truncated_rounds: int = 0
+    drafter_seconds: float = 0.0
+    total_seconds: float = 0.0
+    calls: int = 1
+
+    # ------------------------------------------------------------------ named metrics
+    @property
+    def target_passes(self) -> int:
+        """Target forward passes: verify rounds plus plain steps (the prefill included)."""
+        return self.rounds + self.plain_steps
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """New tokens per target forward pass, prefill included (plain decoding = 1.0); 0.0 without passes."""
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens emitted per drafting round, bonus included (`(accepted + rounds) / rounds`); 0.0 without rounds."""
+        return (self.accepted_tokens + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate_per_depth(self) -> list[float]:
+        """Fraction of the rounds drafting depth d whose draft at depth d was kept."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_depth, self.drafted_per_depth)]
+
+    METRICS = ("target_passes", "tokens_per_target_pass", "acceptance_length", "acceptance_rate_per_depth")
+
+    # ------------------------------------------------------------------ merging and (de)serialisation
+    def __add__(self, other: PEagleGenerationStats) -> PEagleGenerationStats:
+        if not isinstance(other, PEagleGenerationStats):
+            return NotImplemented
+        out = PEagleGenerationStats()
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, list):
+                setattr(out, f.name, _add_lists(a, b))
+            elif f.name == "drafting_mode":
+                out.drafting_mode = a if a == b else "mixed"
+            elif f.name in ("num_speculative_tokens", "confidence_threshold"):
+                setattr(out, f.name, max(a, b))
+            else:
+                setattr(out, f.name, a + b)
+        return out
+
+    @classmethod
+    def merge(cls, stats: list[PEagleGenerationStats]) -> PEagleGenerationStats:
+        """The sum of several calls' stats (counts and per-depth lists add up; ratios are recomputed)."""
+        if not stats:
+            return cls(calls=0)
+        total = stats[0]
+        for s in stats[1:]:
+            total = total + s
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields plus the named metrics, JSON-ready."""
+        out = asdict(self)
+        for name in self.METRICS:
+            out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PEagleGenerationStats:
+        """Inverse of [`to_dict`] (derived metrics are ignored; unknown keys raise)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names - set(cls.METRICS)
+        if unknown:
+            raise ValueError(
+                f"unknown generation-stats fields {sorted(unknown)}; expected some of {sorted(names)}."
+            )
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+__all__ = ["PEagleGenerationStats"]
