@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ import peagle
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# cost-model curves measured by tests go to a throw-away folder (the converted default target stays shared)
+os.environ.setdefault("PEAGLE_COST_CACHE", tempfile.mkdtemp(prefix="peagle-cost-"))
 torch.set_num_threads(
     1
 )  # the suite runs beside other work on 2 cores; 1 thread avoids oversubscription stalls
@@ -43,7 +46,8 @@ def make_target(seed: int = 0, **overrides) -> LlamaForCausalLM:
 
 def make_head(target, seed: int = 1, **overrides) -> peagle.PEagleDrafter:
     torch.manual_seed(seed)
-    values = dict(num_hidden_layers=2, mask_token_id=127)
+    # tiny heads draft K every round unless a test asks for the cost rule (confidence_threshold=None)
+    values = dict(num_hidden_layers=2, mask_token_id=127, confidence_threshold=0.0)
     values.update(overrides)
     cfg = peagle.PEagleConfig.for_target(target.config, **values)
     return peagle.PEagleDrafter(cfg).eval()

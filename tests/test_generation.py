@@ -690,7 +690,9 @@ def test_smollm2_greedy_lossless(mode):
         pytest.skip(f"embedded target unavailable: {err}")
     torch.manual_seed(0)
     head = peagle.PEagleDrafter(
-        peagle.PEagleConfig.for_target(smol.config, num_hidden_layers=1, drafting_mode=mode)
+        peagle.PEagleConfig.for_target(
+            smol.config, num_hidden_layers=1, drafting_mode=mode, confidence_threshold=0.0
+        )
     )
     head.eval()
     assert head.config.eagle_aux_hidden_state_layer_ids == [2, 15, 27]

@@ -101,12 +101,10 @@ def test_hub_recipe_fallback_stats_use_the_same_names(monkeypatch):
     head = make_head(make_target())
     st = recipe._new_stats(head, 3, 0.0)
     assert not isinstance(st, PEagleGenerationStats)
-    counters = {f.name for f in fields(PEagleGenerationStats) if f.type in ("int", int)} - {
-        "truncated_rounds",
-        "calls",
-    }
-    for name in counters | {"drafting_mode", "num_speculative_tokens", "confidence_threshold"}:
-        assert hasattr(st, name), name
+    tracked = ("rounds", "draft_tokens", "accepted_tokens", "plain_steps", "generated_tokens", "drafter_forward_calls")
+    names = {f.name for f in fields(PEagleGenerationStats)}
+    for name in (*tracked, "drafting_mode", "num_speculative_tokens", "confidence_threshold"):
+        assert name in names and hasattr(st, name), name
     st.rounds, st.accepted_tokens, st.plain_steps, st.generated_tokens = 2, 2, 1, 5
     ref = PEagleGenerationStats(rounds=2, accepted_tokens=2, plain_steps=1, generated_tokens=5)
     assert st.tokens_per_target_pass == ref.tokens_per_target_pass

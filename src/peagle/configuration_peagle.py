@@ -33,9 +33,12 @@ class PEagleConfig(LlamaConfig):
     - `num_parallel_positions`: K_train, the parallel depth the head was trained for.
     - `num_speculative_tokens`: default K at inference.
     - `confidence_threshold`: default draft-confidence cut at inference, used when `generate()` is not given
-      `assistant_confidence_threshold`: a round ends after its first draft the head gives a lower probability.
-      0.0 (the default, and vLLM's behaviour) drafts K tokens every round; a head tuned for a device where
-      verifying extra tokens is not free (a CPU) ships the value measured best there.
+      `assistant_confidence_threshold`: a round ends after its first draft the head gives a lower probability;
+      0.0 drafts K tokens every round (vLLM's behaviour).  None (the default) selects cost-aware drafting: each
+      round verifies the number of drafts that maximises expected tokens per second on the machine at hand.
+    - `draft_calibration`: per-depth map from the head's confidence in a draft to the probability that the
+      target accepts it (`{"method": "isotonic", "x": [[...]], "y": [[...]], ...}`), fitted on held-out text;
+      None: the raw confidence.
     - `drafting_mode`: `"parallel"` (P-EAGLE: K drafts in one pass) or `"autoregressive"` (EAGLE-3 heads).
     - `norm_before_residual`: residual of the fused layer is `hidden_norm(h)` instead of `h`.
     - `embed_from_target`: the token embeddings are the target's (not stored with the head); only the
@@ -64,7 +67,8 @@ class PEagleConfig(LlamaConfig):
     mask_token_id: int | None = None
     num_parallel_positions: int = 8
     num_speculative_tokens: int = 7
-    confidence_threshold: float = 0.0
+    confidence_threshold: float | None = None
+    draft_calibration: dict | None = None
     drafting_mode: str = "parallel"
     norm_before_residual: bool = False
     embed_from_target: bool = False
@@ -110,7 +114,7 @@ class PEagleConfig(LlamaConfig):
                 f"num_parallel_positions ({self.num_parallel_positions}) and num_speculative_tokens "
                 f"({self.num_speculative_tokens}) must be >= 1."
             )
-        if not 0.0 <= self.confidence_threshold <= 1.0:
+        if self.confidence_threshold is not None and not 0.0 <= self.confidence_threshold <= 1.0:
             raise ValueError(
                 f"confidence_threshold is {self.confidence_threshold!r}; expected a probability in [0, 1]."
             )

@@ -24,6 +24,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..configuration_peagle import default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
+from .cost import apply_calibration, choose_num_drafts, cost_model_for, expected_tokens
 from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)
@@ -59,20 +60,23 @@ def resolve_num_speculative_tokens(generation_config: GenerationConfig, head: PE
 
 def resolve_confidence_threshold(
     generation_config: GenerationConfig, head: PEagleDrafter | None = None
-) -> float:
-    """The draft-confidence cut for one `generate()` call: `assistant_confidence_threshold` when given, else the
-    head's default `head.config.confidence_threshold` (0.0 without a head).
+) -> float | None:
+    """The draft-confidence cut for one `generate()` call, or None for cost-aware drafting.
 
-    With a threshold `t > 0`, a round keeps its drafts up to and including the first one whose probability
-    under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models): fewer
-    tokens to verify when the head is unsure, and fewer drafter passes for autoregressive heads.  The output
-    is unchanged (greedy: identical; sampling: same distribution), only the work per round changes.
-    transformers fills an unset threshold with its global default (0.4); peagle reads that exact value as
-    "not given" and uses the head's default; pass 0.0 to draft all K tokens every round, as vLLM does.
+    `assistant_confidence_threshold` when given, else the head's `config.confidence_threshold`; None when neither
+    is set (a head's default), which selects the cost-aware rule (docs/DESIGN.md section 7).  Without a head:
+    0.0.  With a threshold `t > 0`, a round keeps its drafts up to and including the first one whose probability
+    under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models); 0.0 drafts all
+    K tokens every round, as vLLM does.  The output is unchanged either way (greedy: identical; sampling: same
+    distribution), only the work per round changes.  transformers fills an unset threshold with its global
+    default (0.4); peagle reads that exact value as "not given".
     """
     value = _given(generation_config, "assistant_confidence_threshold")
     if value is None:
-        return float(head.config.confidence_threshold) if head is not None else 0.0
+        if head is None:
+            return 0.0
+        own = head.config.confidence_threshold
+        return None if own is None else float(own)
     value = float(value)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"assistant_confidence_threshold is {value!r}; expected a probability in [0, 1].")
@@ -117,7 +121,13 @@ class PEagleCandidateGenerator(CandidateGenerator):
             cfg.eagle_aux_hidden_state_layer_ids or default_aux_layer_ids(self.num_target_layers)
         )
         self.num_speculative_tokens = resolve_num_speculative_tokens(generation_config, head)
-        self.confidence_threshold = resolve_confidence_threshold(generation_config, head)
+        threshold = resolve_confidence_threshold(generation_config, head)
+        self.policy = "cost" if threshold is None else ("threshold" if threshold > 0 else "fixed")
+        self.confidence_threshold = threshold or 0.0
+        self.calibration = getattr(cfg, "draft_calibration", None)
+        self.cost = (
+            cost_model_for(target, head, self.num_speculative_tokens + 1) if self.policy == "cost" else None
+        )
         if self.drafting_mode == "parallel" and self.num_speculative_tokens > cfg.num_parallel_positions:
             logger.warning_once(
                 f"drafting K={self.num_speculative_tokens} tokens per round with a head trained for "
@@ -144,6 +154,13 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self._speculative_slots = 0  # slots after the real ones in the cache (dropped next round)
         self._prev_len: int | None = None  # length of the sequence the last verify pass ran up to
         self._last_num_drafts = 0
+        self._pending: tuple[torch.LongTensor, torch.Tensor] | None = None  # real slots a skipped round left
+        self._skip_left = 0  # plain steps to take before the drafter runs again (cost rule)
+        self._skip_len = 1  # the next skip's length (doubles while drafting keeps not paying)
+        self._returned_at: float | None = None  # when the last candidates went to verification
+        self._round: dict[str, Any] | None = None  # prediction of the round under verification
+        self._pays: float | None = None
+        self._confidences: list[float] = []  # running ratio of drafting's expected rate to a plain step's
         self._start = time.perf_counter()
         k = self.num_speculative_tokens
         self.stats = PEagleGenerationStats(
@@ -152,6 +169,8 @@ class PEagleCandidateGenerator(CandidateGenerator):
             accepted_per_depth=[0] * k,
             drafted_per_depth=[0] * k,
             confidence_threshold=self.confidence_threshold,
+            draft_policy=self.policy,
+            chosen_k_histogram=[0] * (k + 1),
         )
         head.last_generation_stats = self.stats
 
@@ -182,15 +201,17 @@ class PEagleCandidateGenerator(CandidateGenerator):
         return start, tokens.to(self.device), feats.to(self.device)
 
     # ------------------------------------------------------------------ token selection
-    def _selector(self, context: torch.LongTensor):
+    def _selector(self, context: torch.LongTensor, confidences: list[float]):
         """The round's `select(logits, depth)` for [`PEagleDrafter.draft_round`].
 
         Each depth's `(1, V_draft)` logits become target-vocabulary scores (`-inf` outside the draft vocabulary),
         pass through the call's logits processors with the drafts so far as context, and give one token (argmax,
         or a sample when `do_sample`).  The scores returned are exactly those the token was drawn from, as
         transformers' accept/resample rule requires.  Nothing is proposed when the processors leave no
-        admissible token (e.g. a forced token outside the draft vocabulary); with a confidence threshold the
-        round ends after its first draft the head gives a lower probability (transformers' rule).
+        admissible token (e.g. a forced token outside the draft vocabulary).  The head's probability of each
+        draft goes to `confidences`.  A round stops early with a confidence threshold (after its first draft the
+        head gives a lower probability: transformers' rule) and, under the cost rule, for autoregressive heads
+        once one more drafter pass no longer pays.
         """
         state = {"context": context}
 
@@ -204,15 +225,82 @@ class PEagleCandidateGenerator(CandidateGenerator):
                 token = torch.multinomial(scores.softmax(dim=-1), num_samples=1)[:, 0]
             else:
                 token = scores.argmax(dim=-1)
+            prob = float(scores.softmax(dim=-1).gather(-1, token[:, None])[0, 0])
+            confidences.append(prob)
             stop = False
-            if self.confidence_threshold > 0:
-                prob = scores.softmax(dim=-1).gather(-1, token[:, None])[:, 0]
-                stop = bool(prob[0] < self.confidence_threshold)
+            if self.policy == "threshold":
+                stop = prob < self.confidence_threshold
+            elif self.policy == "cost" and self.drafting_mode == "autoregressive":
+                stop = not self._one_more_pass_pays(confidences)
             if len(self.logits_processor) > 0:
                 state["context"] = torch.cat([state["context"], token[:, None].to(context.device)], dim=-1)
             return token, scores, stop
 
         return select
+
+    def _probabilities(self, confidences: list[float]) -> list[float]:
+        """Calibrated acceptance probabilities of the round's drafts (the head's `draft_calibration`)."""
+        if not self.calibration:
+            return list(confidences)
+        return [
+            float(apply_calibration(self.calibration, d, torch.tensor(c))) for d, c in enumerate(confidences)
+        ]
+
+    def _one_more_pass_pays(self, confidences: list[float]) -> bool:
+        """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,
+        assuming the next draft is as likely to be accepted as the last one."""
+        probs = self._probabilities(confidences)
+        curve = self.cost.curve(len(probs) + 2)
+        spent = self.cost.drafter_seconds + self.cost.drafter_step_seconds * (len(probs) - 1)
+        k_now = choose_num_drafts(probs, curve, spent)
+        rate_now = expected_tokens(probs, k_now) / (curve[k_now] + spent)
+        more = probs + probs[-1:]
+        spent_more = spent + self.cost.drafter_step_seconds
+        k_more = choose_num_drafts(more, curve, spent_more)
+        return (
+            k_more > len(probs) - 1
+            and expected_tokens(more, k_more) / (curve[k_more] + spent_more) > rate_now
+        )
+
+    # ------------------------------------------------------------------ one round
+    def _observe_verify(self, now: float) -> None:
+        """Cost rule: fold the timing of the verify pass that just ran into the cost model and the stats."""
+        if self._returned_at is None:
+            return
+        seconds = now - self._returned_at
+        self.cost.observe_verify(self._last_num_drafts + 1, seconds)
+        if self._round is not None:
+            self.stats.predicted_seconds += self._round["seconds"]
+            self.stats.measured_seconds += self._round["drafter_seconds"] + seconds
+            self._round = None
+
+    def _plain_step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, None]:
+        self._last_num_drafts = 0
+        self._prev_len = input_ids.shape[1]
+        self._returned_at = time.perf_counter() if self.policy == "cost" else None
+        return input_ids, None
+
+    def _choose(self, confidences: list[float], drafter_seconds: float, steps: int) -> int:
+        """Cost rule: how many of the round's drafts to verify (and whether the next rounds skip the drafter)."""
+        self.cost.observe_drafter(drafter_seconds, steps)
+        probs = self._probabilities(confidences)
+        curve = self.cost.curve(len(probs) + 1)
+        k = choose_num_drafts(probs, curve, self.cost.drafter_seconds)
+        predicted = expected_tokens(probs, k)
+        self.stats.chosen_k_histogram[k] += 1
+        self._round = {
+            "tokens": predicted,
+            "seconds": curve[k] + drafter_seconds,
+            "drafter_seconds": drafter_seconds,
+        }
+        # does drafting pay at all? compare the round's expected rate (drafter included) with a plain step's
+        ratio = (predicted / (curve[k] + self.cost.drafter_seconds)) * curve[0]
+        self._pays = ratio if self._pays is None else 0.5 * self._pays + 0.5 * ratio
+        if self._pays < 1.0:
+            self._skip_left, self._skip_len = self._skip_len, min(2 * self._skip_len, 32)
+        else:
+            self._skip_len = 1
+        return k
 
     @torch.no_grad()
     def get_candidates(
@@ -227,40 +315,65 @@ class PEagleCandidateGenerator(CandidateGenerator):
         """Draft up to K tokens after `input_ids` `(1, n)`.
 
         Returns `(candidate_ids (1, n + k), draft_logits (1, k, vocab_size) | None)`; `k = 0` on the first call
-        (the target's prefill must run first to provide features) and at the length limit.
+        (the target's prefill must run first to provide features), at the length limit, and, under the cost
+        rule, in rounds where verifying drafts is not expected to pay.
         """
+        tic = time.perf_counter()
         n = input_ids.shape[1]
         k = min(self.num_speculative_tokens, self.max_length - n - 1)
-        if is_first_iteration or model_outputs is None or k < 1:
-            self._prev_len = n
-            self._last_num_drafts = 0
-            return input_ids, None
+        if is_first_iteration or model_outputs is None:
+            out = self._plain_step(input_ids)
+            self._returned_at = None  # the prefill runs next: not a verify pass to learn from
+            return out
+        if self.policy == "cost":
+            self._observe_verify(tic)
+        if k < 1:
+            return self._plain_step(input_ids)
 
-        tic = time.perf_counter()
         start, tokens, feats = self._new_real_slots(input_ids, model_outputs)
+        if self._pending is not None:  # real slots of skipped rounds: the drafter catches up in this pass
+            tokens, feats = torch.cat([self._pending[0], tokens], 1), torch.cat([self._pending[1], feats], 1)
+            start = start - self._pending[0].shape[1]
+            self._pending = None
+        self._next_real = n - 1
+        if self.policy == "cost" and self._skip_left > 0:
+            self._skip_left -= 1
+            self._pending = (tokens, feats)
+            self.stats.skipped_drafter_rounds += 1
+            return self._plain_step(input_ids)
+
         self.cache.crop(-self._speculative_slots)  # drop last round's speculative slots
+        confidences: list[float] = []
         draft = self.head.draft_round(
-            tokens, feats, k, self.cache, start, select=self._selector(input_ids.to(self.device))
+            tokens, feats, k, self.cache, start, select=self._selector(input_ids.to(self.device), confidences)
         )
         self._speculative_slots = draft.speculative_slots
         self.stats.drafter_forward_calls += draft.forward_calls
         drafts, logits = draft.tokens, draft.scores
-        self._next_real = n - 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.stats.drafter_seconds += time.perf_counter() - tic
+        drafter_seconds = time.perf_counter() - tic
+        self.stats.drafter_seconds += drafter_seconds
+        self._confidences = confidences
+        if self.policy == "cost" and drafts.shape[1] > 0:
+            keep = self._choose(confidences, drafter_seconds, draft.forward_calls - 1)
+            drafts, logits = drafts[:, :keep], logits[:, :keep]
+            if keep == 0:
+                self.stats.declined_rounds += 1
 
         num = drafts.shape[1]
+        if num == 0:
+            return self._plain_step(input_ids)
         self._last_num_drafts = num
         self._prev_len = n + num
-        if num == 0:
-            return input_ids, None
         self.stats.draft_tokens += num
         if num < k:
             self.stats.truncated_rounds += 1
         for d in range(num):
             self.stats.drafted_per_depth[d] += 1
         candidates = torch.cat([input_ids, drafts.to(input_ids.device)], dim=-1)
+        if self.policy == "cost":
+            self._returned_at = time.perf_counter()
         return candidates, logits
 
     def update_candidate_strategy(
@@ -270,12 +383,19 @@ class PEagleCandidateGenerator(CandidateGenerator):
         matches = int(num_matches)
         stats = self.stats
         if self._last_num_drafts > 0:
+            recorder = getattr(self.head, "round_recorder", None)
+            if recorder is not None:  # calibration runs collect (confidences, accepted) per round
+                recorder.append((list(self._confidences[: self._last_num_drafts]), matches))
             stats.rounds += 1
             stats.accepted_tokens += matches
             for d in range(matches):
                 stats.accepted_per_depth[d] += 1
+            if self._round is not None:
+                stats.predicted_tokens += self._round["tokens"]
+                stats.realised_tokens += matches + 1
         else:
             stats.plain_steps += 1
+            self._round = None
         stats.generated_tokens += matches + 1
         stats.total_seconds = time.perf_counter() - self._start
 

@@ -46,6 +46,13 @@ class PEagleGenerationStats:
         drafter_seconds: wall time spent drafting (forwards and token selection).
         total_seconds: wall time from the start of decoding to the last verified round.
         calls: `generate()` calls these stats cover.
+        draft_policy: how rounds chose their number of drafts: `"cost"` (the cost-aware rule, the default),
+            `"threshold"` (a confidence cut) or `"fixed"` (K every round).
+        chosen_k_histogram: `[K + 1]` drafter rounds by the number of drafts the cost rule verified (0 = none).
+        skipped_drafter_rounds: plain steps where the cost rule did not even run the drafter.
+        declined_rounds: drafter rounds whose drafts the cost rule did not verify (k = 0).
+        predicted_tokens, realised_tokens: expected vs emitted tokens over the cost rule's drafting rounds.
+        predicted_seconds, measured_seconds: predicted vs measured seconds (drafter + verify) of those rounds.
     """
 
     drafting_mode: str = "parallel"
@@ -63,6 +70,14 @@ class PEagleGenerationStats:
     drafter_seconds: float = 0.0
     total_seconds: float = 0.0
     calls: int = 1
+    draft_policy: str = "fixed"
+    chosen_k_histogram: list[int] = field(default_factory=list)
+    skipped_drafter_rounds: int = 0
+    declined_rounds: int = 0
+    predicted_tokens: float = 0.0
+    realised_tokens: int = 0
+    predicted_seconds: float = 0.0
+    measured_seconds: float = 0.0
 
     # ------------------------------------------------------------------ named metrics
     @property
@@ -96,8 +111,8 @@ class PEagleGenerationStats:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if isinstance(a, list):
                 setattr(out, f.name, _add_lists(a, b))
-            elif f.name == "drafting_mode":
-                out.drafting_mode = a if a == b else "mixed"
+            elif f.name in ("drafting_mode", "draft_policy"):
+                setattr(out, f.name, a if a == b else "mixed")
             elif f.name in ("num_speculative_tokens", "confidence_threshold"):
                 setattr(out, f.name, max(a, b))
             else:

@@ -1,0 +1,420 @@
+"""Cost-aware drafting: how many drafts to verify each round, from the head's probabilities and the machine's
+measured cost of verifying n tokens.
+
+A round that verifies k drafts emits, in expectation,
+
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} p_j
+
+tokens (p_j: the calibrated probability that draft j is accepted given drafts 1..j-1 were), and costs
+`cost(k + 1)` seconds of target time plus the drafter's own pass.  [`choose_num_drafts`] picks the k in 0..K that
+maximises E(k) / (cost(k + 1) + drafter cost); k = 0 makes the round a plain step.  The cost curve is whatever
+the machine measures: on a GPU verifying 8 tokens costs about as much as 1 (a flat curve, so the rule drafts K
+whenever the probabilities are not tiny); on a CPU each extra token costs a visible fraction of a step.
+
+[`VerifyCostModel`] holds that curve: calibrated once per (target, device, dtype, threads) by timing forward
+passes (cached as JSON under the peagle cache folder), refined online from the verify passes generation runs
+anyway, inspectable (`to_dict`) and overridable (`VerifyCostModel.flat(...)`, `from_dict`, or `set_cost_model`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE_SUBDIR = "cost"
+CALIBRATION_CONTEXT = 256
+"""Context length (tokens) the calibration times its verify passes at."""
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def expected_tokens(probs: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j: expected tokens a round verifying the first k drafts emits.
+
+    >>> expected_tokens([0.5, 0.5], 2)
+    1.75
+    """
+    total, run = 1.0, 1.0
+    for p in probs[:k]:
+        run *= float(p)
+        total += run
+    return total
+
+
+def choose_num_drafts(
+    probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
+) -> int:
+    """The k in 0..K maximising expected tokens per second of a round.
+
+    Args:
+        probs: `[K]` calibrated acceptance probabilities of the round's drafts (conditional on the earlier
+            drafts being accepted).
+        verify_seconds: `[K + 1]` seconds to verify n = 1..K+1 tokens (`verify_seconds[n - 1]`).
+        drafter_seconds: the drafter's cost this round (paid whatever k is).
+
+    Returns:
+        k; 0 means verify no draft (a plain step).  Ties go to the smaller k.
+
+    >>> choose_num_drafts([0.9, 0.9, 0.1], [1.0, 1.1, 1.2, 1.3])
+    2
+    >>> choose_num_drafts([0.9, 0.9], [1.0, 3.0, 3.0])
+    0
+    """
+    best_k, best_rate = 0, -1.0
+    total, run = 1.0, 1.0
+    for k in range(len(probs) + 1):
+        if k > 0:
+            run *= float(probs[k - 1])
+            total += run
+        rate = total / (verify_seconds[k] + drafter_seconds)
+        if rate > best_rate * (1 + 1e-9):
+            best_k, best_rate = k, rate
+    return best_k
+
+
+def best_rate(probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0) -> float:
+    """Expected tokens per second at [`choose_num_drafts`]'s k."""
+    k = choose_num_drafts(probs, verify_seconds, drafter_seconds)
+    return expected_tokens(probs, k) / (verify_seconds[k] + drafter_seconds)
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+def apply_calibration(
+    calibration: dict[str, Any] | None, depth: int, confidence: torch.Tensor
+) -> torch.Tensor:
+    """Map the head's confidence in its draft at `depth` to an acceptance probability.
+
+    `calibration` is a head's `config.draft_calibration`: `{"method": "isotonic", "x": [[...] per depth],
+    "y": [[...] per depth]}`, a monotone piecewise-linear map per depth (the last depth's map serves deeper
+    ones).  None: the raw confidence.
+    """
+    if not calibration:
+        return confidence
+    xs, ys = calibration["x"], calibration["y"]
+    d = min(depth, len(xs) - 1)
+    x = torch.as_tensor(xs[d], dtype=torch.float32)
+    y = torch.as_tensor(ys[d], dtype=torch.float32)
+    return _interp(confidence.float().cpu(), x, y).to(confidence.device)
+
+
+def _interp(v: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if x.numel() == 1:
+        return torch.full_like(v, float(y[0]))
+    v = v.clamp(float(x[0]), float(x[-1]))
+    i = torch.searchsorted(x, v, right=True).clamp(1, x.numel() - 1)
+    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+    w = torch.where(x1 > x0, (v - x0) / (x1 - x0).clamp_min(1e-12), torch.zeros_like(v))
+    return y0 + w * (y1 - y0)
+
+
+# ---------------------------------------------------------------------------------------------- cost model
+@dataclass
+class VerifyCostModel:
+    """Seconds to verify n tokens (n = 1..N) with the target, plus the drafter's cost per round.
+
+    Args:
+        verify_seconds: `[N]`, `verify_seconds[n - 1]` = seconds of a target pass over n new tokens (at the
+            calibration context; online updates fold in the real context).
+        drafter_seconds: seconds of one drafter round (parallel: its one pass; autoregressive: the first pass).
+        drafter_step_seconds: seconds of one more autoregressive drafter pass (one slot).
+        key: what the curve was measured for (target, device, dtype, threads); see [`cost_model_key`].
+        source: `"calibrated"`, `"cache"`, `"flat"` or `"user"`.
+        observations: verify passes folded in online, per n.
+        smoothing: weight of a new observation in the running estimate.
+    """
+
+    verify_seconds: list[float]
+    drafter_seconds: float = 0.0
+    drafter_step_seconds: float = 0.0
+    key: dict[str, Any] = field(default_factory=dict)
+    source: str = "user"
+    observations: list[int] = field(default_factory=list)
+    smoothing: float = 0.1
+
+    def __post_init__(self):
+        if not self.verify_seconds or any(not math.isfinite(s) or s <= 0 for s in self.verify_seconds):
+            raise ValueError(
+                f"verify_seconds must be positive seconds per n = 1..N, got {self.verify_seconds}."
+            )
+        self.verify_seconds = [float(s) for s in self.verify_seconds]
+        if len(self.observations) != len(self.verify_seconds):
+            self.observations = [0] * len(self.verify_seconds)
+
+    @classmethod
+    def flat(
+        cls, max_tokens: int = 16, seconds: float = 1.0, drafter_seconds: float = 0.0
+    ) -> VerifyCostModel:
+        """A curve where verifying n tokens costs the same as one (a GPU at batch 1): the rule then drafts
+        every draft whose chain has any chance, i.e. K almost every round."""
+        return cls([seconds] * max_tokens, drafter_seconds=drafter_seconds, source="flat")
+
+    def cost(self, n: int) -> float:
+        """Seconds to verify n tokens (beyond the measured range: extrapolated linearly)."""
+        if n <= len(self.verify_seconds):
+            return self.verify_seconds[n - 1]
+        last = self.verify_seconds[-1]
+        step = max(last - self.verify_seconds[-2], 0.0) if len(self.verify_seconds) > 1 else 0.0
+        return last + step * (n - len(self.verify_seconds))
+
+    def curve(self, max_tokens: int) -> list[float]:
+        """`[max_tokens]` seconds for n = 1..max_tokens."""
+        return [self.cost(n) for n in range(1, max_tokens + 1)]
+
+    @property
+    def refined_online(self) -> bool:
+        """Measured curves follow the machine; a user's or a flat curve stays as given."""
+        return self.source in ("calibrated", "cache")
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        """Fold in a measured verify pass over n tokens (an exponential moving average per n; entries not
+        observed yet move by the same ratio, so the curve keeps its calibrated shape)."""
+        if not self.refined_online or not (seconds > 0 and math.isfinite(seconds)) or n < 1:
+            return
+        while n > len(self.verify_seconds):
+            self.verify_seconds.append(self.cost(len(self.verify_seconds) + 1))
+            self.observations.append(0)
+        old = self.verify_seconds[n - 1]
+        new = old + self.smoothing * (seconds - old)
+        ratio = new / old
+        self.verify_seconds[n - 1] = new
+        self.observations[n - 1] += 1
+        for i, count in enumerate(self.observations):
+            if count == 0:
+                self.verify_seconds[i] *= ratio
+
+    def observe_drafter(self, seconds: float, steps: int = 0) -> None:
+        """Fold in a measured drafter round (`steps` autoregressive passes after the first)."""
+        if not self.refined_online or not (seconds > 0 and math.isfinite(seconds)):
+            return
+        if steps and self.drafter_seconds > 0:
+            per_step = max(seconds - self.drafter_seconds, 0.0) / steps
+            self.drafter_step_seconds += self.smoothing * (per_step - self.drafter_step_seconds)
+            seconds -= per_step * steps
+        if self.drafter_seconds <= 0:
+            self.drafter_seconds = seconds
+        else:
+            self.drafter_seconds += self.smoothing * (seconds - self.drafter_seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verify_seconds": list(self.verify_seconds),
+            "drafter_seconds": self.drafter_seconds,
+            "drafter_step_seconds": self.drafter_step_seconds,
+            "key": dict(self.key),
+            "source": self.source,
+            "observations": list(self.observations),
+            "smoothing": self.smoothing,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VerifyCostModel:
+        known = {
+            "verify_seconds",
+            "drafter_seconds",
+            "drafter_step_seconds",
+            "key",
+            "source",
+            "observations",
+            "smoothing",
+        }
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(
+                f"unknown cost-model fields {sorted(unknown)}; expected some of {sorted(known)}."
+            )
+        return cls(**data)
+
+
+# ---------------------------------------------------------------------------------------------- calibration runs
+def cost_model_key(target: Any, head: Any = None) -> dict[str, Any]:
+    """What a cost curve depends on: the target (name and shape), its device and dtype, torch's thread count,
+    and the drafter's shape (its pass is part of the round's cost)."""
+    cfg = target.config
+    param = next(target.parameters())
+    key = {
+        "target": str(getattr(cfg, "_name_or_path", "") or type(target).__name__),
+        "target_shape": [
+            getattr(cfg, "hidden_size", None),
+            getattr(cfg, "num_hidden_layers", None),
+            getattr(cfg, "vocab_size", None),
+        ],
+        "device": str(param.device),
+        "dtype": str(param.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__.split("+")[0],
+    }
+    if head is not None:
+        hc = head.config
+        key["drafter"] = [
+            hc.drafting_mode,
+            hc.num_hidden_layers,
+            hc.hidden_size,
+            hc.draft_vocab_size,
+            str(next(head.parameters()).dtype).replace("torch.", ""),
+        ]
+    return key
+
+
+def cost_cache_path(key: dict[str, Any]) -> Path:
+    """The JSON file caching the curve of `key`: under `$PEAGLE_COST_CACHE` when set, else the peagle cache
+    folder's `cost/` (`$PEAGLE_CACHE/cost/`, default `~/.cache/peagle/cost/`)."""
+    from ..targets import cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    root = os.environ.get("PEAGLE_COST_CACHE")
+    return (Path(root) if root else cache_dir() / CACHE_SUBDIR) / f"{digest}.json"
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+@torch.no_grad()
+def measure_cost_model(
+    target: Any,
+    head: Any = None,
+    max_tokens: int = 11,
+    context: int = CALIBRATION_CONTEXT,
+    repeats: int = 3,
+) -> VerifyCostModel:
+    """Time target passes over n = 1..max_tokens new tokens after a `context`-token cache (median of `repeats`),
+    and one drafter round when `head` is given.  About a second for a 135M target on a 2-core CPU."""
+    from transformers.cache_utils import DynamicCache
+
+    device = next(target.parameters()).device
+    vocab = int(target.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+    cache = DynamicCache(config=target.config)
+    target(input_ids=prefix, past_key_values=cache, use_cache=True)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    seconds = []
+    for n in range(1, max_tokens + 1):
+        ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            sync()
+            t0 = time.perf_counter()
+            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            sync()
+            times.append(time.perf_counter() - t0)
+            cache.crop(-n)
+        seconds.append(_median(times[1:]))
+    model = VerifyCostModel(seconds, key=cost_model_key(target, head), source="calibrated")
+    if head is not None:
+        model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
+            head, target, max_tokens - 1, repeats
+        )
+    return model
+
+
+def _time_drafter(head: Any, target: Any, k: int, repeats: int) -> tuple[float, float]:
+    """Seconds of one drafting round (real slots of a typical round + K-1 parallel slots, or one autoregressive
+    pass) after a short context, and of one more autoregressive pass."""
+    from transformers.cache_utils import DynamicCache
+
+    device = head.device
+    width = 3 * int(head.config.target_hidden_size)
+    dtype = next(head.parameters()).dtype
+    gen = torch.Generator().manual_seed(1)
+    if head.config.embed_from_target and head.embed_tokens is None:
+        head.attach_target(target)
+    ctx = torch.randint(0, head.config.vocab_size, (1, 64), generator=gen).to(device)
+    feats = torch.randn(1, 64, width, generator=gen).to(device, dtype)
+    select = lambda logits, depth: (logits.argmax(-1), None, False)  # noqa: E731
+    times, steps = [], []
+    for _ in range(repeats + 1):
+        cache = DynamicCache(config=head.config)
+        head.draft_round(ctx[:, :61], feats[:, :61], 1, cache, 0, select=select)
+        t0 = time.perf_counter()
+        head.draft_round(ctx[:, 61:], feats[:, 61:], max(k, 1), cache, 61, select=select)
+        times.append(time.perf_counter() - t0)
+        if head.config.drafting_mode == "autoregressive":
+            t0 = time.perf_counter()
+            head.draft_round(ctx[:, 61:62], feats[:, 61:62], 1, cache, 64, select=select)
+            steps.append(time.perf_counter() - t0)
+    first = _median(times[1:])
+    if head.config.drafting_mode == "autoregressive" and k > 1:
+        step = _median(steps[1:])
+        first = max(first - step * (k - 1), step)
+        return first, step
+    return first, 0.0
+
+
+_MODELS: dict[str, VerifyCostModel] = {}
+
+
+def cost_model_for(
+    target: Any, head: Any = None, max_tokens: int = 11, use_cache: bool = True
+) -> VerifyCostModel:
+    """The cost model of (target, head) on this device/dtype/threads: from this process's memory, else the cache
+    file, else measured now (and cached).  The returned object is shared, so online refinements carry over
+    between `generate()` calls."""
+    override = getattr(head, "cost_model", None) if head is not None else None
+    if override is not None:
+        return override
+    key = cost_model_key(target, head)
+    name = json.dumps(key, sort_keys=True)
+    model = _MODELS.get(name)
+    if model is not None and len(model.verify_seconds) >= max_tokens:
+        return model
+    path = cost_cache_path(key)
+    if use_cache and path.is_file():
+        try:
+            model = VerifyCostModel.from_dict(json.loads(path.read_text()))
+            model.source = "cache"
+        except (ValueError, TypeError, json.JSONDecodeError):
+            model = None
+        if model is not None and len(model.verify_seconds) < max_tokens:
+            model = None
+    if model is None:
+        model = measure_cost_model(target, head, max_tokens=max_tokens)
+        if use_cache:
+            save_cost_model(model, path)
+    _MODELS[name] = model
+    return model
+
+
+def save_cost_model(model: VerifyCostModel, path: str | os.PathLike | None = None) -> Path:
+    """Write the curve as JSON (default: its cache file)."""
+    path = Path(path) if path is not None else cost_cache_path(model.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(model.to_dict(), indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def set_cost_model(head: Any, model: VerifyCostModel | None) -> None:
+    """Use `model` for every `generate()` call with `head` (None: back to the measured, cached one)."""
+    head.cost_model = model
+
+
+def forget_cost_models() -> None:
+    """Drop the in-memory curves (the cache files stay)."""
+    _MODELS.clear()
+
+
+__all__ = [
+    "VerifyCostModel",
+    "apply_calibration",
+    "best_rate",
+    "choose_num_drafts",
+    "cost_model_for",
+    "cost_model_key",
+    "cost_cache_path",
+    "expected_tokens",
+    "forget_cost_models",
+    "measure_cost_model",
+    "save_cost_model",
+    "set_cost_model",
+]

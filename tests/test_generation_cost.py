@@ -1,0 +1,224 @@
+"""Cost-aware drafting: the k rule, the cost model and its cache, calibration, and lossless output under any k."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import make_head, make_target
+from peagle.generation import cost as cost_mod
+from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
+from peagle.generation.candidates import PEagleCandidateGenerator
+from peagle.generation.cost import VerifyCostModel, choose_num_drafts, expected_tokens
+from test_generation import LAYERS, Oracle, _greedy, _prompt
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+
+
+def _cost_head(target, mode="parallel", model=None, **kw):
+    head = make_head(target, drafting_mode=mode, confidence_threshold=None, **kw)
+    head.cost_model = model
+    return head
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def test_rule_matches_brute_force():
+    rng = random.Random(0)
+    for case in range(600):
+        k = rng.randint(1, 8)
+        probs = [rng.random() ** rng.choice([0.3, 1, 3]) for _ in range(k)]
+        if case % 3 == 0:  # non-monotone curves, as this CPU's BLAS gives (4 tokens cheaper than 3)
+            curve = [rng.uniform(0.5, 2.0) for _ in range(k + 1)]
+        else:
+            curve = [1.0 + rng.uniform(0, 0.3) * n for n in range(k + 1)]
+        drafter = rng.choice([0.0, 0.05, 0.3])
+        rates = [expected_tokens(probs, j) / (curve[j] + drafter) for j in range(k + 1)]
+        best = max(rates)
+        chosen = choose_num_drafts(probs, curve, drafter)
+        assert rates[chosen] == pytest.approx(best, rel=1e-9)
+        assert chosen == min(j for j, r in enumerate(rates) if r >= best * (1 - 1e-9))
+
+
+def test_rule_extremes():
+    assert choose_num_drafts([0.99] * 7, [1.0] * 8) == 7  # flat curve (a GPU): every draft
+    assert choose_num_drafts([0.99] * 7, [1.0] + [10.0] * 7) == 0  # verifying is dear: none
+    assert choose_num_drafts([0.0] * 3, [1.0, 1.0, 1.0, 1.0]) == 0  # worthless drafts: none (ties -> smaller)
+    curve = [1.0, 1.5, 2.0, 1.6]  # 3 drafts cost less than 2
+    assert choose_num_drafts([0.9, 0.9, 0.9], curve) == 3
+
+
+# ---------------------------------------------------------------------------------------------- in generate()
+def test_flat_curve_drafts_k_every_round(target):
+    """On a flat cost curve (a GPU at batch 1) the rule verifies all K drafts in every round."""
+    head = _cost_head(target, model=VerifyCostModel.flat(max_tokens=8))
+    ids = _prompt(3, 7)
+    out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, _greedy(target, ids, max_new_tokens=20))
+    st = head.last_generation_stats
+    assert st.draft_policy == "cost" and st.rounds > 0
+    assert st.chosen_k_histogram[0] == 0 and st.skipped_drafter_rounds == 0 and st.truncated_rounds <= 3
+    assert st.draft_tokens == sum(k * n for k, n in enumerate(st.chosen_k_histogram))  # all that were drafted
+    assert head.cost_model.verify_seconds == [1.0] * 8  # a user's curve is not refined online
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_dear_verification_falls_back_to_plain_steps(target, mode):
+    """When verifying extra tokens costs far more than their chance of acceptance, rounds verify no draft and the
+    drafter itself is skipped more and more often; the output is plain greedy's."""
+    curve = VerifyCostModel([1.0] + [50.0] * 7, drafter_seconds=0.2, drafter_step_seconds=0.2)
+    head = _cost_head(target, mode, model=curve)
+    ids = _prompt(4, 6)
+    out = _greedy(target, ids, max_new_tokens=40, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, _greedy(target, ids, max_new_tokens=40))
+    st = head.last_generation_stats
+    assert st.rounds == 0 and st.declined_rounds > 0 and st.skipped_drafter_rounds > st.declined_rounds
+    assert st.plain_steps == 40 and st.drafter_forward_calls < 40
+
+
+def test_autoregressive_unroll_stops_when_a_pass_does_not_pay(target):
+    """An EAGLE-3 head under the cost rule stops unrolling once one more drafter pass costs more than it can
+    return: with a dear drafter step and cheap verification it drafts one token per round."""
+    cheap_verify = VerifyCostModel([1.0] * 8, drafter_seconds=0.01, drafter_step_seconds=5.0)
+    head = _cost_head(target, "autoregressive", model=cheap_verify)
+    ids = _prompt(5, 6)
+    out = _greedy(target, ids, max_new_tokens=12, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, _greedy(target, ids, max_new_tokens=12))
+    st = head.last_generation_stats
+    assert st.rounds > 0 and st.drafter_forward_calls == st.rounds + st.skipped_drafter_rounds * 0
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed):
+    """Whatever k the rule picks (0..K) and whenever it skips the drafter (its cache then catches up in one
+    pass), greedy output is plain greedy's; oracle drafts make rounds accept 0..K tokens."""
+    rng = random.Random(seed)
+    calls = []
+
+    def random_choice(self, confidences, drafter_seconds, steps):
+        calls.append(1)
+        k = 0 if len(calls) % 4 == 1 else rng.randint(1, len(confidences))
+        self.stats.chosen_k_histogram[k] += 1
+        if rng.random() < 0.3:
+            self._skip_left = rng.randint(1, 3)
+        return k
+
+    monkeypatch.setattr(PEagleCandidateGenerator, "_choose", random_choice)
+    head = _cost_head(target, mode, model=VerifyCostModel.flat(max_tokens=8))
+    ids = _prompt(10 + seed, 8)
+    ref = _greedy(target, ids, max_new_tokens=48)
+    oracle = Oracle(head, ref, p=0.8, seed=seed)
+    out = _greedy(target, ids, max_new_tokens=48, assistant_model=head, num_assistant_tokens=5)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert st.skipped_drafter_rounds > 0 and st.accepted_tokens > 0 and st.chosen_k_histogram[0] > 0
+    assert st.generated_tokens == 48 == st.accepted_tokens + st.rounds + st.plain_steps
+
+
+def test_explicit_cuts_keep_their_meaning(target):
+    """A head whose default is the cost rule still drafts exactly K every round with an explicit 0.0, and applies
+    transformers' confidence rule with an explicit threshold."""
+    head = _cost_head(target, model=VerifyCostModel([1.0] + [50.0] * 7))
+    ids = _prompt(6, 6)
+    kw = dict(max_new_tokens=16, assistant_model=head, num_assistant_tokens=3)
+    _greedy(target, ids, assistant_confidence_threshold=0.0, **kw)
+    st = head.last_generation_stats
+    # K every round but the last ones, where the length limit leaves room for fewer
+    assert st.draft_policy == "fixed" and st.truncated_rounds <= 2 and st.draft_tokens >= 3 * (st.rounds - 2)
+    _greedy(target, ids, assistant_confidence_threshold=1.0, **kw)
+    st = head.last_generation_stats
+    assert st.draft_policy == "threshold" and st.draft_tokens == st.rounds  # every draft is "unsure"
+    _greedy(target, ids, **kw)
+    assert head.last_generation_stats.draft_policy == "cost"
+
+
+# ---------------------------------------------------------------------------------------------- the cost model
+def test_cost_model_key_and_cache(target, monkeypatch, tmp_path):
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
+    cost_mod.forget_cost_models()
+    head = make_head(target)
+    key = cost_mod.cost_model_key(target, head)
+    assert {"target", "device", "dtype", "threads", "drafter"} <= set(key)
+    assert cost_mod.cost_model_key(target.to(torch.bfloat16), head)["dtype"] == "bfloat16"
+    target.to(torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        other = cost_mod.cost_model_key(target, head)
+    finally:
+        torch.set_num_threads(threads)
+    assert other != key and cost_mod.cost_cache_path(other) != cost_mod.cost_cache_path(key)
+
+    model = cost_mod.cost_model_for(target, head, max_tokens=4)
+    assert model.source == "calibrated" and len(model.verify_seconds) == 4 and model.drafter_seconds > 0
+    path = cost_mod.cost_cache_path(key)
+    assert path.parent == tmp_path and json.loads(path.read_text())["key"] == key
+    assert cost_mod.cost_model_for(target, head, max_tokens=4) is model  # this process: the same object
+    cost_mod.forget_cost_models()
+
+    def no_measuring(*a, **k):
+        raise AssertionError("the cached curve should have been used")
+
+    monkeypatch.setattr(cost_mod, "measure_cost_model", no_measuring)
+    again = cost_mod.cost_model_for(target, head, max_tokens=4)
+    assert again.source == "cache" and again.verify_seconds == model.verify_seconds
+    head.cost_model = VerifyCostModel.flat()  # a user's override wins
+    assert cost_mod.cost_model_for(target, head) is head.cost_model
+    cost_mod.forget_cost_models()
+
+
+def test_online_refinement_keeps_the_curve_shape():
+    model = VerifyCostModel([1.0, 1.5, 2.0], smoothing=0.5, source="calibrated")
+    model.observe_verify(1, 2.0)  # this machine is twice as slow as calibrated
+    assert model.cost(1) == pytest.approx(1.5)
+    assert model.cost(2) == pytest.approx(1.5 * 1.5) and model.cost(3) == pytest.approx(2.0 * 1.5)
+    model.observe_verify(2, 1.0)  # observed entries follow their own measurements only
+    assert model.cost(1) == pytest.approx(1.5) and model.observations == [1, 1, 0]
+    assert model.cost(2) == pytest.approx(1.625) and model.cost(3) == pytest.approx(3.0 * 1.625 / 2.25)
+    assert model.cost(5) > model.cost(3)  # extrapolated
+    with pytest.raises(ValueError, match="positive seconds"):
+        VerifyCostModel([0.0])
+    assert VerifyCostModel.from_dict(model.to_dict()) == model
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+def test_calibration_lowers_heldout_error():
+    """Confidences that overstate acceptance (true probability = confidence^3) are mapped close to the truth:
+    the held-out ECE drops."""
+    rng = random.Random(0)
+    rounds = []
+    for _ in range(3000):
+        conf = [rng.random() for _ in range(3)]
+        accepted = 0
+        for c in conf:
+            if rng.random() < c**3:
+                accepted += 1
+            else:
+                break
+        rounds.append((conf, accepted))
+    result = fit_from_rounds(rounds)
+    before, after = result["report"]["ece_before"], result["report"]["ece_after"]
+    assert before[0] > 0.15 and after[0] < before[0] / 3 and after[1] < before[1]
+    cal = result["calibration"]
+    assert cal["method"] == "isotonic" and all(y == sorted(y) for y in cal["y"])
+    assert expected_calibration_error([0.5], [1]) == 0.5
+
+
+def test_collect_rounds_records_every_round(target):
+    head = make_head(target)
+    ids = _prompt(8, 6)
+    ref = _greedy(target, ids, max_new_tokens=30)
+    oracle = Oracle(head, ref, p=0.7, seed=3)
+    rounds = collect_rounds(head, target, [ids], num_speculative_tokens=4, max_new_tokens=30, progress=False)
+    oracle.handle.remove()
+    st = head.last_generation_stats
+    assert len(rounds) == st.rounds and sum(a for _, a in rounds) == st.accepted_tokens
+    assert all(len(c) <= 4 and all(0 <= x <= 1 for x in c) for c, _ in rounds)
+    assert head.round_recorder is None
