@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import make_head, make_target
@@ -74,7 +75,11 @@ def test_summarize_flags_a_mismatch():
              target_seconds=0.3, drafter_seconds=0.1, drafter_calls=4, lossless=False),
     ]  # fmt: skip
     s = {x["method"]: x for x in summarize(rows)}
-    assert s["peagle"]["speedup"] == 2.0 and s["peagle"]["tokens_per_target_pass"] == 2.5 and s["peagle"]["lossless"] is False
+    assert (
+        s["peagle"]["speedup"] == 2.0
+        and s["peagle"]["tokens_per_target_pass"] == 2.5
+        and s["peagle"]["lossless"] is False
+    )
     assert "NO" in format_table(summarize(rows))
 
 
@@ -108,3 +113,39 @@ def test_demo_command_passes_its_options(monkeypatch):
     assert seen["dtype"] == "float32" and seen["head_dtype"] == "float32"
     assert build_parser().parse_args(["bench"]).head_dtype == "bfloat16"
     assert build_parser().parse_args(["bench", "--head-dtype", "float32"]).head_dtype == "float32"
+
+
+def test_run_benchmark_default_rule_rows():
+    """With `default_rule`, each head also runs with its own default (cost-aware drafting for a head without a
+    cut) as method "<head>-auto", next to the fixed-K rows; outputs stay greedy's."""
+    target = make_target()
+    head = make_head(target, confidence_threshold=None, num_speculative_tokens=3)
+    prompts = {"toy": [torch.tensor([[5, 6, 7, 8]])]}
+    res = run_benchmark(
+        target, prompts, {"peagle": head}, ks=(2,), max_new_tokens=8, repeats=1, progress=False,
+        methods=("greedy", "peagle"), confidence_threshold=0.0, default_rule=True,
+    )  # fmt: skip
+    methods = [(r["method"], r["k"]) for r in res["runs"]]
+    assert methods == [("greedy", 0), ("peagle", 2), ("peagle-auto", 3)]
+    auto = res["runs"][-1]
+    assert auto["lossless"] and auto["stats"]["draft_policy"] == "cost"
+    assert res["runs"][1]["stats"]["draft_policy"] == "fixed"
+    assert "| toy | peagle-auto | 3 |" in format_table(res["summary"])
+
+
+def test_bench_command_validates_before_loading(monkeypatch):
+    import peagle.targets
+    from peagle.cli import main
+
+    def no_loading(*a, **k):
+        raise AssertionError("nothing should load for invalid arguments")
+
+    monkeypatch.setattr(peagle.targets, "load_target", no_loading)
+    for argv, message in (
+        (["bench", "--limit", "0"], "--limit must be >= 1"),
+        (["bench", "--ks", "0,3"], "integers >= 1"),
+        (["bench", "--methods", "greedy,nope"], "unknown methods"),
+        (["bench", "--datasets", "nope"], "unknown datasets"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            main(argv)

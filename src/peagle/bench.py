@@ -24,6 +24,10 @@ from tqdm.auto import tqdm
 from .generation.stats import PEagleGenerationStats
 
 METHODS = ("greedy", "peagle", "eagle3", "pld")
+HEAD_METHODS = ("peagle", "eagle3")
+AUTO = "-auto"
+"""Suffix of a head's rows run with its default drafting rule (cost-aware unless the head sets a cut), e.g.
+`"peagle-auto"`; the head's plain rows draft K every round (or with the cut the benchmark is given)."""
 
 
 @dataclass
@@ -110,11 +114,14 @@ def timed_generate(
 def method_kwargs(
     method: str, k: int, heads: dict[str, Any], confidence_threshold: float | None = None
 ) -> dict[str, Any]:
-    """`timed_generate` keyword arguments that run `method` ("greedy", "pld" or a key of `heads`) with K=`k`."""
+    """`timed_generate` keyword arguments that run `method` ("greedy", "pld", a key of `heads`, or such a key plus
+    `"-auto"`: the head's default rule with its own K) with K=`k`."""
     if method == "greedy":
         return {}
     if method == "pld":
         return {"prompt_lookup_num_tokens": k}
+    if method.endswith(AUTO):
+        return {"assistant": heads[method[: -len(AUTO)]]}
     kwargs = {
         "assistant": heads[method],
         "num_assistant_tokens": k,
@@ -135,6 +142,7 @@ def run_benchmark(
     methods: Sequence[str] = METHODS,
     progress: bool = True,
     confidence_threshold: float | None = None,
+    default_rule: bool = False,
 ) -> dict[str, Any]:
     """Measure every method on every prompt, side by side.
 
@@ -147,6 +155,8 @@ def run_benchmark(
         confidence_threshold: `assistant_confidence_threshold` for the heads (a round stops after its first
             draft below it; K is then the most drafts per round); None: each head's own default
             (`config.confidence_threshold`); 0 drafts K tokens every round.
+        default_rule: also run each head with its default rule (no K, no cut given: cost-aware drafting for heads
+            without a cut), as method `"<head>-auto"` with the head's K in the `k` column.
 
     Returns:
         A JSON-ready dict with `runs` (one row per prompt/method/K) and `summary` (per dataset/method/K:
@@ -155,11 +165,16 @@ def run_benchmark(
     methods = [m for m in methods if m in ("greedy", "pld") or m in heads]
     rows: list[dict[str, Any]] = []
     others = [m for m in methods if m != "greedy"]
-    todo = sum(len(p) for p in prompts.values()) * (1 + len(ks) * len(others))
+    autos = (
+        [(m + AUTO, heads[m].config.num_speculative_tokens) for m in others if m in heads]
+        if default_rule
+        else []
+    )
+    todo = sum(len(p) for p in prompts.values()) * (1 + len(ks) * len(others) + len(autos))
     bar = tqdm(total=todo, desc="bench", disable=not progress)
     for dataset, plist in prompts.items():
         for idx, ids in enumerate(plist):
-            plan = [("greedy", 1)] + [(m, k) for k in ks for m in others]
+            plan = [("greedy", 1)] + [(m, k) for k in ks for m in others] + autos
             reference: list[int] | None = None
             for method, k in plan:
                 runs = [
@@ -274,10 +289,22 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
             (("speedup", "speedup over greedy"), ("tokens_per_target_pass", "new tokens per target pass"))
         ):
             ax = axes[row][col]
-            for m in METHODS[1:]:
+            for i, m in enumerate(METHODS[1:]):
+                color = f"C{i}"
                 pts = sorted((s["k"], s[key]) for s in summary if s["dataset"] == ds and s["method"] == m)
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        marker="o",
+                        color=color,
+                        label=f"{m} (fixed K)",
+                    )
+                auto = [s for s in summary if s["dataset"] == ds and s["method"] == m + AUTO]
+                for s in auto:
+                    ax.axhline(s[key], color=color, linestyle=":", linewidth=1.5)
+                    ax.plot([s["k"]], [s[key]], marker="*", markersize=13, color=color, linestyle="none",
+                            label=f"{m} (default rule, K<={s['k']})")  # fmt: skip
             ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="plain greedy")
             ax.set_title(f"{ds}: {label}")
             ax.set_xlabel("K (draft tokens per round)")
@@ -323,6 +350,45 @@ def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
 
 
 __all__ = [
+    "AUTO",
+    "METHODS",
+    "check_methods",
+    "load_prompts",
+    "run_benchmark",
+    "timed_generate",
+    "method_kwargs",
+    "summarize",
+    "format_table",
+    "plot",
+    "write_results",
+    "RunResult",
+]
+
+
+def load_prompts(
+    tokenizer, datasets: Sequence[str], limit: int | None = None
+) -> dict[str, list[torch.Tensor]]:
+    """`(1, T)` chat-formatted prompt ids of each evaluation set (`"mtbench"`, `"humaneval"`), `limit` each."""
+    from .evalsets import EVAL_SETS
+
+    unknown = [d for d in datasets if d not in EVAL_SETS]
+    if unknown:
+        raise ValueError(f"unknown datasets {unknown}; expected some of {sorted(EVAL_SETS)}.")
+    return {name: [chat_prompt_ids(tokenizer, t) for t in EVAL_SETS[name](limit)] for name in datasets}
+
+
+def check_methods(methods: Sequence[str]) -> None:
+    """Raise a `ValueError` naming unknown benchmark methods."""
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; expected some of {list(METHODS)}.")
+
+
+__all__ = [
+    "AUTO",
+    "METHODS",
+    "check_methods",
+    "load_prompts",
     "run_benchmark",
     "timed_generate",
     "method_kwargs",

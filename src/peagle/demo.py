@@ -19,12 +19,13 @@ def run_demo(
     dtype: str = "float32",
     head_dtype: str | None = "bfloat16",
 ) -> bool:
-    """Generate for a few prompts with and without the head; print equality, tokens/s, speedup, tau.
+    """Generate for a few prompts with plain greedy decoding, with the head's default drafting rule (cost-aware
+    unless a cut is given), and with K drafts every round; print equality, tokens/s and speedups side by side.
 
-    `dtype` is the target's; `head_dtype` the drafter's (None: the target's).
-    Returns True when every speculative output equals the plain greedy output.
+    `dtype` is the target's; `head_dtype` the drafter's (None: the target's).  Returns True when every
+    speculative output equals the plain greedy output.
     """
-    from .bench import chat_prompt_ids, method_kwargs, timed_generate
+    from .bench import chat_prompt_ids, timed_generate
     from .generation.stats import PEagleGenerationStats
     from .targets import load_default_drafter, load_default_target
 
@@ -32,44 +33,67 @@ def run_demo(
     target, tokenizer = load_default_target(dtype=getattr(torch, dtype))
     head = load_default_drafter(target, dtype=getattr(torch, head_dtype or dtype))
     k = num_speculative_tokens or head.config.num_speculative_tokens
-    if confidence_threshold is None:
-        confidence_threshold = head.config.confidence_threshold
-    cut = f", confidence threshold {confidence_threshold}" if confidence_threshold else ", no confidence cut"
-    print(
-        f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}{cut}"
+    default_kw = {"assistant": head}
+    if num_speculative_tokens is not None:
+        default_kw.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant")
+    if confidence_threshold is not None:
+        default_kw["assistant_confidence_threshold"] = confidence_threshold
+    fixed_kw = {
+        "assistant": head,
+        "num_assistant_tokens": k,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
+    rule = (
+        f"confidence cut {confidence_threshold}"
+        if confidence_threshold is not None
+        else "cost-aware: each round verifies the drafts expected to pay on this machine"
     )
-    all_equal, plain_s, spec_s, plain_n, spec_n, stats = True, 0.0, 0.0, 0, 0, []
+    print(
+        f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}; {rule}"
+    )
+    ids0 = chat_prompt_ids(tokenizer, prompts[0])
+    timed_generate(target, ids0, 8)  # warm-up (and, the first time, the cost model's short calibration)
+    timed_generate(target, ids0, 8, **default_kw)
+    all_equal = True
+    totals = {"plain": [0, 0.0], "default": [0, 0.0], "fixed": [0, 0.0]}
+    stats: list[PEagleGenerationStats] = []
     for text in prompts:
         ids = chat_prompt_ids(tokenizer, text)
-        timed_generate(target, ids, 8)  # warm-up
         plain = timed_generate(target, ids, max_new_tokens)
-        spec = timed_generate(
-            target,
-            ids,
-            max_new_tokens,
-            **method_kwargs("peagle", k, {"peagle": head}, confidence_threshold),
-        )
-        equal = plain.output == spec.output
+        runs = {
+            "default": timed_generate(target, ids, max_new_tokens, **default_kw),
+            "fixed": timed_generate(target, ids, max_new_tokens, **fixed_kw),
+        }
+        stats.append(runs["default"].stats)
+        equal = all(r.output == plain.output for r in runs.values())
         all_equal &= equal
-        plain_s, spec_s = plain_s + plain.seconds, spec_s + spec.seconds
-        plain_n, spec_n = plain_n + plain.new_tokens, spec_n + spec.new_tokens
-        stats.append(spec.stats)
+        for name, r in (("plain", plain), *runs.items()):
+            totals[name][0] += r.new_tokens
+            totals[name][1] += r.seconds
         print("\n" + "=" * 78)
         print(f"user: {text}")
         print("-" * 78)
-        print(tokenizer.decode(spec.output, skip_special_tokens=True).strip())
+        print(tokenizer.decode(runs["default"].output, skip_special_tokens=True).strip())
         print("-" * 78)
+        tps = {name: r.new_tokens / r.seconds for name, r in (("plain", plain), *runs.items())}
         print(
-            f"identical to plain greedy: {equal} | plain {plain.new_tokens / plain.seconds:.1f} tok/s | "
-            f"P-EAGLE {spec.new_tokens / spec.seconds:.1f} tok/s | speedup {plain.seconds / spec.seconds * spec.new_tokens / max(plain.new_tokens, 1):.2f}x | "
-            f"tokens per target pass {spec.stats.tokens_per_target_pass:.2f}"
+            f"identical to plain greedy: {equal} | plain {tps['plain']:.1f} tok/s | P-EAGLE default rule "
+            f"{tps['default']:.1f} tok/s ({tps['default'] / tps['plain']:.2f}x) | K={k} every round "
+            f"{tps['fixed']:.1f} tok/s ({tps['fixed'] / tps['plain']:.2f}x)"
         )
     total = PEagleGenerationStats.merge(stats)
+    tps = {name: n / s for name, (n, s) in totals.items()}
     print("\n" + "=" * 78)
     print(
-        f"TOTAL  outputs identical: {all_equal} | plain {plain_n / plain_s:.1f} tok/s | P-EAGLE {spec_n / spec_s:.1f} tok/s"
-        f" | speedup {(spec_n / spec_s) / (plain_n / plain_s):.2f}x | tokens per target pass {total.tokens_per_target_pass:.2f}"
-        f" | acceptance length {total.acceptance_length:.2f}"
+        f"TOTAL  outputs identical: {all_equal} | plain {tps['plain']:.1f} tok/s | P-EAGLE default rule "
+        f"{tps['default']:.1f} tok/s, speedup {tps['default'] / tps['plain']:.2f}x | K={k} every round "
+        f"{tps['fixed']:.1f} tok/s, speedup {tps['fixed'] / tps['plain']:.2f}x"
+    )
+    hist = ", ".join(f"{j}:{n}" for j, n in enumerate(total.chosen_k_histogram) if n)
+    print(
+        f"default rule: tokens per target pass {total.tokens_per_target_pass:.2f}, drafts verified per round "
+        f"{{{hist}}}, drafter skipped in {total.skipped_drafter_rounds} steps"
     )
     print(
         f"(CPU threads: {torch.get_num_threads()}; target {dtype}, head {head.dtype}; greedy; {max_new_tokens} new tokens max)"

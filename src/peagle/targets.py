@@ -86,6 +86,37 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     return model, tokenizer
 
 
+def load_target(
+    spec: str | os.PathLike = "default",
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+):
+    """The one target loader: `"default"` (the embedded SmolLM2-135M-Instruct), a local folder, or a Hub id.
+
+    A path-shaped `spec` (absolute, or starting with `.` or `~`) that does not exist fails at once with the path
+    named, instead of going to the Hub; `org/name` is a local folder when one exists, else a Hub id.
+
+    Returns:
+        `(model, tokenizer)`; the model in eval mode.  The tokenizer is None when the folder has none.
+    """
+    spec = os.fspath(spec)
+    if spec == "default":
+        return load_default_target(dtype=dtype, device=device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(spec).expanduser()
+    looks_local = path.is_absolute() or spec.startswith((".", "~"))
+    if looks_local and not path.exists():
+        raise FileNotFoundError(f"target folder {path} does not exist.")
+    source = str(path) if path.exists() else spec
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError):
+        tokenizer = None
+    return model, tokenizer
+
+
 DEFAULT_HEADS_DIR = Path(__file__).parent / "default_heads"
 DEFAULT_HEADS = {"peagle": "smollm2-135m-peagle", "eagle3": "smollm2-135m-eagle3"}
 
@@ -114,6 +145,7 @@ def load_default_drafter(target=None, kind: str = "peagle", dtype: torch.dtype |
 
 
 __all__ = [
+    "load_target",
     "load_default_target",
     "load_default_drafter",
     "default_drafter_path",

@@ -1,4 +1,4 @@
-"""The `peagle` command: `peagle {demo,bench,train,export,push} ...`.
+"""The `peagle` command: `peagle {demo,bench,train,calibrate,export,push} ...`.
 
 One module per sub-command; each defines `add_parser(subparsers)` (argparse only, cheap to import) and
 `run(args) -> int`, which calls typed library functions.  Library modules never parse arguments or raise
@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("demo", "bench", "train", "export", "push")
+COMMANDS = ("demo", "bench", "train", "calibrate", "export", "push")
 """Sub-commands, each the module `peagle.cli.<name>`."""
 
 

@@ -170,8 +170,59 @@ def fit_draft_calibration(
     return fit_from_rounds(rounds)
 
 
+def prompts_of_examples(examples: Sequence[dict[str, Any]]) -> list[torch.Tensor]:
+    """`(1, T)` prompt ids of self-distilled examples: each example's tokens before its first supervised one."""
+    prompts = []
+    for ex in examples:
+        mask = list(ex["loss_mask"])
+        cut = mask.index(1) if 1 in mask else len(mask)
+        if cut > 0:
+            prompts.append(torch.tensor([list(ex["input_ids"])[:cut]], dtype=torch.long))
+    return prompts
+
+
+def calibrate_head_folder(
+    head_dir: str,
+    examples: str,
+    target: str = "default",
+    limit: int = 32,
+    skip: int = 0,
+    max_new_tokens: int = 128,
+    num_speculative_tokens: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """Fit the calibration of the head in `head_dir` on the prompts of held-out `examples` (a shard folder or
+    JSONL; examples `skip`..`skip+limit`) and store it in `head_dir/config.json` (`draft_calibration`, with the
+    held-out ECE report and the data it came from).  Returns `{"calibration", "report"}`."""
+    import json
+    from pathlib import Path
+
+    from ..modeling_peagle import PEagleDrafter
+    from ..targets import load_target
+    from ..training.shards import load_examples
+
+    rows = load_examples(examples)[skip : skip + limit]
+    prompts = prompts_of_examples(rows)
+    if not prompts:
+        raise ValueError(f"no prompts in {examples} (examples {skip}..{skip + limit}).")
+    model, _ = load_target(target, dtype=dtype)
+    head = PEagleDrafter.from_pretrained(head_dir, dtype=dtype).attach_target(model).eval()
+    result = fit_draft_calibration(head, model, prompts, num_speculative_tokens, max_new_tokens)
+    path = Path(head_dir) / "config.json"
+    config = json.loads(path.read_text())
+    config["draft_calibration"] = dict(
+        result["calibration"],
+        report=result["report"],
+        data={"examples": str(examples), "skip": skip, "limit": limit, "max_new_tokens": max_new_tokens},
+    )
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return result
+
+
 __all__ = [
+    "calibrate_head_folder",
     "collect_rounds",
+    "prompts_of_examples",
     "expected_calibration_error",
     "fit_draft_calibration",
     "fit_from_rounds",
