@@ -229,9 +229,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         groups.setdefault((r["dataset"], r["method"], r["k"]), []).append(r)
     greedy_tps = {}
+    prompt_tps = {}  # (dataset, prompt) -> greedy tokens/s of that prompt
     for (ds, m, _), rs in groups.items():
         if m == "greedy":
             greedy_tps[ds] = sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+            for r in rs:
+                if r["seconds"] > 0 and "prompt" in r:
+                    prompt_tps[(ds, r["prompt"])] = r["new_tokens"] / r["seconds"]
     out = []
     for (ds, m, k), rs in sorted(groups.items()):
         tokens = sum(r["new_tokens"] for r in rs)
@@ -250,6 +254,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "acceptance_length": merged.acceptance_length if merged is not None else None,
                 "tokens_per_s": tps,
                 "speedup": tps / greedy_tps[ds] if ds in greedy_tps and greedy_tps[ds] else None,
+                "min_prompt_speedup": min(per_prompt)
+                if (per_prompt := _prompt_speedups(rs, prompt_tps))
+                else None,
                 "ms_per_round_target": 1e3 * sum(r["target_seconds"] for r in rs) / max(1, rounds),
                 "ms_per_round_drafter": 1e3 * sum(r["drafter_seconds"] for r in rs) / max(1, rounds),
                 "ms_per_round_overhead": 1e3
@@ -261,14 +268,28 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _prompt_speedups(rows: list[dict[str, Any]], greedy: dict[tuple[str, int], float]) -> list[float]:
+    """Speedup of each prompt's run over plain greedy on the same prompt."""
+    out = []
+    for r in rows:
+        base = greedy.get((r["dataset"], r.get("prompt")))
+        if base and r["seconds"] > 0:
+            out.append(r["new_tokens"] / r["seconds"] / base)
+    return out
+
+
 def format_table(summary: list[dict[str, Any]]) -> str:
     """A Markdown table of the summary (one row per dataset/method/K)."""
-    head = "| set | method | K | tokens/target pass | tok/s | speedup | ms/pass target | drafter | overhead | lossless |"
-    lines = [head, "|" + "---|" * 10]
+    head = (
+        "| set | method | K | tokens/target pass | tok/s | speedup | slowest prompt | ms/pass target | drafter "
+        "| overhead | lossless |"
+    )
+    lines = [head, "|" + "---|" * 11]
     for s in summary:
         sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
+        low = f"{s['min_prompt_speedup']:.2f}x" if s.get("min_prompt_speedup") is not None else "-"
         lines.append(
-            f"| {s['dataset']} | {s['method']} | {s['k'] or '-'} | {s['tokens_per_target_pass']:.2f} | {s['tokens_per_s']:.1f} | {sp} | "
+            f"| {s['dataset']} | {s['method']} | {s['k'] or '-'} | {s['tokens_per_target_pass']:.2f} | {s['tokens_per_s']:.1f} | {sp} | {low} | "
             f"{s['ms_per_round_target']:.0f} | {s['ms_per_round_drafter']:.0f} | {s['ms_per_round_overhead']:.0f} | "
             f"{'yes' if s['lossless'] else 'NO'} |"
         )

@@ -54,6 +54,7 @@ class PEagleConfig(LlamaConfig):
     >>> cfg = PEagleConfig.for_target(target, num_hidden_layers=2)
     >>> cfg.eagle_aux_hidden_state_layer_ids
     [2, 4, 5]
+
     ```
     """
 
