@@ -3,7 +3,7 @@
 The default head was trained on English chat and Python standard-library code prompts.  This script
 
 1. writes French prompts (instruction templates x topics; the held-out topics are never trained on),
-2. lets the target answer them itself (`peagle.training.data.self_distill`, greedy, with a French system prompt),
+2. lets the target answer them itself (`peagle.training.distill.self_distill`, greedy, with a French system prompt),
    plus a few English prompts of the head's original domain (`--replay-prompts`, against forgetting),
 3. trains a LoRA adapter on the frozen head with `PEagleTrainer` (`peagle.adapters.lora_for_training`),
 4. merges it (`peagle.adapters.merge_lora`) and measures, before and after, on held-out French prompts AND on
@@ -14,7 +14,8 @@ The default head was trained on English chat and Python standard-library code pr
    the measurements a float32 one (`--eval-dtype`), where speculative greedy output is bit-identical to plain
    greedy (a bfloat16 verify pass over several tokens rounds differently from one-token steps).
 
-No MT-Bench or HumanEval prompt is used (`peagle.evalsets.is_evaluation_prompt` guards every prompt).  Greedy
+No MT-Bench or HumanEval prompt is used (`self_distill` refuses them; `check_not_evaluation` checks the held-out
+measurement prompts).  Greedy
 speculative output is the target's own: the script also checks that the base and adapted heads produce the same
 tokens on every prompt.
 
@@ -41,11 +42,12 @@ import torch
 
 from peagle.adapters import draft_vocab_coverage, lora_config, lora_for_training, merge_lora
 from peagle.bench import timed_generate
-from peagle.evalsets import is_evaluation_prompt
 from peagle.modeling_peagle import PEagleDrafter
 from peagle.targets import default_drafter_path, load_default_target
-from peagle.training.data import chat_prompt_ids, save_examples, self_distill
-from peagle.training.recipe import format_summary, train_head
+from peagle.training.distill import self_distill
+from peagle.training.prompts import chat_prompt_ids, check_not_evaluation, templated_chat_prompts
+from peagle.training.recipe import format_summary, train_head, training_arguments
+from peagle.training.shards import save_examples
 
 FRENCH_SYSTEM = "Tu es un assistant utile. Réponds toujours en français."
 
@@ -109,18 +111,11 @@ def french_prompts(seed: int) -> tuple[list[str], list[str]]:
     return train, held
 
 
-def check_not_evaluation(prompts: list[str]) -> None:
-    bad = [p for p in prompts if is_evaluation_prompt(p)]
-    if bad:
-        raise ValueError(f"{len(bad)} prompts are MT-Bench/HumanEval evaluation prompts, e.g. {bad[0]!r}.")
-
-
 def english_replay_prompts(count: int, seed: int) -> list[str]:
-    """`count` prompts of the default head's own domain (the chat prompts of `scripts/default_prompts.py`),
-    mixed into training so the head keeps its English acceptance; disjoint from `ENGLISH_HELDOUT`."""
-    from default_prompts import chat_prompts  # scripts/default_prompts.py, next to this script
-
-    prompts = chat_prompts()
+    """`count` prompts of the default head's own domain (its templated chat prompts,
+    `peagle.training.prompts.templated_chat_prompts`), mixed into training so the head keeps its English
+    acceptance; disjoint from `ENGLISH_HELDOUT`."""
+    prompts = templated_chat_prompts()
     random.Random(seed).shuffle(prompts)
     overlap = set(prompts) & set(ENGLISH_HELDOUT)
     if overlap:
@@ -173,7 +168,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128, help="response cap for self-distillation")
     ap.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts per language")
     ap.add_argument("--eval-new-tokens", type=int, default=96)
-    ap.add_argument("--k", type=int, default=7, help="draft tokens per round at evaluation")
+    ap.add_argument(
+        "-k", "--num-speculative-tokens", type=int, default=7, help="K, draft tokens per round at evaluation"
+    )
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -215,7 +212,7 @@ def main() -> None:
         raise ValueError(f"--train-prompts is {args.train_prompts}; at most {len(fr_train)} are available.")
     fr_train, fr_held = fr_train[: args.train_prompts], fr_held[: args.eval_prompts]
     en_held = ENGLISH_HELDOUT[: args.eval_prompts]
-    check_not_evaluation(fr_train + fr_held + en_held)
+    check_not_evaluation(fr_held + en_held, source="held-out prompts")
     eval_sets = {
         "french": [chat_prompt_ids(tokenizer, p, system=FRENCH_SYSTEM) for p in fr_held],
         "english": [chat_prompt_ids(tokenizer, p) for p in en_held],
@@ -234,7 +231,6 @@ def main() -> None:
     coverage = draft_vocab_coverage(head, examples)
     print(f"{len(examples)} French examples, draft-vocab coverage of their responses {coverage:.3f}")
     en_replay = english_replay_prompts(args.replay_prompts, args.seed) if args.replay_prompts else []
-    check_not_evaluation(en_replay)
     replay = (
         self_distill(
             target, en_replay, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens, batch_size=16
@@ -250,7 +246,8 @@ def main() -> None:
         eval_target, _ = load_default_target(dtype=getattr(torch, args.eval_dtype))
     t0 = time.time()
     before = {
-        name: measure(eval_target, head, ids, args.eval_new_tokens, args.k) for name, ids in eval_sets.items()
+        name: measure(eval_target, head, ids, args.eval_new_tokens, args.num_speculative_tokens)
+        for name, ids in eval_sets.items()
     }
     eval_seconds = time.time() - t0
 
@@ -264,19 +261,18 @@ def main() -> None:
         examples=examples + replay,
         head=model,
         feature_cache=out / "features",
-        training_args={
-            "num_parallel_positions": head.config.num_parallel_positions,
-            "max_steps": args.steps,
-            "per_device_train_batch_size": args.batch_size,
-            "gradient_accumulation_steps": 1,
-            "learning_rate": args.lr,
-            "lr_scheduler_type": "linear",
-            "warmup_steps": 0.05,
-            "logging_steps": 10,
-            "save_strategy": "no",
-            "seed": args.seed,
-            "use_cpu": True,
-        },
+        training_args=training_arguments(
+            out / "checkpoints",
+            num_parallel_positions=head.config.num_parallel_positions,
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch_size,
+            gradient_accumulation_steps=1,
+            learning_rate=args.lr,
+            warmup_steps=0.05,
+            save_strategy="no",
+            seed=args.seed,
+            use_cpu=True,
+        ),
     )
     train_seconds = time.time() - t0
     print(format_summary(summary))
@@ -286,7 +282,7 @@ def main() -> None:
     t0 = time.time()
     merged.attach_target(eval_target)
     after = {
-        name: measure(eval_target, merged, ids, args.eval_new_tokens, args.k)
+        name: measure(eval_target, merged, ids, args.eval_new_tokens, args.num_speculative_tokens)
         for name, ids in eval_sets.items()
     }
     eval_seconds += time.time() - t0
@@ -329,7 +325,9 @@ def main() -> None:
         )
     with open(out / "results.json", "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=2)
-    print(f"held-out  tau (tokens/target call)   acceptance length     tokens/s    (K={args.k}, greedy)")
+    print(
+        f"held-out  tau (tokens/target call)   acceptance length     tokens/s    (K={args.num_speculative_tokens}, greedy)"
+    )
     print("\n".join(rows))
     print(f"results: {out / 'results.json'}  adapter: {out}  merged head: {out / 'merged'}")
 

@@ -153,7 +153,11 @@ def draft_latency(head, device: torch.device, k: int, args: argparse.Namespace) 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             head.draft(
-                new_ids, new_feats, num_speculative_tokens=k, past_key_values=cache, start_position=args.context
+                new_ids,
+                new_feats,
+                num_speculative_tokens=k,
+                past_key_values=cache,
+                start_position=args.context,
             )
             end.record()
             end.synchronize()
@@ -161,7 +165,11 @@ def draft_latency(head, device: torch.device, k: int, args: argparse.Namespace) 
         else:
             t0 = time.perf_counter()
             head.draft(
-                new_ids, new_feats, num_speculative_tokens=k, past_key_values=cache, start_position=args.context
+                new_ids,
+                new_feats,
+                num_speculative_tokens=k,
+                past_key_values=cache,
+                start_position=args.context,
             )
             ms = 1e3 * (time.perf_counter() - t0)
         cache.crop(-added)

@@ -78,8 +78,7 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
     import torch
     from transformers import LlamaConfig
 
-    from peagle import PEagleConfig, PEagleDrafter
-    from peagle.training import PEagleDataCollator, PEagleTrainer, PEagleTrainingArguments
+    from peagle.training import PEagleDataCollator, PEagleTrainer, build_head, training_arguments
 
     _LMHeadOnly = _lm_head_only_class()
     torch.set_num_threads(cfg["threads"])
@@ -96,34 +95,7 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
         max_position_embeddings=max(2 * length, 8192),
     )
     target = _LMHeadOnly(tcfg)  # features come from the "cache": only the target's lm_head rows are used
-    torch.manual_seed(0)
-    head_cfg = PEagleConfig.for_target(
-        tcfg,
-        num_hidden_layers=cfg["layers"],
-        draft_vocab_size=cfg["draft_vocab"],
-        num_parallel_positions=cfg["k"],
-        max_position_embeddings=max(2 * length, 8192),
-        embed_from_target=cfg["frozen_embeddings"],
-    )
-    head_cfg._attn_implementation = cfg["attn"]
     dtype = getattr(torch, cfg["dtype"])
-    head = PEagleDrafter(head_cfg).to(device)
-    args = PEagleTrainingArguments(
-        output_dir=os.path.join(cfg["out"], "tmp"),
-        use_cpu=device.type == "cpu",
-        sequence_partitions=partitions,
-        num_parallel_positions=cfg["k"],
-        cod_ratio=cfg["cod_ratio"],
-        cod_min_ratio=cfg["cod_min_ratio"],
-        max_length=length,
-        report_to="none",
-        bf16=cfg["dtype"] == "bfloat16",
-        optim="sgd",
-    )
-    trainer = PEagleTrainer(
-        model=head, target_model=target, args=args, train_dataset=[{"input_ids": [0], "loss_mask": [0]}]
-    )
-    model = trainer.model
     g = torch.Generator().manual_seed(length)
     prompt = min(64, length // 8)
     example = {
@@ -132,6 +104,33 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
         "target_hidden_states": torch.randn(length, 3 * hidden, generator=g, dtype=torch.float32).to(dtype),
         "target_last_hidden": torch.randn(length, hidden, generator=g, dtype=torch.float32).to(dtype),
     }
+    torch.manual_seed(0)
+    head = build_head(
+        target,
+        [example],  # its ids lie below draft_vocab: the draft vocabulary is ids 0 .. draft_vocab-1
+        num_hidden_layers=cfg["layers"],
+        draft_vocab_size=cfg["draft_vocab"],
+        num_parallel_positions=cfg["k"],
+        max_position_embeddings=max(2 * length, 8192),
+        embed_from_target=cfg["frozen_embeddings"],
+        attn_implementation=cfg["attn"],
+    ).to(device)
+    args = training_arguments(
+        os.path.join(cfg["out"], "tmp"),
+        use_cpu=device.type == "cpu",
+        sequence_partitions=partitions,
+        num_parallel_positions=cfg["k"],
+        cod_ratio=cfg["cod_ratio"],
+        cod_min_ratio=cfg["cod_min_ratio"],
+        max_length=length,
+        gradient_accumulation_steps=1,
+        bf16=cfg["dtype"] == "bfloat16",
+        optim="sgd",
+    )
+    trainer = PEagleTrainer(
+        model=head, target_model=target, args=args, train_dataset=[{"input_ids": [0], "loss_mask": [0]}]
+    )
+    model = trainer.model
     batch = PEagleDataCollator()([example])
 
     def step():
@@ -216,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=1, help="drafter layers")
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--k", type=int, default=8, help="K_train")
+    ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train")
     ap.add_argument("--cod-ratio", type=float, default=0.7)
     ap.add_argument("--cod-min-ratio", type=float, default=0.2)
     ap.add_argument("--repeats", type=int, default=3)
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "layers": args.layers,
         "vocab": args.vocab,
         "draft_vocab": args.draft_vocab,
-        "k": args.k,
+        "k": args.num_parallel_positions,
         "cod_ratio": args.cod_ratio,
         "cod_min_ratio": args.cod_min_ratio,
         "repeats": args.repeats,
@@ -299,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({**meta, "rows": rows}, fh, indent=2)
     title = (
         f"P-EAGLE training step, {device} {cfg['dtype']}, width {args.hidden}, {args.layers} layer(s), "
-        f"K={args.k}, COD r={args.cod_ratio}/{args.cod_min_ratio}, draft vocab {args.draft_vocab}"
+        f"K_train={args.num_parallel_positions}, COD r={args.cod_ratio}/{args.cod_min_ratio}, draft vocab {args.draft_vocab}"
         + (", frozen embeddings" if args.frozen_embeddings else "")
     )
     plot(rows, os.path.join(args.out, "bench_partition.png"), title)

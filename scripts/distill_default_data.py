@@ -3,7 +3,8 @@
 Reads prompts (JSONL with a "prompt" field, e.g. from `default_prompts.py`), regenerates each response
 with the target's chat template (batched, left-padded, greedy), and appends rows
 `{"input_ids": [...], "loss_mask": [...]}` (loss_mask = 1 on response tokens) to the output JSONL.
-Rows already present are skipped, so an interrupted run resumes.
+Rows already present are skipped, so an interrupted run resumes.  `self_distill` refuses MT-Bench and HumanEval
+prompts.
 
 Usage:
     python scripts/distill_default_data.py --prompts prompts.jsonl --out data.jsonl \
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from peagle.targets import load_default_target
-from peagle.training.data import self_distill
+from peagle.training.distill import self_distill
 
 CHUNK = 64  # prompts per appended chunk, so an interrupted run resumes
 

@@ -4,7 +4,8 @@ Each cycle: the target writes user turns itself (Magpie) under a system prompt d
 (chat, writing, maths, many coding domains) at a sampled temperature, adds a slice of stdlib coding
 prompts, then answers every prompt greedily with the same system prompt (self-distillation).  Rows
 `{"input_ids", "loss_mask", "source"}` are appended to OUT after every cycle, so an interrupted run
-loses at most one cycle; the evaluation-set guard of the library drops MT-Bench/HumanEval prompts.
+loses at most one cycle; the library's evaluation-set guard keeps MT-Bench/HumanEval prompts out.
+`scripts/pack_shards.py` turns OUT into the compact token-id shards kept in git.
 
 Usage:  OMP_NUM_THREADS=1 python scripts/grow_data.py --out data/grow/rows.jsonl --cycles 1000
 """
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from peagle.evalsets import is_evaluation_prompt
 from peagle.targets import load_default_target
-from peagle.training.data import self_distill, stdlib_code_prompts, synthesize_prompts, user_turn_template
+from peagle.training.distill import self_distill, synthesize_prompts
+from peagle.training.prompts import stdlib_code_prompts
 
 SYSTEM_PROMPTS = [
     None,  # the template's own default system prompt
@@ -45,21 +46,6 @@ SYSTEM_PROMPTS = [
     "You are an assistant that writes emails, letters and summaries.",
     "You are a health and fitness assistant. You give general advice, not medical diagnoses.",
 ]
-
-
-def system_prefix(tokenizer, system: str | None) -> tuple[list[int], list[int]]:
-    """Magpie prefix/suffix token ids of the chat template with this system prompt."""
-    if system is None:
-        return user_turn_template(tokenizer)
-    sentinel = "\u2063USER\u2063"
-    text = tokenizer.apply_chat_template(
-        [{"role": "system", "content": system}, {"role": "user", "content": sentinel}],
-        add_generation_prompt=True,
-        tokenize=False,
-    )
-    before, after = text.split(sentinel)
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []  # noqa: E731
-    return enc(before), enc(after)
 
 
 def main() -> None:
@@ -89,12 +75,12 @@ def main() -> None:
         system = rng.choice(SYSTEM_PROMPTS)
         temperature = rng.choice([0.7, 0.85, 1.0, 1.1])
         t0 = time.time()
-        prefix, suffix = system_prefix(tokenizer, system)
-        turns = synthesize_prompts(
+        # Magpie: the library drops user turns that are evaluation prompts (and logs how many)
+        keep = synthesize_prompts(
             target,
             args.magpie_per_cycle,
-            prefix_ids=prefix,
-            suffix_ids=suffix,
+            tokenizer=tokenizer,
+            system=system,
             temperature=temperature,
             top_p=0.95,
             batch_size=args.batch_size,
@@ -102,16 +88,16 @@ def main() -> None:
             max_rounds=2,
             progress=False,
         )
-        keep = []
-        for ids in turns:
-            text = tokenizer.decode(ids[len(prefix) : len(ids) - len(suffix)], skip_special_tokens=True)
-            if len(text.strip()) >= 12 and not is_evaluation_prompt(text):
-                keep.append(ids)
         start = (cycle * args.code_per_cycle) % max(len(code_pool), 1)
-        code = [p for p in code_pool[start : start + args.code_per_cycle] if not is_evaluation_prompt(p)]
+        code = code_pool[start : start + args.code_per_cycle]
         t1 = time.time()
         rows = self_distill(
-            target, keep, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=False
+            target,
+            keep,
+            tokenizer=tokenizer,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            progress=False,
         )
         rows = [dict(r, source="magpie") for r in rows]
         code_rows = self_distill(

@@ -2,8 +2,9 @@
 
 The templated prompts of `default_prompts.py` are narrow (12 chat templates x topics, stdlib coding); the
 target's own user turns, sampled from its chat template's user prefix, cover far more tasks and phrasings.
-Each turn is decoded to text, checked with `peagle.evalsets.is_evaluation_prompt` (never MT-Bench or
-HumanEval) and written as `{"prompt": text}`, ready for `distill_default_data.py`.
+`peagle.training.distill.synthesize_prompts` drops MT-Bench and HumanEval turns; each remaining turn is decoded
+to text and written as `{"prompt": text}`, ready for `distill_default_data.py` (whose `self_distill` refuses
+evaluation prompts again).
 
 Usage:
     python scripts/magpie_default_prompts.py --num 750 --seed 1000 --out data/prompts_magpie_a.jsonl
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from peagle.evalsets import is_evaluation_prompt
 from peagle.targets import load_default_target
-from peagle.training.data import synthesize_prompts, user_turn_template
+from peagle.training.distill import synthesize_prompts
+from peagle.training.prompts import user_turn_template
 
 
 def user_turns(token_prompts: list[list[int]], tokenizer) -> list[str]:
@@ -39,11 +40,11 @@ def user_turns(token_prompts: list[list[int]], tokenizer) -> list[str]:
 
 
 def keep(texts: list[str], min_chars: int = 12) -> list[str]:
-    """Drop evaluation prompts, very short turns and duplicates; keep the first occurrence's order."""
+    """Drop very short turns and duplicates; keep the first occurrence's order."""
     seen, out = set(), []
     for t in texts:
         key = " ".join(t.split()).lower()
-        if len(key) < min_chars or key in seen or is_evaluation_prompt(t):
+        if len(key) < min_chars or key in seen:
             continue
         seen.add(key)
         out.append(t)

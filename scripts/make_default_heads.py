@@ -9,9 +9,10 @@ embedding (`embed_from_target`, so the shipped files stay small), a draft vocabu
 frequent response tokens, random initialisation (copying the target's lm_head/norm rows started the KL
 at 20.5 instead of 8.3 in a 4-step trial), bf16 on disk.
 
-Data: `distill_default_data.py` output (chat and stdlib-code prompts, never MT-Bench or HumanEval,
-answered greedily by the target itself).  Features are cached once (`--feature-cache`) and reused by
-both heads and every epoch.
+Data: `distill_default_data.py` output (chat and stdlib-code prompts, never MT-Bench or HumanEval: `train_head`
+checks every example's prompt; answered greedily by the target itself), a JSONL file or a token-shard folder.
+Features are cached once (`--feature-cache`) and reused by both heads and every epoch.  The head comes from
+`peagle.training.recipe.build_head`, the arguments from `training_arguments`.
 
 Usage (the exact commands behind the shipped heads are in `make_default_heads.sh`):
     python scripts/make_default_heads.py --examples data.jsonl --kind peagle --out DIR --epochs 2
@@ -25,32 +26,19 @@ from pathlib import Path
 
 import torch
 
-from peagle import PEagleConfig, PEagleDrafter
-from peagle.evalsets import is_evaluation_prompt
-from peagle.targets import load_default_target
-from peagle.training.data import FeatureCache, load_examples, select_draft_vocab
-from peagle.training.recipe import format_summary, train_head
+from peagle import PEagleConfig
+from peagle.targets import DEFAULT_TARGET_NAME, load_default_target
+from peagle.training.features import FeatureCache
+from peagle.training.recipe import (
+    build_head,
+    format_summary,
+    load_head_for_training,
+    train_head,
+    training_arguments,
+)
+from peagle.training.shards import load_examples
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>": a reserved special token that never occurs in chat
-
-
-def build_head(target, examples, kind: str, layers: int, draft_vocab: int, k_train: int) -> PEagleDrafter:
-    cfg = PEagleConfig.for_target(
-        target.config,
-        num_hidden_layers=layers,
-        draft_vocab_size=draft_vocab,
-        embed_from_target=True,
-        mask_token_id=MASK_TOKEN_ID,
-        num_parallel_positions=k_train,
-        num_speculative_tokens=7 if kind == "peagle" else 3,
-        drafting_mode="parallel" if kind == "peagle" else "autoregressive",
-        target_model_name="HuggingFaceTB/SmolLM2-135M-Instruct",
-    )
-    head = PEagleDrafter(cfg).float()
-    eos = target.config.eos_token_id
-    extra = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-    head.set_draft_vocab(select_draft_vocab(examples, draft_vocab, cfg.vocab_size, extra))
-    return head
 
 
 def main() -> None:
@@ -62,7 +50,7 @@ def main() -> None:
     ap.add_argument(
         "--draft-vocab", type=int, default=None, help="draft vocabulary of a new head (default 8192)"
     )
-    ap.add_argument("--k-train", type=int, default=8)
+    ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train of a new head")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--max-steps", type=int, default=-1)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -93,51 +81,56 @@ def main() -> None:
 
     examples = load_examples(args.examples)
     target, tokenizer = load_default_target(dtype=torch.bfloat16)
-    for ex in examples[:50]:  # the prompts are chat turns; make sure none is evaluation data
-        text = tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m])
-        assert not is_evaluation_prompt(text.split("<|im_start|>user")[-1].split("<|im_end|>")[0]), text
     if args.cache_only:  # the target layers every new head reads (PEagleConfig.for_target's default)
         aux = PEagleConfig.for_target(target.config).eagle_aux_hidden_state_layer_ids
         print(FeatureCache.build(target, examples, args.feature_cache, aux))
         return
     if args.init_from:
-        head = PEagleDrafter.from_pretrained(args.init_from, dtype=torch.float32)
+        head = load_head_for_training(args.init_from, target)
         want = "parallel" if args.kind == "peagle" else "autoregressive"
         if head.config.drafting_mode != want:
             ap.error(
                 f"--init-from {args.init_from} is a {head.config.drafting_mode} head; --kind {args.kind}"
             )
-        args.k_train = head.config.num_parallel_positions  # the continued head's training K, as --help says
+        # the continued head's training K, as --help says
+        args.num_parallel_positions = head.config.num_parallel_positions
     else:
         head = build_head(
-            target, examples, args.kind, args.layers or 2, args.draft_vocab or 8192, args.k_train
+            target,
+            examples,
+            drafting_mode="parallel" if args.kind == "peagle" else "autoregressive",
+            num_hidden_layers=args.layers or 2,
+            draft_vocab_size=args.draft_vocab or 8192,
+            num_parallel_positions=args.num_parallel_positions,
+            num_speculative_tokens=7 if args.kind == "peagle" else 3,
+            embed_from_target=True,
+            mask_token_id=MASK_TOKEN_ID,
+            target_model_name=DEFAULT_TARGET_NAME,
         )
-    training_args = {
-        "num_parallel_positions": args.k_train,
-        "cod_ratio": 0.7,
-        "cod_min_ratio": 0.2,
-        "sequence_partitions": 1,
-        "max_length": 2048,
-        "loss_type": "kl",
-        "num_train_epochs": args.epochs,
-        "max_steps": args.max_steps,
-        "learning_rate": args.lr,
-        "warmup_steps": 0.02,
-        "lr_scheduler_type": "linear",
-        "per_device_train_batch_size": 1,
-        "gradient_accumulation_steps": args.grad_accum,
-        "bf16": True,
-        "save_steps": args.save_steps,
-        "save_total_limit": 2,
-        "logging_steps": 10,
-        "seed": 0,
-        "use_cpu": not torch.cuda.is_available(),
-    }
     out = Path(args.out)
+    run_dir = Path(args.run_dir or Path("runs") / out.name)
+    training_args = training_arguments(
+        run_dir / "checkpoints",
+        num_parallel_positions=args.num_parallel_positions,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        warmup_steps=0.02,
+        gradient_accumulation_steps=args.grad_accum,
+        bf16=True,
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        seed=0,
+    )
     head, summary = train_head(
-        target, tokenizer, output_dir=Path(args.run_dir or Path("runs") / out.name), examples=examples, head=head,
-        feature_cache=args.feature_cache, training_args=training_args,
-    )  # fmt: skip
+        target,
+        tokenizer,
+        output_dir=run_dir,
+        examples=examples,
+        head=head,
+        feature_cache=args.feature_cache,
+        training_args=training_args,
+    )
     if args.init_from and (Path(args.init_from) / "train_summary.json").is_file():
         summary["previous_stage"] = json.loads((Path(args.init_from) / "train_summary.json").read_text())
     head.to(torch.bfloat16).save_pretrained(out)

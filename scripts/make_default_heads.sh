@@ -20,7 +20,7 @@ python scripts/make_default_heads.py --examples "$DATA/default_train.jsonl" --ca
     --feature-cache "$DATA/features" --threads 2
 # both heads: same examples, same layers, same draft vocabulary, same optimizer steps; one thread each
 common=(--examples "$DATA/default_train.jsonl" --feature-cache "$DATA/features" --layers 2 --draft-vocab 8192
-        --k-train 8 --grad-accum 2 --lr 1e-3 --max-steps "$STEPS" --threads 1)
+        --num-parallel-positions 8 --grad-accum 2 --lr 1e-3 --max-steps "$STEPS" --threads 1)
 python scripts/make_default_heads.py "${common[@]}" --kind peagle --out "$STAGE1/smollm2-135m-peagle" &
 python scripts/make_default_heads.py "${common[@]}" --kind eagle3 --out "$STAGE1/smollm2-135m-eagle3" &
 wait
@@ -42,7 +42,7 @@ wait
 cat "$DATA/default_train.jsonl" "$DATA/magpie_train_a.jsonl" "$DATA/magpie_train_b.jsonl" > "$DATA/combined_train.jsonl"
 python scripts/make_default_heads.py --examples "$DATA/combined_train.jsonl" --cache-only \
     --feature-cache "$DATA/features_combined" --threads 2
-stage2=(--examples "$DATA/combined_train.jsonl" --feature-cache "$DATA/features_combined" --k-train 8
+stage2=(--examples "$DATA/combined_train.jsonl" --feature-cache "$DATA/features_combined" --num-parallel-positions 8
         --grad-accum 2 --lr 5e-4 --max-steps "$STEPS2" --threads 1)
 for kind in peagle eagle3; do
     python scripts/make_default_heads.py "${stage2[@]}" --kind $kind --init-from "$STAGE1/smollm2-135m-$kind" \

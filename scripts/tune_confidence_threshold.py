@@ -25,9 +25,8 @@ from tqdm.auto import tqdm
 
 from peagle import PEagleDrafter
 from peagle.bench import chat_prompt_ids, machine_description, method_kwargs, timed_generate
-from peagle.evalsets import is_evaluation_prompt
 from peagle.targets import default_drafter_path, load_default_target
-from peagle.training.data import stdlib_code_prompts
+from peagle.training.prompts import check_not_evaluation, stdlib_code_prompts
 
 CHAT_PROMPTS = (
     "How do I make a good first impression at a new job?",
@@ -39,9 +38,7 @@ CHAT_PROMPTS = (
 
 def tuning_prompts(num_code: int, seed: int) -> list[str]:
     prompts = list(CHAT_PROMPTS) + stdlib_code_prompts(num_code, seed=seed)
-    bad = [p for p in prompts if is_evaluation_prompt(p)]
-    if bad:
-        raise SystemExit(f"tuning prompts overlap the evaluation sets: {bad}")
+    check_not_evaluation(prompts, source="tuning prompts")
     return prompts
 
 
@@ -49,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle")
     ap.add_argument("--head", default=None, help="head folder (default: the shipped head of --kind)")
-    ap.add_argument("-k", type=int, default=None, help="draft tokens per round (default: the head's)")
+    ap.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="K, draft tokens per round (default: the head's)",
+    )
     ap.add_argument("--thresholds", default="0,0.2,0.3,0.4,0.5,0.6,0.7,0.8")
     ap.add_argument(
         "--num-code", type=int, default=4, help="Python-stdlib coding prompts besides the chat ones"
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         .attach_target(target)
         .eval()
     )
-    k = args.k or head.config.num_speculative_tokens
+    k = args.num_speculative_tokens or head.config.num_speculative_tokens
     thresholds = [float(t) for t in args.thresholds.split(",")]
     prompts = tuning_prompts(args.num_code, args.seed)
     totals = {t: {"new_tokens": 0, "seconds": 0.0, "target_calls": 0} for t in [None, *thresholds]}

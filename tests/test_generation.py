@@ -340,7 +340,7 @@ class _StopOn(StoppingCriteria):
         return (input_ids[:, -8:] == self.token).any(dim=-1)
 
 
-def test_streamer_and_stopping_criteria(target):
+def test_streamer_and_custom_stopping_criteria(target):
     head = make_head(target, seed=10)
     ids = _prompt(41, 8)
     free = _greedy(target, ids, max_new_tokens=20)
@@ -352,22 +352,19 @@ def test_streamer_and_stopping_criteria(target):
     assert torch.equal(out, free) and streamer.ended
     assert torch.equal(torch.cat(streamer.chunks), out[0])  # prompt, then every emitted chunk in order
 
-    stop = int(free[0, ids.shape[1] + 6])
-    plain = _greedy(target, ids, max_new_tokens=20, stopping_criteria=StoppingCriteriaList([_StopOn(stop)]))
-    out = _greedy(
-        target,
-        ids,
-        max_new_tokens=20,
-        stopping_criteria=StoppingCriteriaList([_StopOn(stop)]),
-        assistant_model=head,
-        num_assistant_tokens=4,
-    )
     oracle.handle.remove()
-    assert plain.shape[1] < free.shape[1]
-    # transformers checks custom criteria once per round: the output is the plain output plus at most the
-    # rest of that round (at most K tokens), all of them the target's own greedy tokens
-    assert torch.equal(out[:, : plain.shape[1]], plain) and out.shape[1] - plain.shape[1] <= 4
-    assert torch.equal(out, free[:, : out.shape[1]])
+    # transformers would check a custom criterion once per verified block and overshoot plain greedy's stop:
+    # refused by name instead of a different answer (test_generation_hook.py has the other cases)
+    stop = int(free[0, ids.shape[1] + 6])
+    with pytest.raises(ValueError, match=r"custom stopping_criteria \['_StopOn'\]"):
+        _greedy(
+            target,
+            ids,
+            max_new_tokens=20,
+            stopping_criteria=StoppingCriteriaList([_StopOn(stop)]),
+            assistant_model=head,
+            num_assistant_tokens=4,
+        )
 
 
 def test_return_dict_with_hidden_states(target):

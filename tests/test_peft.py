@@ -245,7 +245,7 @@ def test_draft_vocab_coverage():
 # ------------------------------------------------------------------------------------------------ command line
 def test_peagle_train_lora_command(tmp_path, capsys):
     from peagle.cli import main
-    from test_training_data import tiny_tokenizer
+    from test_training_prompts import tiny_tokenizer
 
     target = make_target()
     target.save_pretrained(tmp_path / "target")
@@ -265,7 +265,18 @@ def test_peagle_train_lora_command(tmp_path, capsys):
         "--examples",
         str(tmp_path / "examples.jsonl"),
     ]
-    argv += ["--output", str(out), "--max-steps", "2", "--grad-accum", "1", "--k", "3", "--lr", "0.05"]
+    argv += [
+        "--output",
+        str(out),
+        "--max-steps",
+        "2",
+        "--grad-accum",
+        "1",
+        "--num-parallel-positions",
+        "3",
+        "--lr",
+        "0.05",
+    ]
     argv += ["--lora", "--lora-r", "4", "--lora-alpha", "8", "--base-head", str(tmp_path / "base")]
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from conftest import make_target
 from peagle import PEagleDrafter
 from peagle.cli import main
-from test_training_data import tiny_tokenizer
+from test_training_prompts import tiny_tokenizer
 
 
 def test_peagle_train_command(tmp_path, capsys):
@@ -18,7 +20,17 @@ def test_peagle_train_command(tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world\nwrite code please\nthe bot\n")
     out = tmp_path / "head"
-    common = ["--target", str(target_dir), "--cpu", "--k", "3", "--grad-accum", "1", "--logging-steps", "1"]
+    common = [
+        "--target",
+        str(target_dir),
+        "--cpu",
+        "--num-parallel-positions",
+        "3",
+        "--grad-accum",
+        "1",
+        "--logging-steps",
+        "1",
+    ]
     rc = main(
         [
             "train",
@@ -69,3 +81,12 @@ def test_peagle_train_command(tmp_path, capsys):
     summary = json.loads((out2 / "train_summary.json").read_text())
     assert summary["drafting_mode"] == "autoregressive" and summary["feature_cache"]["bytes"] > 0
     assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"
+
+
+def test_train_spells_k_train_one_way():
+    from peagle.cli import build_parser
+
+    args = build_parser().parse_args(["train", "-o", "x", "--num-parallel-positions", "5"])
+    assert args.num_parallel_positions == 5
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "-o", "x", "--k", "5"])

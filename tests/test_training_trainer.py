@@ -134,9 +134,9 @@ def naive_loss(head, target, batch, k: int, autoregressive: bool) -> tuple[float
                     logits.append(step.logits[0, -1])
                     hidden = step.last_hidden_state
             else:
-                logits = head.draft(ids[:, 1 : a + 2], aux[:, : a + 1], num_speculative_tokens=len(depths)).logits[
-                    0
-                ]
+                logits = head.draft(
+                    ids[:, 1 : a + 2], aux[:, : a + 1], num_speculative_tokens=len(depths)
+                ).logits[0]
             for d in depths:
                 p = a + d + 2
                 if batch["loss_mask"][b, p] and t2d[ids[0, p]]:
@@ -336,7 +336,9 @@ def acceptance(head, target, prompts, k: int) -> float:
         aux = torch.cat([out.hidden_states[i] for i in head.config.eagle_aux_hidden_state_layer_ids], -1)
         cont = target.generate(ids, max_new_tokens=k + 1, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
         # the target's bonus token is cont[0]; drafts must match cont[1:]
-        drafts = head.draft(torch.cat([ids[:, 1:], cont[None, :1]], 1), aux, num_speculative_tokens=k).tokens[0]
+        drafts = head.draft(torch.cat([ids[:, 1:], cont[None, :1]], 1), aux, num_speculative_tokens=k).tokens[
+            0
+        ]
         n = 0
         while n < k and int(drafts[n]) == int(cont[n + 1]):
             n += 1

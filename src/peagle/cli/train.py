@@ -1,19 +1,179 @@
-"""`peagle train`: target + prompts -> self-distilled data -> trained head."""
+"""`peagle train`: target + prompts -> self-distilled data -> trained head (`peagle.training.recipe.train_head`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+
+from ._common import add_target_argument
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from ..training.recipe import add_train_arguments  # argparse only; heavy imports happen in run_train
-
     p = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target on self-distilled data")
-    add_train_arguments(p)
+    src = p.add_argument_group("target and data")
+    add_target_argument(src)
+    src.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="target dtype"
+    )
+    src.add_argument(
+        "--prompts", action="append", default=[], help=".txt/.json/.jsonl prompt file (repeatable)"
+    )
+    src.add_argument("--limit", type=int, default=None, help="read at most this many prompts per file")
+    src.add_argument(
+        "--magpie", type=int, default=0, help="number of Magpie prompts the target writes itself"
+    )
+    src.add_argument("--code-prompts", type=int, default=0, help="number of coding prompts from the stdlib")
+    src.add_argument(
+        "--examples",
+        default=None,
+        help="ready examples: a .jsonl with input_ids, loss_mask, or a shard folder",
+    )
+    src.add_argument(
+        "--max-new-tokens", type=int, default=256, help="response length cap for self-distillation"
+    )
+    src.add_argument("--gen-batch-size", type=int, default=8)
+    src.add_argument("--sample", action="store_true", help="sample responses instead of greedy decoding")
+    src.add_argument("--temperature", type=float, default=1.0)
+    src.add_argument("--feature-cache", default=None, help="cache target features in this folder")
+    head = p.add_argument_group("head")
+    head.add_argument("--output", "-o", required=True, help="folder for the trained head")
+    head.add_argument("--mode", default="parallel", choices=["parallel", "autoregressive"])
+    head.add_argument("--num-layers", type=int, default=2)
+    head.add_argument("--draft-vocab-size", type=int, default=None)
+    head.add_argument("--embed-from-target", action="store_true", help="freeze the target's embeddings")
+    head.add_argument("--mask-token-id", type=int, default=None)
+    tr = p.add_argument_group("training")
+    tr.add_argument(
+        "--num-parallel-positions",
+        type=int,
+        default=8,
+        help="K_train: parallel positions (depths) per anchor",
+    )
+    tr.add_argument("--cod-ratio", type=float, default=0.7)
+    tr.add_argument("--cod-min-ratio", type=float, default=0.2)
+    tr.add_argument("--partitions", type=int, default=1, help="sequence partitions per example")
+    tr.add_argument("--max-length", type=int, default=2048)
+    tr.add_argument("--loss", default="kl", choices=["kl", "ce"])
+    tr.add_argument("--epochs", type=float, default=1.0)
+    tr.add_argument("--max-steps", type=int, default=-1)
+    tr.add_argument("--lr", type=float, default=3e-4)
+    tr.add_argument("--warmup-ratio", type=float, default=0.01, help="warmup as a fraction of the steps")
+    tr.add_argument("--batch-size", type=int, default=1)
+    tr.add_argument("--grad-accum", type=int, default=8)
+    tr.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    tr.add_argument("--save-steps", type=int, default=500)
+    tr.add_argument("--logging-steps", type=int, default=10)
+    tr.add_argument("--seed", type=int, default=42)
+    tr.add_argument("--resume", default=None, help="checkpoint folder, or 'last'")
+    tr.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
+    lora = p.add_argument_group("adapting an existing head (LoRA through peft, peagle.adapters)")
+    lora.add_argument(
+        "--base-head",
+        default=None,
+        help="start from this head (with --lora, default: the shipped head of the default target)",
+    )
+    lora.add_argument(
+        "--lora", action="store_true", help="train a LoRA adapter on the base head; the head stays frozen"
+    )
+    lora.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
+    lora.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 * r)")
+    lora.add_argument("--lora-dropout", type=float, default=0.0)
+    lora.add_argument(
+        "--lora-target-modules",
+        default=None,
+        help="comma-separated module-name suffixes (default q/k/v/o_proj, gate/up/down_proj, fc)",
+    )
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..training.recipe import run_train
+def _is_default(spec: str | None) -> bool:
+    return spec is None or spec == "default"
 
-    return run_train(args)
+
+def run(args: argparse.Namespace) -> int:
+    if args.lora and args.base_head is None and not _is_default(args.target):
+        raise ValueError("--lora with --target needs --base-head (the head to adapt).")
+    import torch
+
+    from ..training.prompts import load_prompts
+    from ..training.recipe import format_summary, load_head_for_training, train_head, training_arguments
+    from ..training.shards import load_examples
+
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    from ..targets import load_target
+
+    target, tokenizer = load_target(
+        "default" if _is_default(args.target) else args.target,
+        dtype=getattr(torch, args.dtype),
+        device=device,
+    )
+    prompts = [p for path in args.prompts for p in load_prompts(path, limit=args.limit)]
+    examples = load_examples(args.examples) if args.examples else None
+    training_args = training_arguments(
+        os.path.join(args.output, "checkpoints"),
+        num_parallel_positions=args.num_parallel_positions,
+        cod_ratio=args.cod_ratio,
+        cod_min_ratio=args.cod_min_ratio,
+        sequence_partitions=args.partitions,
+        max_length=args.max_length,
+        loss_type=args.loss,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup_ratio,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        bf16=args.bf16,
+        save_steps=args.save_steps,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+        use_cpu=device == "cpu",
+    )
+    head = None
+    if args.lora or args.base_head:
+        lora = None
+        if args.lora:
+            from ..adapters import lora_config
+
+            modules = args.lora_target_modules.split(",") if args.lora_target_modules else None
+            lora = lora_config(
+                r=args.lora_r,
+                lora_alpha=args.lora_alpha,
+                lora_dropout=args.lora_dropout,
+                target_modules=modules,
+            )
+        if args.base_head is None:
+            from ..targets import default_drafter_path
+
+            args.base_head = default_drafter_path("peagle")
+        head = load_head_for_training(args.base_head, target, lora=lora)
+    head, summary = train_head(
+        target,
+        tokenizer,
+        output_dir=args.output,
+        prompts=prompts,
+        examples=examples,
+        num_magpie_prompts=args.magpie,
+        num_code_prompts=args.code_prompts,
+        max_new_tokens=args.max_new_tokens,
+        generation_batch_size=args.gen_batch_size,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        num_hidden_layers=args.num_layers,
+        draft_vocab_size=args.draft_vocab_size,
+        drafting_mode=args.mode,
+        embed_from_target=args.embed_from_target,
+        mask_token_id=args.mask_token_id,
+        feature_cache=args.feature_cache,
+        training_args=training_args,
+        resume_from_checkpoint=True if args.resume == "last" else args.resume,
+        head=head,
+    )
+    print(format_summary(summary))
+    if args.lora:
+        from ..adapters import merge_lora
+
+        merged_dir = os.path.join(args.output, "merged")
+        merge_lora(head).save_pretrained(merged_dir)
+        print(f"LoRA adapter: {args.output}\nmerged head:  {merged_dir}")
+    return 0

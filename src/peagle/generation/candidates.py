@@ -37,9 +37,16 @@ def text_config(model_or_config: Any) -> Any:
 
 
 def _given(generation_config: GenerationConfig, name: str) -> Any:
-    """`generation_config.<name>`, or None when unset or equal to transformers' global default (which
-    transformers fills in before the candidate generator is built, so it cannot be told apart from unset)."""
+    """`generation_config.<name>` when the user set it, else None.
+
+    transformers fills unset values with its global defaults before the candidate generator is built; peagle's
+    hook records which names the user passed to `generate()` (`_peagle_given`), so a value equal to the default
+    (e.g. `num_assistant_tokens=20`) still counts as given.  Without that record (a `GenerationConfig` passed
+    whole), a value equal to transformers' default reads as "not given"."""
     value = getattr(generation_config, name)
+    given = getattr(generation_config, "_peagle_given", None)
+    if given is not None and name in given:
+        return value
     default = GenerationConfig._get_default_generation_params().get(name)
     return None if value is None or value == default else value
 
@@ -47,9 +54,7 @@ def _given(generation_config: GenerationConfig, name: str) -> Any:
 def resolve_num_speculative_tokens(generation_config: GenerationConfig, head: PEagleDrafter) -> int:
     """K for one `generate()` call: `num_assistant_tokens` when given, else `head.config.num_speculative_tokens`.
 
-    transformers fills an unset `num_assistant_tokens` with its global default (20) before the generator is
-    built, so that exact value cannot be told apart from "not given" and means the head's default; set
-    `head.config.num_speculative_tokens = 20` for K=20.
+    `num_assistant_tokens=20` passed to `generate()` means K=20 even though it equals transformers' default.
     """
     requested = _given(generation_config, "num_assistant_tokens")
     k = head.config.num_speculative_tokens if requested is None else requested
@@ -69,7 +74,7 @@ def resolve_confidence_threshold(
     under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models); 0.0 drafts all
     K tokens every round, as vLLM does.  The output is unchanged either way (greedy: identical; sampling: same
     distribution), only the work per round changes.  transformers fills an unset threshold with its global
-    default (0.4); peagle reads that exact value as "not given".
+    default (0.4); an explicit 0.4 passed to `generate()` still counts as given.
     """
     value = _given(generation_config, "assistant_confidence_threshold")
     if value is None:

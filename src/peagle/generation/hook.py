@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -134,6 +135,59 @@ def check_generation_request(
 
 
 # ---------------------------------------------------------------------------------------------- the hook
+DEFAULT_STOPPING_CRITERIA = ("MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria")
+"""Stopping criteria a speculative round honours exactly (length and EOS are checked token by token by
+transformers' assisted decoding; a time limit has no exact answer anyway)."""
+
+
+def _user_request(frame: Any) -> dict[str, Any] | None:
+    """What the user passed to `generate()`, read from its frame (the caller of `_validate_generation_mode`):
+    `{"kwargs": ..., "stopping_criteria": ...}`, or None when the caller is not transformers' `generate`."""
+    if frame is None or frame.f_code.co_name != "generate":
+        return None
+    local = frame.f_locals
+    kwargs = local.get("kwargs")
+    if not isinstance(kwargs, dict):
+        return None
+    return {"kwargs": kwargs, "stopping_criteria": local.get("stopping_criteria")}
+
+
+def check_user_request(generation_config: GenerationConfig, request: dict[str, Any] | None) -> None:
+    """Refuse generate() options a speculative round cannot honour exactly, naming them; remember which of K and
+    the confidence cut the user gave (so a value equal to transformers' default still counts as given)."""
+    if generation_config.stop_strings:
+        raise ValueError(
+            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: transformers checks them once "
+            "per verified block, so a stop string ending inside accepted drafts would not stop generation where "
+            "plain decoding stops. Drop assistant_model, or stop on eos_token_id instead."
+        )
+    if request is None:
+        return
+    custom = [
+        type(c).__name__
+        for c in (request["stopping_criteria"] or [])
+        if type(c).__name__ not in DEFAULT_STOPPING_CRITERIA
+    ]
+    if custom:
+        raise ValueError(
+            f"custom stopping_criteria {custom} cannot be honoured exactly with a P-EAGLE assistant_model: they run "
+            "once per verified block, not after every token as in plain decoding. Supported: max_new_tokens/"
+            "max_length, eos_token_id and max_time."
+        )
+    cache = request["kwargs"].get("past_key_values")
+    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+        raise ValueError(
+            "past_key_values from an earlier call cannot be used with a P-EAGLE assistant_model: the head has no "
+            "target features for the cached prefix. Pass the whole sequence as input_ids without the cache."
+        )
+    given = {
+        name
+        for name in ("num_assistant_tokens", "assistant_confidence_threshold")
+        if name in request["kwargs"]
+    }
+    generation_config._peagle_given = given
+
+
 def _wrap_validate_generation_mode(original: Callable) -> Callable:
     @functools.wraps(original)
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
@@ -145,6 +199,7 @@ def _wrap_validate_generation_mode(original: Callable) -> Callable:
         if isinstance(head, PEagleDrafter):
             _raise_if_incompatible()
             check_generation_request(self, head, generation_config, generation_mode=generation_mode)
+            check_user_request(generation_config, _user_request(sys._getframe(1)))
         return original(self, generation_mode, generation_config, generation_mode_kwargs)
 
     return _validate_generation_mode

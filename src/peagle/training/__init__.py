@@ -1,19 +1,24 @@
 """Training P-EAGLE (and EAGLE-3) drafter heads.
 
-Pure functions of the training method: [`cod_sample`] (conditional drop), [`peagle_attention_mask`] /
-[`peagle_block_mask`] (the attention rule), [`partition_plan`] (sequence partitioning, Algorithm 1 with causal
-completion).  Data: [`self_distill`], [`synthesize_prompts`], [`FeatureCache`].  Training:
-[`PEagleTrainer`] with [`PEagleTrainingArguments`]; end to end: [`train_head`] (also `peagle train`).
+One module per concept (docs/DESIGN.md section 4 describes the method):
+
+- the method's pure functions: `cod` ([`cod_sample`], conditional drop), `masks` ([`peagle_attention_mask`] /
+  [`peagle_block_mask`], the attention rule), `partition` ([`partition_plan`], Algorithm 1 with causal
+  completion), `losses`, `plan` ([`plan_example`]: the elements of one example and the drafter inputs);
+- data: `prompts` (chat formatting, prompt files and offline prompt sets, the MT-Bench/HumanEval guard),
+  `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
+  token-id shards with a manifest), `vocab` ([`select_draft_vocab`]), `features` (collator, [`FeatureCache`]);
+- training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
+  [`build_head`], [`train_head`], which `peagle train` calls).
 
 Example:
 
 ```python
-from peagle import PEagleConfig, PEagleDrafter
-from peagle.training import PEagleTrainer, PEagleTrainingArguments, self_distill
+from peagle.training import PEagleTrainer, build_head, self_distill, training_arguments
 
 examples = self_distill(target, ["Write a haiku about rain.", ...], tokenizer=tokenizer)
-head = PEagleDrafter(PEagleConfig.for_target(target.config, num_hidden_layers=2))
-args = PEagleTrainingArguments(output_dir="ckpt", num_parallel_positions=8, sequence_partitions=4)
+head = build_head(target, examples, num_hidden_layers=2, draft_vocab_size=8192)
+args = training_arguments("ckpt", num_parallel_positions=8, sequence_partitions=4)
 PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples).train()
 head.save_pretrained("my-head")
 ```
@@ -29,60 +34,46 @@ _EXPORTS = {
     "masks": ["peagle_mask_rule", "peagle_attention_mask", "peagle_block_mask", "PEagleMaskTemplate"],
     "partition": ["Segment", "partition_boundaries", "partition_plan"],
     "losses": ["distillation_loss", "target_draft_logits"],
-    "data": [
-        "PEagleDataCollator",
-        "FeatureCache",
-        "capture_features",
+    "prompts": [
         "chat_prompt_ids",
         "user_turn_template",
-        "generate_responses",
-        "self_distill",
-        "synthesize_prompts",
+        "check_not_evaluation",
+        "drop_evaluation_prompts",
         "load_prompts",
         "stdlib_code_prompts",
-        "save_examples",
-        "load_examples",
-        "select_draft_vocab",
+        "default_prompt_set",
     ],
-    "trainer": [
-        "ExamplePlan",
-        "plan_example",
-        "parallel_drafter_inputs",
-        "PEagleTrainer",
-        "PEagleTrainingArguments",
-    ],
-    "recipe": ["train_head"],
+    "distill": ["generate_responses", "self_distill", "synthesize_prompts"],
+    "features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
+    "vocab": ["select_draft_vocab"],
+    "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
+    "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
+    "trainer": ["PEagleTrainer", "PEagleTrainingArguments"],
+    "recipe": ["train_head", "training_arguments", "build_head"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime imports are lazy
     from .cod import cod_counts, cod_sample  # noqa: F401
-    from .data import (  # noqa: F401
-        FeatureCache,
-        PEagleDataCollator,
-        capture_features,
-        chat_prompt_ids,
-        generate_responses,
-        load_examples,
-        load_prompts,
-        save_examples,
-        select_draft_vocab,
-        self_distill,
-        stdlib_code_prompts,
-        synthesize_prompts,
-        user_turn_template,
-    )
+    from .distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
+    from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
     from .losses import distillation_loss, target_draft_logits  # noqa: F401
     from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
     from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
-    from .recipe import train_head  # noqa: F401
-    from .trainer import (  # noqa: F401
-        ExamplePlan,
-        PEagleTrainer,
-        PEagleTrainingArguments,
-        parallel_drafter_inputs,
-        plan_example,
+    from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
+    from .prompts import (  # noqa: F401
+        chat_prompt_ids,
+        check_not_evaluation,
+        default_prompt_set,
+        drop_evaluation_prompts,
+        load_prompts,
+        stdlib_code_prompts,
+        user_turn_template,
     )
+    from .recipe import build_head, train_head, training_arguments  # noqa: F401
+    from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
+    from .trainer import PEagleTrainer, PEagleTrainingArguments  # noqa: F401
+    from .vocab import select_draft_vocab  # noqa: F401
 
 
 def __getattr__(name: str):

@@ -14,7 +14,9 @@ import math
 import torch
 
 
-def cod_counts(num_anchors: int, num_depths: int, ratio: float, min_ratio: float = 0.0) -> list[int]:
+def cod_counts(
+    num_anchors: int, num_parallel_positions: int, ratio: float, min_ratio: float = 0.0
+) -> list[int]:
     """How many anchors COD keeps at each depth when all `num_anchors` anchors are eligible.
 
     Depth 0 keeps all of them; depth ``d >= 1`` keeps ``round(max(ratio**d, min_ratio) * num_anchors)``, capped by
@@ -28,15 +30,15 @@ def cod_counts(num_anchors: int, num_depths: int, ratio: float, min_ratio: float
     [10, 10, 10]
     """
     _check_ratios(ratio, min_ratio)
-    counts = [int(num_anchors)] if num_depths > 0 else []
-    for d in range(1, num_depths):
+    counts = [int(num_anchors)] if num_parallel_positions > 0 else []
+    for d in range(1, num_parallel_positions):
         counts.append(min(counts[-1], _round_half_up(max(ratio**d, min_ratio) * num_anchors)))
     return counts
 
 
 def cod_sample(
     num_anchors: int,
-    num_depths: int,
+    num_parallel_positions: int,
     ratio: float,
     min_ratio: float = 0.0,
     *,
@@ -47,7 +49,7 @@ def cod_sample(
 
     Args:
         num_anchors: n, the number of anchor positions.
-        num_depths: K, the number of depths (``0 .. K-1``; depth 0 is the real slot).
+        num_parallel_positions: K_train, the number of depths (``0 .. K-1``; depth 0 is the real slot).
         ratio: r, the keep ratio per depth (``r**d`` of the anchors at depth d).
         min_ratio: r_min, the floor of the keep ratio.
         generator: the random source (a CPU `torch.Generator`); pass one for reproducible plans.
@@ -69,19 +71,21 @@ def cod_sample(
     True
     """
     _check_ratios(ratio, min_ratio)
-    if num_anchors < 0 or num_depths < 1:
+    if num_anchors < 0 or num_parallel_positions < 1:
         raise ValueError(
-            f"cod_sample needs num_anchors >= 0 and num_depths >= 1, got {num_anchors} and {num_depths}."
+            "cod_sample needs num_anchors >= 0 and num_parallel_positions >= 1, got "
+            f"{num_anchors} and {num_parallel_positions}."
         )
-    keep = torch.zeros(num_depths, num_anchors, dtype=torch.bool)
+    keep = torch.zeros(num_parallel_positions, num_anchors, dtype=torch.bool)
     keep[0] = True
     if eligible is not None:
         eligible = torch.as_tensor(eligible, dtype=torch.bool).cpu()
-        if eligible.shape != (num_depths, num_anchors):
+        if eligible.shape != (num_parallel_positions, num_anchors):
             raise ValueError(
-                f"eligible has shape {tuple(eligible.shape)}; expected ({num_depths}, {num_anchors})."
+                f"eligible has shape {tuple(eligible.shape)}; "
+                f"expected ({num_parallel_positions}, {num_anchors})."
             )
-    for d in range(1, num_depths):
+    for d in range(1, num_parallel_positions):
         pool = keep[d - 1] if eligible is None else keep[d - 1] & eligible[d]
         base = num_anchors if eligible is None else int(eligible[d].sum())
         candidates = pool.nonzero().flatten()

@@ -1,6 +1,6 @@
 """The P-EAGLE training attention mask.
 
-A training example is a set of *elements* ``(a, d)``: anchor position ``a``, depth ``d`` (DESIGN.md section 4).
+A training example is a set of *elements* ``(a, d)``: anchor position ``a``, depth ``d`` (docs/DESIGN.md section 4).
 Element ``(a, d)`` may attend to ``(a', d')`` iff both are in the same document, neither is padding, and
 
     (d' == 0 and a' <= a)        every real (depth-0) slot up to and including its anchor, or
@@ -137,14 +137,16 @@ def peagle_attention_mask(
 
 
 class PEagleMaskTemplate:
-    """Element coordinates of the full `(num_depths, max_anchors)` grid, computed once at the maximum length.
+    """Element coordinates of the full `(K_train, max_anchors)` grid, computed once at the maximum length.
+
+    `num_parallel_positions` is K_train, the number of depths ``0 .. K_train-1``.
 
     `coordinates(keep)` slices the grid to an example's anchor count and keeps its COD elements in depth-major
     order; `mask(keep)` evaluates the attention rule on them.
 
     Example:
 
-    >>> tpl = PEagleMaskTemplate(max_anchors=8, num_depths=3)
+    >>> tpl = PEagleMaskTemplate(max_anchors=8, num_parallel_positions=3)
     >>> keep = torch.tensor([[True, True, True], [True, False, True], [False, False, True]])
     >>> anchor, depth = tpl.coordinates(keep)
     >>> anchor.tolist(), depth.tolist()
@@ -153,18 +155,25 @@ class PEagleMaskTemplate:
     torch.Size([6, 6])
     """
 
-    def __init__(self, max_anchors: int, num_depths: int, device: torch.device | str | None = None):
+    def __init__(
+        self, max_anchors: int, num_parallel_positions: int, device: torch.device | str | None = None
+    ):
         self.max_anchors = int(max_anchors)
-        self.num_depths = int(num_depths)
-        self.anchor_grid = torch.arange(self.max_anchors, device=device).expand(self.num_depths, -1)
-        self.depth_grid = torch.arange(self.num_depths, device=device)[:, None].expand(-1, self.max_anchors)
+        self.num_parallel_positions = int(num_parallel_positions)
+        self.anchor_grid = torch.arange(self.max_anchors, device=device).expand(
+            self.num_parallel_positions, -1
+        )
+        self.depth_grid = torch.arange(self.num_parallel_positions, device=device)[:, None].expand(
+            -1, self.max_anchors
+        )
 
     def coordinates(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(anchor, depth)` of the kept elements of a `(K', n)` keep mask (K' <= num_depths, n <= max_anchors)."""
+        """`(anchor, depth)` of the kept elements of a `(K', n)` keep mask (K' <= K_train, n <= max_anchors)."""
         depths, n = keep.shape
-        if depths > self.num_depths or n > self.max_anchors:
+        if depths > self.num_parallel_positions or n > self.max_anchors:
             raise ValueError(
-                f"keep mask {tuple(keep.shape)} exceeds the template ({self.num_depths}, {self.max_anchors}); "
+                f"keep mask {tuple(keep.shape)} exceeds the template "
+                f"({self.num_parallel_positions}, {self.max_anchors}); "
                 "build the template at the maximum length and depth."
             )
         keep = keep.to(self.anchor_grid.device)

@@ -1,16 +1,173 @@
-"""End to end: a target and a prompt source -> a trained, saved head (`train_head`, `peagle train`).
+"""The standard recipe: a target and prompts -> self-distilled examples -> a trained, saved head.
 
-Importing this module is cheap (argparse only); the heavy imports happen inside the functions.
+[`training_arguments`] builds the recipe's `PEagleTrainingArguments`, [`build_head`] a new head for a target
+(config, draft vocabulary, mask token), [`load_head_for_training`] an existing head (optionally with a LoRA
+adapter), and [`train_head`] runs the whole recipe (`peagle train` calls it).  Scripts and the command line
+build heads and arguments through these functions only.
+
+Importing this module is cheap; torch, transformers and the trainer are imported inside the functions.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..modeling_peagle import PEagleDrafter
+    from .trainer import PEagleTrainingArguments
+
+
+def training_arguments(
+    output_dir: str | os.PathLike,
+    *,
+    num_parallel_positions: int | None = 8,
+    cod_ratio: float = 0.7,
+    cod_min_ratio: float = 0.2,
+    sequence_partitions: int = 1,
+    max_length: int = 2048,
+    loss_type: str = "kl",
+    num_train_epochs: float = 1.0,
+    max_steps: int = -1,
+    learning_rate: float = 3e-4,
+    warmup_steps: float = 0.01,
+    lr_scheduler_type: str = "linear",
+    per_device_train_batch_size: int = 1,
+    gradient_accumulation_steps: int = 8,
+    bf16: bool = False,
+    save_steps: int = 500,
+    logging_steps: int = 10,
+    seed: int = 42,
+    use_cpu: bool | None = None,
+    progress: bool = True,
+    **overrides: Any,
+) -> PEagleTrainingArguments:
+    """The recipe's `PEagleTrainingArguments` (the defaults of `peagle train`).
+
+    Args:
+        output_dir: checkpoints and logs.
+        num_parallel_positions: K_train (None: the head config's).
+        cod_ratio, cod_min_ratio: COD keep ratio per depth and its floor.
+        sequence_partitions: S, forward/backward passes per example.
+        max_length: examples are truncated to this many tokens.
+        loss_type: `"kl"` or `"ce"`.
+        warmup_steps: a float below 1 is a fraction of the optimiser steps.
+        use_cpu: default: True unless CUDA is available.
+        progress: show the trainer's progress bar.
+        overrides: any other `PEagleTrainingArguments` / `TrainingArguments` field (e.g. `save_strategy="no"`,
+            `save_total_limit=2`, `optim="sgd"`).
+    """
+    import torch
+
+    from .trainer import PEagleTrainingArguments
+
+    values: dict[str, Any] = {
+        "output_dir": os.fspath(output_dir),
+        "num_parallel_positions": num_parallel_positions,
+        "cod_ratio": cod_ratio,
+        "cod_min_ratio": cod_min_ratio,
+        "sequence_partitions": sequence_partitions,
+        "max_length": max_length,
+        "loss_type": loss_type,
+        "num_train_epochs": num_train_epochs,
+        "max_steps": max_steps,
+        "learning_rate": learning_rate,
+        "warmup_steps": warmup_steps,
+        "lr_scheduler_type": lr_scheduler_type,
+        "per_device_train_batch_size": per_device_train_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "bf16": bf16,
+        "save_steps": save_steps,
+        "logging_steps": logging_steps,
+        "seed": seed,
+        "use_cpu": (not torch.cuda.is_available()) if use_cpu is None else use_cpu,
+        "report_to": "none",
+        "disable_tqdm": not progress,
+    }
+    values.update(overrides)
+    return PEagleTrainingArguments(**values)
+
+
+def build_head(
+    target,
+    examples: Sequence[dict[str, Any]] | None = None,
+    *,
+    drafting_mode: str = "parallel",
+    num_hidden_layers: int = 2,
+    draft_vocab_size: int | None = None,
+    num_parallel_positions: int | None = None,
+    num_speculative_tokens: int | None = None,
+    embed_from_target: bool = False,
+    mask_token_id: int | None = None,
+    target_model_name: str | None = None,
+    dtype: torch.dtype | None = None,
+    **config_overrides: Any,
+) -> PEagleDrafter:
+    """A new, randomly initialised head for `target`: `PEagleConfig.for_target` plus the draft vocabulary.
+
+    Args:
+        target: the target model (only `target.config` is read).
+        examples: training examples; needed when `draft_vocab_size` is below the target's vocabulary (the most
+            frequent response tokens are kept, plus the EOS ids, see [`select_draft_vocab`]).
+        drafting_mode: `"parallel"` (P-EAGLE) or `"autoregressive"` (EAGLE-3 baseline).
+        num_hidden_layers: drafter decoder layers.
+        num_parallel_positions: K_train (default: the config's).
+        num_speculative_tokens: the head's default inference K (default: the config's).
+        embed_from_target: share the target's frozen embeddings (only the mask embedding is learned).
+        mask_token_id: a reserved token of the tokenizer (default: the config's, the last id).
+        target_model_name: recorded in the config (default: the target config's name).
+        dtype: parameter dtype (default float32, the training dtype).
+        config_overrides: any other `PEagleConfig` field (e.g. `attn_implementation="sdpa"`).
+    """
+    import torch
+
+    from ..configuration_peagle import PEagleConfig
+    from ..modeling_peagle import PEagleDrafter
+    from .vocab import select_draft_vocab
+
+    values: dict[str, Any] = {
+        "num_hidden_layers": num_hidden_layers,
+        "drafting_mode": drafting_mode,
+        "embed_from_target": embed_from_target,
+    }
+    optional = {
+        "draft_vocab_size": draft_vocab_size,
+        "num_parallel_positions": num_parallel_positions,
+        "num_speculative_tokens": num_speculative_tokens,
+        "mask_token_id": mask_token_id,
+        "target_model_name": target_model_name,
+    }
+    values.update({k: v for k, v in optional.items() if v is not None})
+    values.update(config_overrides)
+    head = PEagleDrafter(PEagleConfig.for_target(target.config, **values)).to(dtype or torch.float32)
+    if draft_vocab_size is not None and draft_vocab_size < head.config.vocab_size:
+        if examples is None:
+            raise ValueError(
+                "a draft vocabulary smaller than the target's is chosen from examples; pass them."
+            )
+        eos = target.config.eos_token_id
+        extra = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, head.config.vocab_size, extra))
+    return head
+
+
+def load_head_for_training(path: str | os.PathLike, target, *, lora=None):
+    """An existing head to continue training, in float32 and attached to `target`; with `lora` (a
+    `peft.LoraConfig`, see `peagle.adapters.lora_config`) a LoRA adapter on the frozen head instead."""
+    import torch
+
+    if lora is not None:
+        from ..adapters import lora_for_training
+
+        return lora_for_training(path, target, lora)
+    from ..modeling_peagle import PEagleDrafter
+
+    return PEagleDrafter.from_pretrained(path, dtype=torch.float32, target_model=target)
 
 
 def train_head(
@@ -33,15 +190,16 @@ def train_head(
     embed_from_target: bool = False,
     mask_token_id: int | None = None,
     feature_cache: str | os.PathLike | None = None,
-    training_args: dict[str, Any] | None = None,
+    training_args: PEagleTrainingArguments | Mapping[str, Any] | None = None,
     resume_from_checkpoint: str | bool | None = None,
     progress: bool = True,
-):
+) -> tuple[Any, dict[str, Any]]:
     """Self-distill data from `prompts`, train a head on it with [`PEagleTrainer`] and save it to `output_dir`.
 
     Args:
         target: the target causal LM (frozen).
-        tokenizer: its tokenizer (needed for text prompts and Magpie prompts; not for pre-tokenized ones).
+        tokenizer: its tokenizer (needed for text prompts and Magpie prompts; not for pre-tokenized ones).  When
+            given, the prompts of ready `examples` are checked against the evaluation sets too.
         output_dir: where the head (`config.json`, `model.safetensors`), `examples.jsonl`, checkpoints
             (`checkpoints/`) and `train_summary.json` go.
         prompts: user strings, chat message lists or pre-tokenized prompt ids.
@@ -49,41 +207,45 @@ def train_head(
         num_magpie_prompts: prompts the target writes itself (Magpie), added to `prompts`.
         num_code_prompts: coding prompts from Python's standard library, added to `prompts`.
         max_new_tokens, generation_batch_size, do_sample, temperature: self-distillation decoding.
-        head: a head to continue training; default a new one from `PEagleConfig.for_target(target.config, ...)`
-            with `num_hidden_layers`, `drafting_mode`, `embed_from_target`, `mask_token_id`.
-        draft_vocab_size: keep the most frequent response tokens (default: the whole vocabulary).
+        head: a head to continue training; default [`build_head`] with `num_hidden_layers`, `drafting_mode`,
+            `embed_from_target`, `mask_token_id`, `draft_vocab_size` (default: the whole vocabulary) and the
+            arguments' K_train.
         feature_cache: directory of a [`FeatureCache`] (built or reused) instead of online feature capture.
-        training_args: keyword arguments of [`PEagleTrainingArguments`] (`output_dir` defaults to
-            `<output_dir>/checkpoints`).
+        training_args: `PEagleTrainingArguments` (e.g. from [`training_arguments`]), or a dict of its fields
+            (`output_dir` defaults to `<output_dir>/checkpoints`, the rest to `PEagleTrainingArguments`' own
+            defaults).
 
     Returns:
         `(head, summary)`: the trained head and a dict of what happened (also written to `train_summary.json`).
+
+    Raises:
+        ValueError: no prompts or examples, or a prompt is an MT-Bench/HumanEval prompt.
     """
-    from ..configuration_peagle import PEagleConfig
-    from ..modeling_peagle import PEagleDrafter
-    from .data import (
-        FeatureCache,
-        save_examples,
-        select_draft_vocab,
-        self_distill,
-        stdlib_code_prompts,
-        synthesize_prompts,
-    )
+    from .distill import self_distill, synthesize_prompts
+    from .features import FeatureCache
+    from .prompts import check_not_evaluation, stdlib_code_prompts
+    from .shards import save_examples
     from .trainer import PEagleTrainer, PEagleTrainingArguments
 
     start = time.time()
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    targs = dict(training_args or {})
-    seed = int(targs.get("seed", 42))
+    if isinstance(training_args, PEagleTrainingArguments):
+        args = training_args
+    else:
+        targs = dict(training_args or {})
+        targs.setdefault("output_dir", os.path.join(output_dir, "checkpoints"))
+        targs.setdefault("report_to", "none")
+        targs.setdefault("disable_tqdm", not progress)
+        args = PEagleTrainingArguments(**targs)
     if examples is None:
         prompts = list(prompts)
         if num_magpie_prompts:
             prompts += synthesize_prompts(
-                target, num_magpie_prompts, tokenizer=tokenizer, seed=seed, progress=progress
+                target, num_magpie_prompts, tokenizer=tokenizer, seed=args.seed, progress=progress
             )
         if num_code_prompts:
-            prompts += stdlib_code_prompts(num_code_prompts, seed=seed)
+            prompts += stdlib_code_prompts(num_code_prompts, seed=args.seed)
         if not prompts:
             raise ValueError("train_head needs prompts, examples, num_magpie_prompts or num_code_prompts.")
         examples = self_distill(
@@ -94,35 +256,33 @@ def train_head(
             batch_size=generation_batch_size,
             do_sample=do_sample,
             temperature=temperature,
-            seed=seed,
+            seed=args.seed,
             progress=progress,
         )
         save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
+    elif tokenizer is not None:
+        check_not_evaluation(
+            ([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m] for ex in examples),
+            tokenizer,
+            source="train_head examples",
+        )
     examples = list(examples)
     if not examples:
         raise ValueError("no training examples (every response was empty).")
 
     if head is None:
-        overrides: dict[str, Any] = {
-            "num_hidden_layers": num_hidden_layers,
-            "drafting_mode": drafting_mode,
-            "embed_from_target": embed_from_target,
-        }
-        if mask_token_id is not None:
-            overrides["mask_token_id"] = mask_token_id
-        if draft_vocab_size is not None:
-            overrides["draft_vocab_size"] = draft_vocab_size
-        if "num_parallel_positions" in targs and targs["num_parallel_positions"]:
-            overrides["num_parallel_positions"] = int(targs["num_parallel_positions"])
-        if tokenizer is not None and getattr(tokenizer, "name_or_path", None):
-            overrides["target_model_name"] = tokenizer.name_or_path
-        head = PEagleDrafter(PEagleConfig.for_target(target.config, **overrides)).float()
-        if draft_vocab_size is not None and draft_vocab_size < head.config.vocab_size:
-            eos = target.config.eos_token_id
-            extra = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-            head.set_draft_vocab(
-                select_draft_vocab(examples, draft_vocab_size, head.config.vocab_size, extra)
-            )
+        name = getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None
+        head = build_head(
+            target,
+            examples,
+            drafting_mode=drafting_mode,
+            num_hidden_layers=num_hidden_layers,
+            draft_vocab_size=draft_vocab_size,
+            num_parallel_positions=args.num_parallel_positions or None,
+            embed_from_target=embed_from_target,
+            mask_token_id=mask_token_id,
+            target_model_name=name or None,
+        )
 
     dataset: Any = examples
     cache_info = None
@@ -132,10 +292,6 @@ def train_head(
         )
         cache_info = {"path": os.fspath(feature_cache), "bytes": dataset.size_bytes}
 
-    targs.setdefault("output_dir", os.path.join(output_dir, "checkpoints"))
-    targs.setdefault("report_to", "none")
-    targs.setdefault("disable_tqdm", not progress)
-    args = PEagleTrainingArguments(**targs)
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=dataset)
     result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     head.save_pretrained(output_dir)
@@ -164,11 +320,11 @@ def train_head(
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """A small human-readable table of a `train_head` summary."""
+    """A small human-readable table of a [`train_head`] summary."""
     rows = [
         ("head", summary["output_dir"]),
         (
-            "mode / layers / K",
+            "mode / layers / K_train",
             f"{summary['drafting_mode']} / {summary['num_hidden_layers']} / {summary['num_parallel_positions']}",
         ),
         ("draft vocab", summary["draft_vocab_size"]),
@@ -184,200 +340,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         ),
     ]
     if summary.get("feature_cache"):
-        rows.append(
-            (
-                "feature cache",
-                f"{summary['feature_cache']['path']} ({summary['feature_cache']['bytes'] / 2**20:.1f} MiB)",
-            )
-        )
+        cache = summary["feature_cache"]
+        rows.append(("feature cache", f"{cache['path']} ({cache['bytes'] / 2**20:.1f} MiB)"))
     rows.append(("time", f"{summary['seconds']} s"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-# ------------------------------------------------------------------------------------------------ command line
-def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The options of `peagle train` / `scripts/train_head.py`."""
-    src = parser.add_argument_group("target and data")
-    src.add_argument(
-        "--target", default=None, help="target model folder or name (default: the embedded SmolLM2)"
-    )
-    src.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="target dtype"
-    )
-    src.add_argument(
-        "--prompts", action="append", default=[], help=".txt/.json/.jsonl prompt file (repeatable)"
-    )
-    src.add_argument("--limit", type=int, default=None, help="read at most this many prompts per file")
-    src.add_argument(
-        "--magpie", type=int, default=0, help="number of Magpie prompts the target writes itself"
-    )
-    src.add_argument("--code-prompts", type=int, default=0, help="number of coding prompts from the stdlib")
-    src.add_argument("--examples", default=None, help="ready examples (.jsonl with input_ids, loss_mask)")
-    src.add_argument(
-        "--max-new-tokens", type=int, default=256, help="response length cap for self-distillation"
-    )
-    src.add_argument("--gen-batch-size", type=int, default=8)
-    src.add_argument("--sample", action="store_true", help="sample responses instead of greedy decoding")
-    src.add_argument("--temperature", type=float, default=1.0)
-    src.add_argument("--feature-cache", default=None, help="cache target features in this folder")
-    head = parser.add_argument_group("head")
-    head.add_argument("--output", "-o", required=True, help="folder for the trained head")
-    head.add_argument("--mode", default="parallel", choices=["parallel", "autoregressive"])
-    head.add_argument("--num-layers", type=int, default=2)
-    head.add_argument("--draft-vocab-size", type=int, default=None)
-    head.add_argument("--embed-from-target", action="store_true", help="freeze the target's embeddings")
-    head.add_argument("--mask-token-id", type=int, default=None)
-    tr = parser.add_argument_group("training")
-    tr.add_argument("--k", type=int, default=8, help="K_train, parallel positions")
-    tr.add_argument("--cod-ratio", type=float, default=0.7)
-    tr.add_argument("--cod-min-ratio", type=float, default=0.2)
-    tr.add_argument("--partitions", type=int, default=1, help="sequence partitions per example")
-    tr.add_argument("--max-length", type=int, default=2048)
-    tr.add_argument("--loss", default="kl", choices=["kl", "ce"])
-    tr.add_argument("--epochs", type=float, default=1.0)
-    tr.add_argument("--max-steps", type=int, default=-1)
-    tr.add_argument("--lr", type=float, default=3e-4)
-    tr.add_argument("--warmup-ratio", type=float, default=0.01, help="warmup as a fraction of the steps")
-    tr.add_argument("--batch-size", type=int, default=1)
-    tr.add_argument("--grad-accum", type=int, default=8)
-    tr.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
-    tr.add_argument("--save-steps", type=int, default=500)
-    tr.add_argument("--logging-steps", type=int, default=10)
-    tr.add_argument("--seed", type=int, default=42)
-    tr.add_argument("--resume", default=None, help="checkpoint folder, or 'last'")
-    tr.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
-    lora = parser.add_argument_group("adapting an existing head (LoRA through peft, peagle.adapters)")
-    lora.add_argument(
-        "--base-head",
-        default=None,
-        help="start from this head (with --lora, default: the shipped head of the default target)",
-    )
-    lora.add_argument(
-        "--lora", action="store_true", help="train a LoRA adapter on the base head; the head stays frozen"
-    )
-    lora.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
-    lora.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 * r)")
-    lora.add_argument("--lora-dropout", type=float, default=0.0)
-    lora.add_argument(
-        "--lora-target-modules",
-        default=None,
-        help="comma-separated module-name suffixes (default q/k/v/o_proj, gate/up/down_proj, fc)",
-    )
-    return parser
-
-
-def run_train(args: argparse.Namespace) -> int:
-    """`peagle train`: load the target, build examples, train, save, print a summary."""
-    import torch
-
-    from .data import load_examples, load_prompts
-
-    dtype = getattr(torch, args.dtype)
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    if args.target is None:
-        from ..targets import load_default_target
-
-        target, tokenizer = load_default_target(dtype=dtype, device=device)
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
-    prompts: list[Any] = []
-    for path in args.prompts:
-        prompts += load_prompts(path, limit=args.limit)
-    examples = load_examples(args.examples) if args.examples else None
-    training_args = {
-        "num_parallel_positions": args.k,
-        "cod_ratio": args.cod_ratio,
-        "cod_min_ratio": args.cod_min_ratio,
-        "sequence_partitions": args.partitions,
-        "max_length": args.max_length,
-        "loss_type": args.loss,
-        "num_train_epochs": args.epochs,
-        "max_steps": args.max_steps,
-        "learning_rate": args.lr,
-        "warmup_steps": args.warmup_ratio,
-        "lr_scheduler_type": "linear",
-        "per_device_train_batch_size": args.batch_size,
-        "gradient_accumulation_steps": args.grad_accum,
-        "bf16": args.bf16,
-        "save_steps": args.save_steps,
-        "logging_steps": args.logging_steps,
-        "seed": args.seed,
-        "use_cpu": device == "cpu",
-    }
-    resume: str | bool | None = args.resume
-    if resume == "last":
-        resume = True
-    head = None
-    if args.lora or args.base_head:
-        head = _base_head_for_training(args, target)
-    head, summary = train_head(
-        target,
-        tokenizer,
-        output_dir=args.output,
-        prompts=prompts,
-        examples=examples,
-        num_magpie_prompts=args.magpie,
-        num_code_prompts=args.code_prompts,
-        max_new_tokens=args.max_new_tokens,
-        generation_batch_size=args.gen_batch_size,
-        do_sample=args.sample,
-        temperature=args.temperature,
-        num_hidden_layers=args.num_layers,
-        draft_vocab_size=args.draft_vocab_size,
-        drafting_mode=args.mode,
-        embed_from_target=args.embed_from_target,
-        mask_token_id=args.mask_token_id,
-        feature_cache=args.feature_cache,
-        training_args=training_args,
-        resume_from_checkpoint=resume,
-        head=head,
-    )
-    print(format_summary(summary))
-    if args.lora:
-        from ..adapters import merge_lora
-
-        merged_dir = os.path.join(args.output, "merged")
-        merge_lora(head).save_pretrained(merged_dir)
-        print(f"LoRA adapter: {args.output}\nmerged head:  {merged_dir}")
-    return 0
-
-
-def _base_head_for_training(args: argparse.Namespace, target):
-    """`--base-head` loaded for training (float32), wrapped with LoRA when `--lora`."""
-    import torch
-
-    from ..modeling_peagle import PEagleDrafter
-
-    path = args.base_head
-    if path is None:
-        if args.target is not None:
-            raise ValueError("--lora with --target needs --base-head (the head to adapt).")
-        from ..targets import default_drafter_path
-
-        path = default_drafter_path("peagle")
-    head = PEagleDrafter.from_pretrained(path, dtype=torch.float32, target_model=target)
-    if not args.lora:
-        return head
-    from ..adapters import lora_config, lora_for_training
-
-    modules = args.lora_target_modules.split(",") if args.lora_target_modules else None
-    config = lora_config(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=modules
-    )
-    return lora_for_training(head, target, config)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = add_train_arguments(
-        argparse.ArgumentParser(
-            prog="train_head", description="Train a P-EAGLE (or EAGLE-3) head for a target."
-        )
-    )
-    return run_train(parser.parse_args(argv))
-
-
-__all__ = ["train_head", "format_summary", "add_train_arguments", "run_train", "main"]
+__all__ = ["training_arguments", "build_head", "load_head_for_training", "train_head", "format_summary"]

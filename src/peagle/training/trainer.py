@@ -2,15 +2,15 @@
 
 One training step per micro-batch:
 
-1. plan (CPU, in `get_batch_samples`, before the step): per example, COD-sample the elements ``(a, d)``
-   ([`cod_sample`]), mark the supervised ones (label ``x_{a+d+2}`` in the response and in the draft vocabulary),
-   split them into `sequence_partitions` segments ([`partition_plan`]), and count the supervised elements of the
-   whole accumulated batch across all processes (the loss normaliser);
+1. plan (CPU, in `get_batch_samples`, before the step): per example, [`plan_example`] COD-samples the elements
+   ``(a, d)``, marks the supervised ones (label ``x_{a+d+2}`` in the response and in the draft vocabulary) and
+   splits them into `sequence_partitions` segments ([`peagle.training.plan`]); the supervised elements of the
+   whole accumulated batch across all processes are counted (the loss normaliser);
 2. capture the frozen target's features once (one target forward per micro-batch, or a [`FeatureCache`]);
 3. for each segment: build the drafter inputs of its elements, forward, loss over the draft vocabulary divided
    by the global count, `accelerator.backward` (under `no_sync` for all but the last segment).
 
-Element inputs (DESIGN.md section 4): element ``(a, 0)`` = token ``x_{a+1}``, features ``f_a``, position ``a``,
+Element inputs (docs/DESIGN.md section 4): element ``(a, 0)`` = token ``x_{a+1}``, features ``f_a``, position ``a``,
 label ``x_{a+2}``; element ``(a, d >= 1)`` = parallel slot (mask embedding, ``fc(mask_hidden)``), position
 ``a + d``, label ``x_{a+d+2}``.  The target's logits for label ``x_p`` are its logits at position ``p - 1``.
 
@@ -22,18 +22,16 @@ step d of an unroll whose slot ``(a, d)`` reads token ``x_{a+d+1}`` and the draf
 from __future__ import annotations
 
 import contextlib
-import zlib
 from dataclasses import dataclass, field
 
 import torch
 from transformers import Trainer, TrainingArguments
 from transformers.cache_utils import DynamicCache
 
-from .cod import cod_sample
-from .data import PEagleDataCollator, capture_features
+from .features import PEagleDataCollator, capture_features
 from .losses import LOSS_TYPES, distillation_loss, target_draft_logits
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
-from .partition import Segment, partition_plan
+from .plan import ExamplePlan, SegmentRows, cod_seed, parallel_drafter_inputs, plan_example, segment_rows
 
 
 @dataclass
@@ -75,185 +73,6 @@ class PEagleTrainingArguments(TrainingArguments):
             raise ValueError(f"num_parallel_positions is {self.num_parallel_positions}; expected >= 1.")
         if self.max_length < 3:
             raise ValueError(f"max_length is {self.max_length}; expected >= 3 tokens.")
-
-
-# ------------------------------------------------------------------------------------------------ the plan
-@dataclass
-class ExamplePlan:
-    """The training elements of one example and their partition.
-
-    Attributes:
-        length: T, tokens of the example (no padding).
-        num_anchors: n = max(T - 2, 0); anchors ``0..n-1`` (each has a depth-0 label ``x_{a+2}``).
-        anchor, depth: `(E,)` coordinates of the kept elements, depth-major.
-        supervised: `(E,)` bool, the element's label is in the response and in the draft vocabulary.
-        segments: the S [`Segment`]s.
-    """
-
-    length: int
-    num_anchors: int
-    anchor: torch.Tensor
-    depth: torch.Tensor
-    supervised: torch.Tensor
-    segments: list[Segment]
-
-    @property
-    def num_supervised(self) -> int:
-        return int(self.supervised.sum())
-
-
-def plan_example(
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    in_draft_vocab: torch.Tensor,
-    num_depths: int,
-    cod_ratio: float,
-    cod_min_ratio: float,
-    num_segments: int = 1,
-    *,
-    generator: torch.Generator | None = None,
-    template: PEagleMaskTemplate | None = None,
-    balance: bool = True,
-) -> ExamplePlan:
-    """Plan the training elements of one example.
-
-    Args:
-        input_ids: `(T,)` tokens (no padding).
-        loss_mask: `(T,)` 1 where a token is a response token (a supervised label).
-        in_draft_vocab: `(V,)` bool, the head's `t2d`.
-        num_depths: K_train.
-        cod_ratio, cod_min_ratio: COD; parallel elements are only sampled where their chain still reaches a
-            supervised label (prompt-only chains are never built).
-        num_segments: S.
-        generator: COD's random source.
-        template: coordinate grid at the maximum length (built on the fly when None).
-
-    Returns:
-        [`ExamplePlan`].
-
-    Example (T = 6 tokens, response = the last 3, K = 3, no dropping):
-
-        >>> ids = torch.tensor([1, 5, 6, 7, 8, 2]); resp = torch.tensor([0, 0, 0, 1, 1, 1])
-        >>> p = plan_example(ids, resp, torch.ones(10, dtype=torch.bool), 3, 1.0, 1.0)
-        >>> p.num_anchors, list(zip(p.anchor.tolist(), p.depth.tolist()))
-        (4, [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (0, 2), (1, 2)])
-        >>> p.supervised.int().tolist()  # labels x_{a+d+2}: positions 2 3 4 5 | 3 4 5 | 4 5
-        [0, 1, 1, 1, 1, 1, 1, 1, 1]
-    """
-    input_ids = input_ids.cpu()
-    length = int(input_ids.numel())
-    n = max(length - 2, 0)
-    label_ok = loss_mask.cpu().bool() & in_draft_vocab.cpu()[input_ids]
-    label_pos = torch.arange(n)[None, :] + torch.arange(num_depths)[:, None] + 2  # (K, n)
-    in_range = label_pos < length
-    sup_grid = torch.zeros(num_depths, n, dtype=torch.bool)
-    sup_grid[in_range] = label_ok[label_pos[in_range]]
-    # a chain is worth extending to depth d if some element at depth >= d is supervised
-    eligible = sup_grid.flip(0).int().cummax(0).values.flip(0).bool()
-    keep = cod_sample(n, num_depths, cod_ratio, cod_min_ratio, generator=generator, eligible=eligible)
-    if template is None or template.max_anchors < n or template.num_depths < num_depths:
-        template = PEagleMaskTemplate(n, num_depths)
-    anchor, depth = template.coordinates(keep)
-    supervised = sup_grid[depth, anchor]
-    segments = partition_plan(anchor, depth, n, num_segments, balance=balance)
-    return ExamplePlan(length, n, anchor, depth, supervised, segments)
-
-
-def _cod_seed(seed: int, step: int, ids: torch.Tensor) -> int:
-    """Per-example COD seed from the run seed, the optimiser step and the example's tokens.
-
-    It does not depend on the process, batch position or partitioning, so a DDP run, a single-process run of the
-    same global batch and a resumed run all draw the same elements.
-    """
-    crc = zlib.crc32(ids.to(torch.int64).numpy().tobytes())
-    return (int(seed) * 1_000_003 + int(step) * 7_919 + crc) % (2**63 - 1)
-
-
-@dataclass
-class _Rows:
-    """Elements of one segment for a batch of rows: `(B, E)` tensors, laid out ``[unsupervised, pad, supervised]``
-    per row so the supervised ones are the last `keep` columns (`logits_to_keep`)."""
-
-    anchor: torch.Tensor
-    depth: torch.Tensor
-    valid: torch.Tensor
-    supervised: torch.Tensor
-    keep: int
-
-    @property
-    def width(self) -> int:
-        return int(self.anchor.shape[1])
-
-    def to(self, device) -> _Rows:
-        return _Rows(
-            self.anchor.to(device),
-            self.depth.to(device),
-            self.valid.to(device),
-            self.supervised.to(device),
-            self.keep,
-        )
-
-
-def _segment_rows(plans: list[ExamplePlan], s: int, depth: int | None = None) -> _Rows:
-    parts = []
-    for plan in plans:
-        seg = plan.segments[s]
-        idx, owned = seg.elements, seg.owned
-        if depth is not None:
-            sel = plan.depth[idx] == depth
-            idx, owned = idx[sel], owned[sel]
-        sup = owned & plan.supervised[idx]
-        parts.append((idx[~sup], idx[sup], plan))
-    u_max = max(p[0].numel() for p in parts)
-    s_max = max(p[1].numel() for p in parts)
-    bsz, width = len(plans), u_max + s_max
-    anchor = torch.zeros(bsz, width, dtype=torch.long)
-    dep = torch.zeros(bsz, width, dtype=torch.long)
-    valid = torch.zeros(bsz, width, dtype=torch.bool)
-    sup = torch.zeros(bsz, width, dtype=torch.bool)
-    for b, (u_idx, s_idx, plan) in enumerate(parts):
-        for cols, idx, is_sup in (
-            (slice(0, u_idx.numel()), u_idx, False),
-            (slice(width - s_idx.numel(), width), s_idx, True),
-        ):
-            anchor[b, cols] = plan.anchor[idx]
-            dep[b, cols] = plan.depth[idx]
-            valid[b, cols] = True
-            sup[b, cols] = is_sup
-    return _Rows(anchor, dep, valid, sup, s_max)
-
-
-def parallel_drafter_inputs(
-    input_ids: torch.Tensor,
-    features: torch.Tensor,
-    anchor: torch.Tensor,
-    depth: torch.Tensor,
-    valid: torch.Tensor,
-    mask_token_id: int,
-) -> dict[str, torch.Tensor]:
-    """Drafter inputs of P-EAGLE training elements.
-
-    Args:
-        input_ids: `(B, T)` tokens of the examples.
-        features: `(B, T, 3 * H_t)` target features ``f_0 .. f_{T-1}``.
-        anchor, depth, valid: `(B, E)` element coordinates; `valid` False at padding.
-        mask_token_id: the head's mask token.
-
-    Returns:
-        Keyword arguments of `PEagleDrafter.forward`, each `(B, E, ...)`: element ``(a, 0)`` reads token
-        ``x_{a+1}`` and features ``f_a`` at position ``a``; element ``(a, d >= 1)`` is a parallel slot
-        (`parallel_mask` True) at position ``a + d``.  Padding elements are parallel slots.
-    """
-    parallel = (depth > 0) | ~valid
-    tok = input_ids.gather(1, (anchor + 1).clamp(max=input_ids.shape[1] - 1))
-    tok = torch.where(parallel, torch.full_like(tok, mask_token_id), tok)
-    feats = features.gather(1, anchor[..., None].expand(-1, -1, features.shape[-1]))
-    return {
-        "input_ids": tok,
-        "target_hidden_states": feats,
-        "position_ids": anchor + depth,
-        "parallel_mask": parallel,
-    }
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
@@ -300,7 +119,7 @@ class PEagleTrainer(Trainer):
         model.attach_target(target_model)
         if args.num_parallel_positions is not None:
             cfg.num_parallel_positions = int(args.num_parallel_positions)
-        self.num_depths = int(cfg.num_parallel_positions)
+        self.num_parallel_positions = int(cfg.num_parallel_positions)
         self.autoregressive = cfg.drafting_mode == "autoregressive"
         if self.autoregressive:  # EAGLE-3 heads never use the parallel-slot placeholders
             model.mask_hidden.requires_grad_(False)
@@ -320,7 +139,7 @@ class PEagleTrainer(Trainer):
                 f"{torch.__version__}; build it with attn_implementation='sdpa' for CPU training."
             )
         self.target_model = target_model.to(self.args.device)
-        self._template = PEagleMaskTemplate(args.max_length, self.num_depths)
+        self._template = PEagleMaskTemplate(args.max_length, self.num_parallel_positions)
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
 
@@ -329,7 +148,7 @@ class PEagleTrainer(Trainer):
         return self.accelerator.unwrap_model(self.model)
 
     def _zero_stats(self) -> dict[str, torch.Tensor]:
-        k = self.num_depths
+        k = self.num_parallel_positions
         return {
             "correct": torch.zeros(k, dtype=torch.long),
             "total": torch.zeros(k, dtype=torch.long),
@@ -349,15 +168,15 @@ class PEagleTrainer(Trainer):
             if not bool(att[b, :length].all()):
                 raise ValueError("PEagleTrainer expects right-padded batches (attention_mask = 1...1 0...0).")
             row = ids[b, :length]
-            gen = torch.Generator().manual_seed(_cod_seed(self.args.seed, step, row))
+            gen = torch.Generator().manual_seed(cod_seed(self.args.seed, step, row))
             if self._template.max_anchors < length:
-                self._template = PEagleMaskTemplate(length, self.num_depths)
+                self._template = PEagleMaskTemplate(length, self.num_parallel_positions)
             plans.append(
                 plan_example(
                     row,
                     loss_mask[b, :length],
                     t2d,
-                    self.num_depths,
+                    self.num_parallel_positions,
                     self.args.cod_ratio,
                     self.args.cod_min_ratio,
                     self.args.sequence_partitions,
@@ -405,7 +224,7 @@ class PEagleTrainer(Trainer):
             self._head().config.eagle_aux_hidden_state_layer_ids,
         )
 
-    def _attention(self, rows: _Rows, key_rows: list[_Rows] | None = None):
+    def _attention(self, rows: SegmentRows, key_rows: list[SegmentRows] | None = None):
         """Mask of the queries `rows` over the keys (`key_rows` concatenated, the queries last; default the
         queries themselves): a flex-attention `BlockMask` for flex heads, else a dense `(B, 1, Eq, Ek)` bool."""
         keys = {}
@@ -427,7 +246,7 @@ class PEagleTrainer(Trainer):
         return peagle_attention_mask(rows.anchor, rows.depth, rows.valid, pad_self=True, **keys)[:, None]
 
     # ----------------------------------------------------------------------------------------- losses
-    def _loss_from_logits(self, logits, rows: _Rows, last_hidden, weights_by_depth=None):
+    def _loss_from_logits(self, logits, rows: SegmentRows, last_hidden, weights_by_depth=None):
         """Loss sum, per-depth correct and total counts of the supervised columns of `rows`."""
         sub = rows.supervised[:, rows.width - rows.keep :]
         draft = logits[sub]
@@ -440,14 +259,14 @@ class PEagleTrainer(Trainer):
             target = target_draft_logits(last_hidden[batch_idx, pos], self._draft_lm_weight(), softcap)
         weights = None if weights_by_depth is None else weights_by_depth[depth]
         loss, correct = distillation_loss(draft, target, self.args.loss_type, weights)
-        k = self.num_depths
+        k = self.num_parallel_positions
         stats = (
             torch.bincount(depth[correct], minlength=k)[:k].detach().cpu(),
             torch.bincount(depth, minlength=k)[:k].detach().cpu(),
         )
         return loss, stats
 
-    def _parallel_segment(self, model, inputs, plans, aux, last, s: int, rows: _Rows):
+    def _parallel_segment(self, model, inputs, plans, aux, last, s: int, rows: SegmentRows):
         ids = inputs["input_ids"]
         rows = rows.to(ids.device)
         out = model(
@@ -462,19 +281,21 @@ class PEagleTrainer(Trainer):
             return out.logits.sum() * 0.0, None
         return self._loss_from_logits(out.logits, rows, last)
 
-    def _autoregressive_segment(self, model, inputs, plans, aux, last, s: int, rows: _Rows):
+    def _autoregressive_segment(self, model, inputs, plans, aux, last, s: int, rows: SegmentRows):
         """EAGLE-3 training-time test over one segment: step d forwards the depth-d elements with a KV cache
         holding steps 0..d-1 (kept in the autograd graph)."""
         ids = inputs["input_ids"]
         device = ids.device
         head = self._head()
-        steps = [_segment_rows(plans, s, depth=d) for d in range(self.num_depths)]
+        steps = [segment_rows(plans, s, depth=d) for d in range(self.num_parallel_positions)]
         steps = [r.to(device) for r in steps if r.width > 0]
-        decay = self.args.ttt_decay ** torch.arange(self.num_depths, device=device, dtype=torch.float32)
+        decay = self.args.ttt_decay ** torch.arange(
+            self.num_parallel_positions, device=device, dtype=torch.float32
+        )
         cache = DynamicCache(config=head.config)
         loss = None
-        correct = torch.zeros(self.num_depths, dtype=torch.long)
-        total = torch.zeros(self.num_depths, dtype=torch.long)
+        correct = torch.zeros(self.num_parallel_positions, dtype=torch.long)
+        total = torch.zeros(self.num_parallel_positions, dtype=torch.long)
         prev_hidden, lut = None, None
         for i, rows in enumerate(steps):
             tok = ids.gather(1, (rows.anchor + rows.depth + 1).clamp(max=ids.shape[1] - 1))
@@ -521,7 +342,7 @@ class PEagleTrainer(Trainer):
         num_segments = len(plans[0].segments)
         todo = []
         for s in range(num_segments):
-            rows = _segment_rows(plans, s)
+            rows = segment_rows(plans, s)
             if rows.keep > 0:
                 todo.append((s, rows))
         if not todo:  # nothing supervised on this process: one zero-weight pass over the largest segment
@@ -530,7 +351,7 @@ class PEagleTrainer(Trainer):
                 raise ValueError(
                     f"a batch has no training elements: examples need >= 3 tokens, got {[p.length for p in plans]}."
                 )
-            todo = [(s, _segment_rows(plans, s))]
+            todo = [(s, segment_rows(plans, s))]
         run = self._autoregressive_segment if self.autoregressive else self._parallel_segment
         for j, (s, rows) in enumerate(todo):
             yield j == len(todo) - 1, lambda s=s, rows=rows: run(model, inputs, plans, aux, last, s, rows)
@@ -612,9 +433,9 @@ class PEagleTrainer(Trainer):
             if self.accelerator.num_processes > 1:
                 packed = torch.cat([correct.float(), total.float(), items]).to(self.args.device)
                 packed = self.accelerator.reduce(packed, reduction="sum").cpu()
-                k = self.num_depths
+                k = self.num_parallel_positions
                 correct, total, items = packed[:k], packed[k : 2 * k], packed[2 * k :]
-            for d in range(self.num_depths):
+            for d in range(self.num_parallel_positions):
                 if total[d] > 0:
                     logs[f"{prefix}acc_d{d}"] = round(float(correct[d]) / float(total[d]), 4)
             if split == "train":
@@ -628,10 +449,4 @@ class PEagleTrainer(Trainer):
         return [float(c) / float(t) if t > 0 else None for c, t in zip(s["correct"], s["total"])]
 
 
-__all__ = [
-    "PEagleTrainingArguments",
-    "PEagleTrainer",
-    "ExamplePlan",
-    "plan_example",
-    "parallel_drafter_inputs",
-]
+__all__ = ["PEagleTrainingArguments", "PEagleTrainer"]

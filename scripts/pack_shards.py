@@ -1,0 +1,122 @@
+"""Pack self-distilled JSONL rows into compact token-id shards (`peagle.training.shards`), resumably.
+
+Reads rows `{"input_ids", "loss_mask", "source", ...}` (as `scripts/grow_data.py` appends them to
+data/grow/rows.jsonl) and appends one shard per source to the shard folder.  Each shard's manifest entry records
+the JSONL file and the row range it holds (`rows: [start, stop]`), so a re-run packs only the rows appended
+since; an unfinished last line (a writer still appending) is left for the next run.  Old shards are never
+rewritten.
+
+Usage:
+    python scripts/pack_shards.py data/grow/rows.jsonl data/shards/grow
+    python scripts/pack_shards.py data/grow/rows.jsonl data/shards/grow --dtype bfloat16 --target default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+from peagle.targets import DEFAULT_TARGET_NAME
+from peagle.training.shards import MANIFEST, read_manifest, write_shard
+
+
+def packed_rows(folder: str, rows_file: str) -> int:
+    """How many lines of `rows_file` earlier runs packed into `folder` (0 for a new folder)."""
+    if not os.path.exists(os.path.join(folder, MANIFEST)):
+        return 0
+    stops = [s["rows"][1] for s in read_manifest(folder)["shards"] if s.get("rows_file") == rows_file]
+    return max(stops, default=0)
+
+
+def complete_lines(path: str, start: int) -> list[str]:
+    """Lines `start..` of `path` that end with a newline (a line still being written is left out)."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i >= start and line.endswith("\n"):
+                out.append(line)
+    return out
+
+
+def pack(
+    rows_path: str,
+    folder: str,
+    *,
+    target_name: str = DEFAULT_TARGET_NAME,
+    dtype: str | None = "bfloat16",
+    default_source: str = "unknown",
+    max_tokens_per_shard: int = 4_000_000,
+) -> list[dict]:
+    """Append the rows of `rows_path` not yet in `folder` as shards (one or more per source); returns the new
+    manifest entries."""
+    rows_file = os.path.basename(rows_path)
+    start = packed_rows(folder, rows_file)
+    lines = complete_lines(rows_path, start)
+    stop = start + len(lines)
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    cycles: dict[str, list[int]] = defaultdict(list)
+    for line in lines:
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        source = str(row.get("source") or default_source)
+        by_source[source].append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
+        if "cycle" in row:
+            cycles[source].append(int(row["cycle"]))
+    entries = []
+    for source, examples in sorted(by_source.items()):
+        chunk: list[dict] = []
+        tokens = 0
+        for i, ex in enumerate(examples):
+            chunk.append(ex)
+            tokens += len(ex["input_ids"])
+            if tokens >= max_tokens_per_shard or i == len(examples) - 1:
+                extra = {"rows_file": rows_file, "rows": [start, stop]}
+                if cycles[source]:
+                    extra["cycles"] = [min(cycles[source]), max(cycles[source])]
+                entries.append(
+                    write_shard(
+                        chunk, folder, source=source, target_name=target_name, dtype=dtype, extra=extra
+                    )
+                )
+                chunk, tokens = [], 0
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rows", help="JSONL of rows with input_ids, loss_mask and source")
+    ap.add_argument("folder", help="shard folder (created if needed)")
+    ap.add_argument(
+        "--target",
+        default=DEFAULT_TARGET_NAME,
+        help="name of the model that generated the rows ('default': SmolLM2)",
+    )
+    ap.add_argument("--dtype", default="bfloat16", help="dtype the target generated in")
+    ap.add_argument("--source", default="unknown", help="source of rows without a 'source' field")
+    ap.add_argument("--max-tokens-per-shard", type=int, default=4_000_000)
+    args = ap.parse_args(argv)
+    target = DEFAULT_TARGET_NAME if args.target == "default" else args.target
+    entries = pack(
+        args.rows,
+        args.folder,
+        target_name=target,
+        dtype=args.dtype,
+        default_source=args.source,
+        max_tokens_per_shard=args.max_tokens_per_shard,
+    )
+    for e in entries:
+        print(f"{e['file']}: {e['source']}, {e['examples']} examples, {e['response_tokens']} response tokens")
+    has_manifest = os.path.exists(os.path.join(args.folder, MANIFEST))
+    total = read_manifest(args.folder)["shards"] if has_manifest else []
+    print(
+        f"{len(entries)} new shard(s); {args.folder} holds {sum(s['examples'] for s in total)} examples, "
+        f"{sum(s['response_tokens'] for s in total)} response tokens in {len(total)} shard(s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

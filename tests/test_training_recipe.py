@@ -1,0 +1,77 @@
+"""The recipe's building blocks: training arguments, head construction, and train_head's evaluation guard."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_target
+from peagle import evalsets
+from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
+from peagle.training.recipe import format_summary
+from test_training_prompts import tiny_tokenizer
+
+
+def test_training_arguments_recipe_defaults_and_overrides(tmp_path):
+    args = training_arguments(tmp_path / "ckpt", use_cpu=True)
+    assert isinstance(args, PEagleTrainingArguments)
+    assert args.output_dir == str(tmp_path / "ckpt")
+    assert args.num_parallel_positions == 8 and args.cod_ratio == 0.7 and args.cod_min_ratio == 0.2
+    assert args.learning_rate == 3e-4 and args.gradient_accumulation_steps == 8 and args.seed == 42
+    assert args.loss_type == "kl" and args.report_to == [] or args.report_to == "none"
+    args = training_arguments(
+        tmp_path, num_parallel_positions=4, save_strategy="no", save_total_limit=2, optim="sgd", use_cpu=True
+    )
+    assert args.num_parallel_positions == 4 and args.save_total_limit == 2 and args.optim == "sgd"
+    with pytest.raises(ValueError, match="loss_type"):
+        training_arguments(tmp_path, loss_type="mse", use_cpu=True)
+
+
+def test_build_head_config_and_draft_vocabulary():
+    target = make_target()
+    examples = [{"input_ids": [1, 5, 6, 6, 9, 2], "loss_mask": [0, 0, 1, 1, 1, 1]}] * 3
+    head = build_head(
+        target,
+        examples,
+        drafting_mode="autoregressive",
+        num_hidden_layers=1,
+        draft_vocab_size=16,
+        num_parallel_positions=5,
+        num_speculative_tokens=3,
+        embed_from_target=True,
+        mask_token_id=100,
+        target_model_name="tiny",
+    )
+    cfg = head.config
+    assert (cfg.drafting_mode, cfg.num_hidden_layers, cfg.draft_vocab_size) == ("autoregressive", 1, 16)
+    assert (cfg.num_parallel_positions, cfg.num_speculative_tokens, cfg.mask_token_id) == (5, 3, 100)
+    assert cfg.embed_from_target and cfg.target_model_name == "tiny"
+    assert next(head.parameters()).dtype == torch.float32
+    vocab = head.t2d.nonzero().flatten().tolist()
+    assert {2, 5, 6, 9} <= set(vocab) and len(vocab) == 16  # response tokens and EOS (id 2) are kept
+    full = build_head(target, attn_implementation="eager")
+    assert full.config.draft_vocab_size == 128 and full.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match="examples"):
+        build_head(target, draft_vocab_size=16)
+
+
+def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypatch):
+    target, tok = make_target(), tiny_tokenizer()
+    examples = [
+        {"input_ids": tok("write code please the bot of the", add_special_tokens=False)["input_ids"],
+         "loss_mask": [0, 0, 0, 1, 1, 1, 1]},
+    ] * 2  # fmt: skip
+    args = training_arguments(
+        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False,
+    )  # fmt: skip
+    head, summary = train_head(
+        target, tok, output_dir=tmp_path / "head", examples=examples, training_args=args
+    )
+    assert summary["optimizer_steps"] == 1 and summary["num_parallel_positions"] == 3
+    assert "optimizer steps" in format_summary(summary)
+    monkeypatch.setattr(evalsets, "_evaluation_fingerprints", lambda: frozenset({"write code please"}))
+    with pytest.raises(ValueError, match="train_head examples: prompt 0 .*write code please"):
+        train_head(target, tok, output_dir=tmp_path / "head2", examples=examples, training_args=args)
+    with pytest.raises(ValueError, match="needs prompts"):
+        train_head(target, tok, output_dir=tmp_path / "head3", training_args=args)

@@ -1,0 +1,144 @@
+"""Token-id shards: round trip, dtypes, the manifest, append-only growth, corruption errors, the packing script."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from peagle.training import load_examples, read_shards, save_examples, shards, write_shard
+from peagle.training.shards import read_manifest
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def test_docstring_examples():
+    result = doctest.testmod(shards, verbose=False)
+    assert result.failed == 0 and result.attempted > 0
+
+
+def examples(n: int, seed: int = 0, vocab: int = 49152) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(3, 40, (1,), generator=g))
+        prompt = int(torch.randint(0, length, (1,), generator=g))
+        ids = torch.randint(0, vocab, (length,), generator=g).tolist()
+        out.append({"input_ids": ids, "loss_mask": [0] * prompt + [1] * (length - prompt)})
+    return out
+
+
+def test_round_trip_and_manifest_counts(tmp_path):
+    data = examples(7)
+    entry = write_shard(data, tmp_path / "s", source="magpie", target_name="tiny", dtype=torch.bfloat16)
+    assert read_shards(tmp_path / "s") == data
+    assert load_examples(tmp_path / "s") == data
+    manifest = read_manifest(tmp_path / "s")
+    assert manifest["shards"] == [entry]
+    assert entry["file"] == "shard-00000.safetensors" and entry["source"] == "magpie"
+    assert entry["examples"] == 7
+    assert entry["tokens"] == sum(len(e["input_ids"]) for e in data)
+    assert entry["response_tokens"] == sum(sum(e["loss_mask"]) for e in data)
+    assert entry["target"] == "tiny" and entry["dtype"] == "bfloat16" and entry["input_ids_dtype"] == "uint16"
+    assert entry["created"] and entry["peagle_version"] and len(entry["sha256"]) == 64
+    # about two bytes per token
+    size = os.path.getsize(tmp_path / "s" / entry["file"])
+    assert size < 2 * entry["tokens"] + 8 * 8 + 4 * 7 + 1024
+
+
+def test_large_ids_and_free_form_loss_masks(tmp_path):
+    big = examples(3, seed=1, vocab=200_000)
+    multi_turn = [
+        {"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 1, 0, 1, 1]},
+        {"input_ids": [1], "loss_mask": [0]},
+    ]
+    e1 = write_shard(big, tmp_path, source="a", target_name="t")
+    e2 = write_shard(multi_turn, tmp_path, source="b", target_name="t")
+    assert e1["input_ids_dtype"] == "int32" and e2["input_ids_dtype"] == "uint16"
+    assert read_shards(tmp_path) == big + multi_turn
+    assert read_shards(tmp_path, sources=["b"]) == multi_turn
+    assert e2["response_tokens"] == 3
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        write_shard([{"input_ids": [1, 2], "loss_mask": [0, 2]}], tmp_path, source="c", target_name="t")
+    with pytest.raises(ValueError, match="loss_mask has 1 entries"):
+        write_shard([{"input_ids": [1, 2], "loss_mask": [0]}], tmp_path, source="c", target_name="t")
+    assert len(read_manifest(tmp_path)["shards"]) == 2
+
+
+def test_appending_never_rewrites_old_shards(tmp_path):
+    write_shard(examples(4), tmp_path, source="a", target_name="t")
+    first = tmp_path / "shard-00000.safetensors"
+    before = (first.read_bytes(), os.stat(first).st_mtime_ns)
+    write_shard(examples(5, seed=2), tmp_path, source="b", target_name="t", extra={"rows": [0, 9]})
+    assert (first.read_bytes(), os.stat(first).st_mtime_ns) == before
+    manifest = read_manifest(tmp_path)
+    assert [s["file"] for s in manifest["shards"]] == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert manifest["shards"][1]["rows"] == [0, 9]
+    assert len(read_shards(tmp_path)) == 9
+
+
+def test_corrupted_or_mismatched_shards_name_the_file(tmp_path):
+    write_shard(examples(4), tmp_path, source="a", target_name="t")
+    path = tmp_path / "shard-00000.safetensors"
+    good = path.read_bytes()
+    path.write_bytes(good[:-6] + bytes(6))
+    with pytest.raises(ValueError, match="shard-00000.safetensors is corrupted"):
+        read_shards(tmp_path)
+    path.write_bytes(good[:40])
+    manifest = read_manifest(tmp_path)
+    del manifest["shards"][0]["sha256"]  # without the checksum the reader still fails, naming the file
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="shard-00000.safetensors cannot be read"):
+        read_shards(tmp_path)
+    path.write_bytes(good)
+    manifest["shards"][0]["examples"] = 5
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"shard-00000.safetensors does not match manifest.json \(examples"):
+        read_shards(tmp_path)
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match="shard-00000.safetensors"):
+        read_shards(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a shard folder"):
+        read_shards(tmp_path / "nowhere")
+
+
+def test_jsonl_examples_still_load(tmp_path):
+    data = examples(3)
+    save_examples(data, tmp_path / "ex.jsonl")
+    assert load_examples(tmp_path / "ex.jsonl") == data
+    with pytest.raises(FileNotFoundError):
+        load_examples(tmp_path / "missing.jsonl")
+
+
+def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
+    sys.path.insert(0, SCRIPTS)
+    try:
+        import pack_shards
+    finally:
+        sys.path.remove(SCRIPTS)
+    rows_path, folder = tmp_path / "rows.jsonl", tmp_path / "shards"
+    data = examples(10, seed=3)
+    rows = [dict(e, source="magpie" if i % 3 else "stdlib-code", cycle=i // 4) for i, e in enumerate(data)]
+    lines = [json.dumps(r) + "\n" for r in rows]
+    rows_path.write_text("".join(lines[:6]) + lines[6][:20])  # the last row is still being written
+    assert pack_shards.main([str(rows_path), str(folder), "--target", "tiny"]) == 0
+    manifest = read_manifest(folder)
+    assert sorted(s["source"] for s in manifest["shards"]) == ["magpie", "stdlib-code"]
+    assert all(s["rows"] == [0, 6] and s["rows_file"] == "rows.jsonl" for s in manifest["shards"])
+    assert sum(s["examples"] for s in manifest["shards"]) == 6
+    assert pack_shards.main([str(rows_path), str(folder)]) == 0  # nothing new
+    assert len(read_manifest(folder)["shards"]) == 2
+    rows_path.write_text("".join(lines))
+    assert pack_shards.main([str(rows_path), str(folder)]) == 0
+    manifest = read_manifest(folder)
+    assert len(manifest["shards"]) == 4 and manifest["shards"][-1]["rows"] == [6, 10]
+    packed = read_shards(folder)
+    key = lambda e: e["input_ids"]  # noqa: E731
+    assert sorted(packed, key=key) == sorted(
+        ({"input_ids": e["input_ids"], "loss_mask": e["loss_mask"]} for e in data), key=key
+    )
+    assert "holds 10 examples" in capsys.readouterr().out
