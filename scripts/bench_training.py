@@ -1,0 +1,148 @@
+"""Training throughput of the standard recipe: response tokens trained per second and where the time goes.
+
+Runs `--steps` optimizer steps of `PEagleTrainer` on self-distilled examples (a shard folder or JSONL) for the
+embedded SmolLM2 target, with the head of the shipped recipe (2 layers, 8k draft vocabulary, the target's
+frozen embeddings, K_train 8, COD 0.7), and splits the wall time with hooks into: target features (the frozen
+target's forward), drafter forward, backward, loss, attention-mask building, and the rest (data, optimizer,
+bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle machine.
+
+Usage:
+    python scripts/bench_training.py --examples data/shards/grow --steps 20 --out bench_results/training.json
+    python scripts/bench_training.py --examples ... --bf16          # the same with bf16 autocast
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from peagle.bench import machine_description
+from peagle.targets import DEFAULT_TARGET_NAME, load_default_target
+from peagle.training.recipe import build_head, training_arguments
+from peagle.training.shards import load_examples
+from peagle.training.trainer import PEagleTrainer
+
+MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>"
+
+
+class Timers:
+    """Wall-time totals of named phases; a phase nested in another is subtracted from it."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.stack: list[list] = []
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            self.stack.append([name, time.perf_counter(), 0.0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phase, t0, inner = self.stack.pop()
+                total = time.perf_counter() - t0
+                self.seconds[phase] += total - inner
+                if self.stack:
+                    self.stack[-1][2] += total
+
+        return timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", required=True)
+    ap.add_argument("--limit", type=int, default=256, help="examples to draw batches from")
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps to time (after one warm-up step)")
+    ap.add_argument("--grad-accum", type=int, default=4)
+    ap.add_argument("--max-length", type=int, default=1024)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="bench_results/training.json")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    examples = load_examples(args.examples)[: args.limit]
+    target, _ = load_default_target(dtype=torch.bfloat16 if args.bf16 else torch.float32)
+    head = build_head(
+        target,
+        examples,
+        num_hidden_layers=2,
+        draft_vocab_size=8192,
+        num_parallel_positions=8,
+        embed_from_target=True,
+        mask_token_id=MASK_TOKEN_ID,
+        target_model_name=DEFAULT_TARGET_NAME,
+    )
+    timers = Timers()
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = training_arguments(
+            tmp,
+            max_steps=args.steps + 1,
+            gradient_accumulation_steps=args.grad_accum,
+            max_length=args.max_length,
+            bf16=args.bf16,
+            save_strategy="no",
+            logging_steps=10_000,
+            progress=False,
+        )
+        trainer = PEagleTrainer(
+            model=head.attach_target(target), target_model=target, args=targs, train_dataset=examples
+        )
+        trainer._features = timers.wrap("target features", trainer._features)
+        trainer._attention = timers.wrap("attention mask", trainer._attention)
+        trainer._loss_from_logits = timers.wrap("loss", trainer._loss_from_logits)
+        trainer.accelerator.backward = timers.wrap("backward", trainer.accelerator.backward)
+        original_forward = head.forward
+        head.forward = timers.wrap("drafter forward", original_forward)
+        tokens = {"response": 0}
+        original_step = trainer.training_step
+
+        def counting_step(model, inputs, num_items_in_batch=None):
+            if "loss_mask" in inputs:
+                tokens["response"] += int(inputs["loss_mask"].sum())
+            return original_step(model, inputs, num_items_in_batch)
+
+        trainer.training_step = counting_step
+        start = {}
+
+        from transformers import TrainerCallback
+
+        class Clock(TrainerCallback):
+            def on_step_end(self, args_, state, control, **kw):
+                if state.global_step == 1:  # the first step warms up: time from here
+                    start["t"] = time.perf_counter()
+                    start["tokens"] = tokens["response"]
+                    timers.seconds.clear()
+
+        trainer.add_callback(Clock())
+        trainer.train()
+        wall = time.perf_counter() - start["t"]
+    trained = tokens["response"] - start["tokens"]
+    split = dict(timers.seconds)
+    split["other (data, optimizer, bookkeeping)"] = max(0.0, wall - sum(split.values()))
+    result = {
+        "response_tokens_per_second": trained / wall,
+        "response_tokens": trained,
+        "seconds": wall,
+        "optimizer_steps": args.steps,
+        "split_seconds": split,
+        "settings": vars(args),
+        "machine": machine_description(),
+    }
+    print(f"{trained} response tokens in {wall:.1f} s: {trained / wall:.1f} tokens/s")
+    for name, sec in sorted(split.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:40s} {sec:8.1f} s  {100 * sec / wall:5.1f}%")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
