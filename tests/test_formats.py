@@ -1,8 +1,8 @@
 """Heads in the wild: every published layout loads with the expected logits; export -> load round trips.
 
-The fixtures are written from the documented names and shapes (formats.py lists the sources); the
-expected logits come from `_reference_logits`, a plain-torch forward over the raw tensors that shares no
-code with `PEagleDrafter`.
+The fixtures are written from the documented names and shapes (each layout module of peagle.formats
+lists its sources); the expected logits come from `_reference_logits`, a plain-torch forward over the raw
+tensors that shares no code with `PEagleDrafter`.
 """
 
 from __future__ import annotations
@@ -605,6 +605,36 @@ def test_sharded_export_loads(tmp_path):
     assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
     ids, feats, parallel = _slots()
     loaded = PEagleDrafter.from_pretrained(out)
+    torch.testing.assert_close(
+        _head_logits(loaded, ids, feats, parallel), _head_logits(head, ids, feats, parallel)
+    )
+
+
+# ------------------------------------------------------------------------------------------ registry
+def test_layout_registry_and_load_head(tmp_path):
+    from peagle import formats
+
+    assert list(formats.LAYOUTS) == ["peagle", "speculators", "vllm", "eagle3"]
+    assert set(formats.EXPORT_LAYOUTS) == {"peagle", "speculators", "vllm"}
+    assert peagle.load_head is formats.load_head
+    assert PEagleDrafter._checkpoint_loader is formats.load_head  # registered by importing peagle.formats
+    folder, _, raw = write_aws(tmp_path / "aws")
+    head = peagle.load_head(folder)
+    assert head.config.drafting_mode == "parallel" and not head.training
+    ids, feats, parallel = _slots()
+    torch.testing.assert_close(
+        _head_logits(head, ids, feats, parallel),
+        _head_logits(PEagleDrafter.from_pretrained(folder), ids, feats, parallel),
+    )
+
+
+def test_from_pretrained_without_a_registered_loader(tmp_path, monkeypatch):
+    """As remote code nothing is registered: peagle's own layout loads through plain transformers."""
+    head, target = _tiny_head()
+    head.save_pretrained(tmp_path / "head")
+    monkeypatch.setattr(PEagleDrafter, "_checkpoint_loader", None)
+    loaded = PEagleDrafter.from_pretrained(tmp_path / "head", target_model=target)
+    ids, feats, parallel = _slots()
     torch.testing.assert_close(
         _head_logits(loaded, ids, feats, parallel), _head_logits(head, ids, feats, parallel)
     )

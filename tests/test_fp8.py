@@ -31,7 +31,7 @@ HAS_FP8_GPU = (
 
 @pytest.fixture(autouse=True)
 def _fresh_warning_state(monkeypatch):
-    monkeypatch.setattr(fp8, "_WARNED", set())
+    monkeypatch.setattr(fp8.linear, "_WARNED", set())
     monkeypatch.delenv(fp8.FALLBACK_ENV, raising=False)
 
 
@@ -142,9 +142,9 @@ def test_cuda_call_contracts_with_fake_cuda_tensors(kernel, m, monkeypatch):
     column-major B, 16-aligned K/N, scale shapes and strides of each recipe) run on the CPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if kernel == "blockwise" and not fp8._HAS_SCALED_MM_V2:
+    if kernel == "blockwise" and not fp8.kernels._HAS_SCALED_MM_V2:
         pytest.skip("block-wise scaling needs torch.nn.functional.scaled_mm")
-    monkeypatch.setattr(fp8, "_ONES", {})  # keep fake tensors out of the module-level cache
+    monkeypatch.setattr(fp8.kernels, "_ONES", {})  # keep fake tensors out of the module-level cache
     block = (128, 128) if kernel in ("blockwise", "chunked") else None
     with FakeTensorMode():
         x = torch.empty(m, 256, device="cuda", dtype=torch.bfloat16)
@@ -157,13 +157,14 @@ def test_cuda_call_contracts_with_fake_cuda_tensors(kernel, m, monkeypatch):
 def test_fake_cuda_contracts_catch_a_wrong_layout(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(fp8, "_ONES", {})
+    monkeypatch.setattr(fp8.kernels, "_ONES", {})
     with FakeTensorMode():
         xq = torch.empty(4, 256, device="cuda", dtype=torch.float8_e4m3fn)
         wq = torch.empty(256, 256, device="cuda", dtype=torch.float8_e4m3fn)
         one = torch.ones((), device="cuda")
         with pytest.raises(RuntimeError, match="col_major"):
-            fp8._scaled_mm(xq, wq, one, "TensorWise", one, "TensorWise", torch.float32)  # wq not transposed
+            # wq not transposed
+            fp8.kernels._scaled_mm(xq, wq, one, "TensorWise", one, "TensorWise", torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------- the module
@@ -201,15 +202,15 @@ def test_gpu_below_compute_capability_8_9_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(torch.version, "hip", None)
-    fp8._device_support.cache_clear()
+    fp8.kernels._device_support.cache_clear()
     try:
         ok, why = fp8.fp8_device_support("cuda:0")
         assert not ok and "A100" in why and "compute capability 8.0 < 8.9" in why
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-        fp8._device_support.cache_clear()
+        fp8.kernels._device_support.cache_clear()
         assert fp8.fp8_device_support("cuda:0")[0]
     finally:
-        fp8._device_support.cache_clear()
+        fp8.kernels._device_support.cache_clear()
 
 
 def test_fallback_from_environment(monkeypatch):
@@ -454,7 +455,7 @@ def test_gpu_quantized_head_drafts_losslessly(granularity):
     kernels = fp8.fp8_summary(head, "cuda")["kernels"]
     assert set(kernels) <= {"rowwise", "tensorwise", "blockwise", "chunked"}, kernels
     _generate_lossless(target, head, device="cuda")
-    assert not fp8._WARNED  # no fallback ran: the drafts came from the FP8 kernels
+    assert not fp8.linear._WARNED  # no fallback ran: the drafts came from the FP8 kernels
 
 
 _REMOTE_CODE_WITHOUT_PEAGLE = """
@@ -484,6 +485,39 @@ assert torch.equal(logits, ref["logits"])
 assert "peagle" not in sys.modules
 print("OK")
 """
+
+
+_LAZY_FP8 = """
+import sys
+
+import peagle
+
+assert "peagle.fp8" not in sys.modules  # `import peagle` does not import the FP8 code
+head = peagle.PEagleDrafter.from_pretrained(sys.argv[1])  # peagle.formats imports it for an FP8 head
+assert "peagle.fp8" in sys.modules
+assert type(head.fc).__name__ == "FP8Linear" and head.fc.weight.dtype.itemsize == 1
+assert peagle.quantize_head is sys.modules["peagle.fp8"].quantize_head
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_fp8_is_imported_lazily_and_on_demand(tiny_head, tmp_path):
+    fp8.quantize_head(tiny_head)
+    tiny_head.save_pretrained(tmp_path / "head")
+    script = tmp_path / "lazy.py"
+    script.write_text(_LAZY_FP8)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "head")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_head_without_fp8_builder_is_refused(tiny_head, monkeypatch):
+    fp8.quantize_head(tiny_head)
+    monkeypatch.setattr(peagle.PEagleDrafter, "_config_extensions", {})
+    with pytest.raises(ValueError, match=r"config\.peagle_fp8 is set.*import peagle\.fp8"):
+        peagle.PEagleDrafter(tiny_head.config)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def _bench_json(tmp_path):
     """A bench.json in the shape `peagle bench` writes (its own `summarize` builds the summary)."""
     runs = []
     for method, k, rounds, seconds in (("greedy", 0, 64, 4.0), ("peagle", 7, 20, 2.0)):
-        runs.append(dict(dataset="mtbench", method=method, k=k, new_tokens=64, seconds=seconds, rounds=rounds,
+        runs.append(dict(dataset="mtbench", method=method, k=k, new_tokens=64, seconds=seconds, target_passes=rounds,
                          target_seconds=seconds * 0.8, drafter_seconds=seconds * 0.1, lossless=True))  # fmt: skip
     path = tmp_path / "bench.json"
     path.write_text(
@@ -314,3 +315,26 @@ def test_upload_folder_works_without_peagle(tmp_path):
 
 def test_peagle_export_is_public():
     assert peagle.export is peagle.formats.export
+
+
+def test_push_is_registered_and_says_import_peagle_without_it(monkeypatch):
+    assert PEagleDrafter._hub_pusher is peagle.hub.push_to_hub  # registered by importing peagle.hub
+    monkeypatch.setattr(PEagleDrafter, "_hub_pusher", None)
+    with pytest.raises(RuntimeError, match="import peagle"):
+        make_head(make_target()).push_to_hub("org/smol-peagle")
+
+
+def test_model_imports_only_its_configuration():
+    """modeling_peagle.py ships as remote code: no import of formats, hub, fp8, targets or the package root."""
+    import ast
+
+    import peagle.modeling_peagle
+
+    tree = ast.parse(Path(peagle.modeling_peagle.__file__).read_text())
+    imported = {
+        ("." * node.level) + (node.module or "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("peagle"))
+    }
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    assert {m for m in imported if m.startswith(".") or m.startswith("peagle")} == {".configuration_peagle"}

@@ -7,9 +7,10 @@ single drafter forward pass.
 
 from transformers import AutoConfig, AutoModel
 
+from . import hub  # noqa: F401  (registers PEagleDrafter.push_to_hub)
+from ._version import __version__
 from .configuration_peagle import PEagleConfig
-from .formats import export
-from .fp8 import FP8Linear, dequantize_head, quantize_head
+from .formats import export, load_head
 from .generation import (
     PEagleCandidateGenerator,
     PEagleGenerationStats,
@@ -19,8 +20,6 @@ from .generation import (
 from .modeling_peagle import PEagleDraft, PEagleDrafter, PEagleDrafterOutput
 from .targets import load_default_drafter, load_default_target
 
-__version__ = "0.1.0"
-
 AutoConfig.register(PEagleConfig.model_type, PEagleConfig, exist_ok=True)
 AutoModel.register(PEagleConfig, PEagleDrafter, exist_ok=True)
 PEagleConfig.register_for_auto_class()
@@ -28,14 +27,20 @@ PEagleDrafter.register_for_auto_class("AutoModel")
 install_generate_hook()
 
 _TRAINING_EXPORTS = ("PEagleTrainer", "PEagleTrainingArguments", "train_head")
+_FP8_EXPORTS = ("FP8Linear", "quantize_head", "dequantize_head")
 
 
 def __getattr__(name: str):
-    """`peagle.PEagleTrainer`, `peagle.PEagleTrainingArguments`, `peagle.train_head`, imported on first use."""
+    """The training names (`peagle.PEagleTrainer`, ...) and the FP8 names (`peagle.FP8Linear`,
+    `peagle.quantize_head`, `peagle.dequantize_head`), imported on first use."""
     if name in _TRAINING_EXPORTS:
         from . import training
 
         return getattr(training, name)
+    if name in _FP8_EXPORTS:  # not imported eagerly: FP8 is optional and GPU-specific
+        from . import fp8
+
+        return getattr(fp8, name)
     raise AttributeError(f"module 'peagle' has no attribute {name!r}")
 
 
@@ -45,6 +50,7 @@ __all__ = [
     "PEagleDrafterOutput",
     "PEagleDraft",
     "export",
+    "load_head",
     "FP8Linear",
     "quantize_head",
     "dequantize_head",

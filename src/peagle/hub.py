@@ -3,22 +3,22 @@
 `prepare_upload_folder(head, folder, ...)` writes everything a Hub repository of a head needs:
 
 - `config.json` (with `auto_map`) and `model*.safetensors` in peagle's layout;
-- the remote-code files `configuration_peagle.py` and `modeling_peagle.py`, so
-  `AutoModel.from_pretrained(repo, trust_remote_code=True)` works without peagle installed;
+- the remote-code files `configuration_peagle.py` and `modeling_peagle.py` (and `fp8.py` for an FP8 head),
+  so `AutoModel.from_pretrained(repo, trust_remote_code=True)` works without peagle installed;
 - `custom_generate/generate.py` (+ `requirements.txt`), so `target.generate(..., custom_generate=repo,
   trust_remote_code=True)` runs greedy speculative decoding with the head without peagle installed;
 - `README.md`, a model card rendered from `model_card_templates/peagle_head.md` (YAML: `library_name`,
   `base_model` = the target, tags, license; body: the head, its training, the acceptance/speedup table of
   a `peagle bench` JSON, usage for transformers and vLLM).
 
-`push_to_hub` (also `PEagleDrafter.push_to_hub` and `peagle push`) uploads that folder with
-`huggingface_hub.HfApi.upload_folder`.  The card parses with `huggingface_hub.ModelCard`; the Hub's own
-YAML validation (`ModelCard.validate`, a network call) runs when the Hub receives the upload.
+`push_to_hub` (also `PEagleDrafter.push_to_hub`, which importing this module registers, and `peagle push`)
+uploads that folder with `huggingface_hub.HfApi.upload_folder`.  The card parses with
+`huggingface_hub.ModelCard`; the Hub's own YAML validation (`ModelCard.validate`, a network call) runs
+when the Hub receives the upload.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import tempfile
@@ -28,19 +28,30 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from ._version import __version__
+from .formats.vllm import speculative_config
+from .modeling_peagle import PEagleDrafter
+
 TEMPLATES = Path(__file__).parent / "model_card_templates"
 CARD_TEMPLATE = TEMPLATES / "peagle_head.md"
 CUSTOM_GENERATE_SOURCE = TEMPLATES / "custom_generate.py"
 CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.23\n"
 DEFAULT_TAGS = ("peagle", "p-eagle", "eagle3", "speculative-decoding", "drafter", "custom_generate")
+BenchInput = str | Path | dict | list | None
+"""A `peagle bench` JSON: a file path, or the parsed JSON."""
+TrainingInput = dict[str, Any] | str | Path | None
+"""What the card says about training: a dict such as `{"data": ..., "tokens": ...}`, or a JSON file of one."""
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# bench summary columns shown on the card (key, header), in this order when present
+# bench summary columns shown on the card (key, header), in this order when some row has a value
+# ("tau" is what bench JSONs before the named metrics called tokens per target pass)
 _BENCH_COLUMNS = (
     ("dataset", "set"),
     ("method", "method"),
     ("k", "K"),
     ("prompts", "prompts"),
+    ("tokens_per_target_pass", "tokens/target pass"),
     ("tau", "tau"),
+    ("acceptance_length", "acceptance length"),
     ("tokens_per_s", "tok/s"),
     ("speedup", "speedup"),
     ("lossless", "lossless"),
@@ -85,12 +96,14 @@ def bench_section(bench: str | Path | dict | list | None) -> str:
     rows = [r for r in rows if isinstance(r, dict)]
     if not rows:
         raise ValueError("bench JSON has no result rows; expected a list of dicts or a 'summary' list.")
-    columns = [(k, h) for k, h in _BENCH_COLUMNS if any(k in r for r in rows)] or [(k, k) for k in rows[0]]
+    columns = [(k, h) for k, h in _BENCH_COLUMNS if any(r.get(k) is not None for r in rows)]
+    columns = columns or [(k, k) for k in rows[0]]
     lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(k, r.get(k)) for k, _ in columns) + " |" for r in rows]
     notes = [
-        "tau = mean tokens emitted per verification round, counting the target's own (bonus) token; plain "
-        "decoding has tau = 1.0. Speedup = tokens/s over greedy decoding of the same prompts."
+        "Tokens/target pass = new tokens / target forward passes (prefill included), counting the target's "
+        "own (bonus) token; plain decoding has 1.0. Acceptance length = (accepted drafts + rounds) / rounds "
+        "over drafting rounds. Speedup = tokens/s over greedy decoding of the same prompts."
     ]
     if isinstance(data, dict):
         machine = data.get("machine")
@@ -155,14 +168,14 @@ def _architecture_rows(config: Any) -> str:
 
 
 def render_model_card(
-    head: Any,
+    head: PEagleDrafter,
     *,
     repo_id: str | None = None,
     base_model: str | None = None,
     license: str = "apache-2.0",
     tags: list[str] | None = None,
-    bench: str | Path | dict | list | None = None,
-    training: dict[str, Any] | str | Path | None = None,
+    bench: BenchInput = None,
+    training: TrainingInput = None,
     template: str | Path | None = None,
 ) -> ModelCard:
     """The head's model card (a `huggingface_hub.ModelCard`).
@@ -177,8 +190,6 @@ def render_model_card(
         training: dict (or JSON file) describing the training data and budget.
         template: another body template (`string.Template` placeholders, see `peagle_head.md`).
     """
-    from . import __version__
-
     config = head.config
     base = base_model or config.target_model_name
     all_tags = list(dict.fromkeys([*DEFAULT_TAGS, *(tags or [])]))
@@ -191,13 +202,7 @@ def render_model_card(
     parallel = config.drafting_mode == "parallel"
     repo = repo_id or "<this repo>"
     short = repo.rsplit("/", 1)[-1].strip("<>").replace(" ", "-")
-    spec = {
-        "method": "eagle3",
-        "model": f"./{short}-vllm",
-        "num_speculative_tokens": config.num_speculative_tokens,
-    }
-    if parallel:
-        spec["parallel_drafting"] = True
+    spec = speculative_config(head, f"./{short}-vllm")
     kind = "P-EAGLE (parallel drafting)" if parallel else "EAGLE-3"
     target_name = (
         f"[`{base}`](https://huggingface.co/{base})" if _is_repo_id(base) else f"`{base or 'its target'}`"
@@ -250,13 +255,18 @@ def custom_generate_source(head_repo: str | None) -> str:
 
 
 def prepare_upload_folder(
-    head: Any,
+    head: PEagleDrafter,
     folder: str | Path,
     *,
     repo_id: str | None = None,
     target_model: Any = None,
     max_shard_size: int | str = "5GB",
-    **card_kwargs: Any,
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    tags: list[str] | None = None,
+    bench: BenchInput = None,
+    training: TrainingInput = None,
+    template: str | Path | None = None,
 ) -> Path:
     """Write the folder `push_to_hub` uploads (see the module docstring); returns it.
 
@@ -266,7 +276,8 @@ def prepare_upload_folder(
         repo_id: the destination repository; `custom_generate/generate.py` loads the head from it.  Without
             it the recipe points at `folder` itself (for local use).
         target_model: checked against the head (`attach_target`) before writing.
-        **card_kwargs: `render_model_card` arguments (`bench`, `training`, `license`, `tags`, `base_model`).
+        max_shard_size: passed to `save_pretrained`.
+        base_model, license, tags, bench, training, template: the model card's (see `render_model_card`).
     """
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -284,13 +295,22 @@ def prepare_upload_folder(
     gen.mkdir(exist_ok=True)
     (gen / "generate.py").write_text(custom_generate_source(repo_id or str(out.resolve())))
     (gen / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
-    card = render_model_card(head, repo_id=repo_id, **card_kwargs)
+    card = render_model_card(
+        head,
+        repo_id=repo_id,
+        base_model=base_model,
+        license=license,
+        tags=tags,
+        bench=bench,
+        training=training,
+        template=template,
+    )
     card.save(out / "README.md")
     return out
 
 
 def push_to_hub(
-    head: Any,
+    head: PEagleDrafter,
     repo_id: str,
     *,
     token: str | None = None,
@@ -300,11 +320,20 @@ def push_to_hub(
     commit_message: str | None = None,
     target_model: Any = None,
     max_shard_size: int | str = "5GB",
-    **card_kwargs: Any,
-):
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    tags: list[str] | None = None,
+    bench: BenchInput = None,
+    training: TrainingInput = None,
+    template: str | Path | None = None,
+) -> Any:
     """Prepare the upload folder in a temporary directory and upload it with `HfApi.upload_folder`.
 
-    Returns the `huggingface_hub.CommitInfo` of the upload.
+    Also `PEagleDrafter.push_to_hub(repo_id, **kwargs)` (registered below) and `peagle push`.  The card
+    arguments are `render_model_card`'s; `target_model` and `max_shard_size` are `prepare_upload_folder`'s.
+
+    Returns:
+        The `huggingface_hub.CommitInfo` of the upload.
     """
     from huggingface_hub import HfApi
 
@@ -316,7 +345,12 @@ def push_to_hub(
             repo_id=repo_id,
             target_model=target_model,
             max_shard_size=max_shard_size,
-            **card_kwargs,
+            base_model=base_model,
+            license=license,
+            tags=tags,
+            bench=bench,
+            training=training,
+            template=template,
         )
         api.create_repo(repo_id, private=private, exist_ok=True)
         return api.upload_folder(
@@ -328,22 +362,7 @@ def push_to_hub(
         )
 
 
-def cli_push(args: argparse.Namespace) -> int:
-    """`peagle push HEAD REPO_ID [--target T] [--bench JSON] [--training JSON] [--prepare-only DIR]`."""
-    from .formats import load_target_model
-    from .modeling_peagle import PEagleDrafter
-
-    target = load_target_model(args.target)
-    head = PEagleDrafter.from_pretrained(args.head, target_model=target, allow_pickle=args.allow_pickle)
-    card_kwargs = {"bench": args.bench, "training": args.training, "license": args.license}
-    if args.prepare_only:
-        out = prepare_upload_folder(head, args.prepare_only, repo_id=args.repo_id, **card_kwargs)
-        print(f"wrote the upload folder for {args.repo_id} to {out} (not uploaded)")
-        return 0
-    info = push_to_hub(head, args.repo_id, token=args.token, private=args.private or None, **card_kwargs)
-    print(f"uploaded {args.head} to {getattr(info, 'commit_url', args.repo_id)}")
-    return 0
-
+PEagleDrafter.register_hub_pusher(push_to_hub)
 
 __all__ = [
     "render_model_card",

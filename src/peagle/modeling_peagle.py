@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -36,6 +36,20 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils import ModelOutput
 
 from .configuration_peagle import PEagleConfig, check_aux_layer_ids
+
+CheckpointLoader = Callable[..., Any]
+"""`loader(path_or_id, *model_args, cls=..., target=..., allow_pickle=..., **kwargs) -> head`: what
+`from_pretrained` calls when registered (`PEagleDrafter.register_checkpoint_loader`; `peagle.formats` registers
+`load_head`)."""
+HubPusher = Callable[..., Any]
+"""`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.hub` registers its
+`push_to_hub`)."""
+ExtensionBuilder = Callable[[Any, Any], None]
+"""`build(head, config_value)`: rebuilds modules a `peagle_*` config block describes, in `__init__`."""
+ExtensionSaver = Callable[[Any, str], None]
+"""`save(head, folder)`: writes what such a head needs besides weights and config, after `save_pretrained`."""
+EXTENSION_PREFIX = "peagle_"
+"""Config attributes named `peagle_<name>` are extension blocks (e.g. `peagle_fp8`); each needs a builder."""
 
 
 @dataclass
@@ -190,50 +204,112 @@ class PEagleDrafter(PEaglePreTrainedModel):
         self.register_buffer("t2d", t2d)
         self.gradient_checkpointing = False
         self.last_generation_stats = None
-        if getattr(config, "peagle_fp8", None):  # an FP8 head (peagle.fp8): FP8 layers before loading
-            from .fp8 import apply_fp8_config
-
-            apply_fp8_config(self, config.peagle_fp8)
+        self._apply_config_extensions()  # e.g. FP8 layers for `config.peagle_fp8`, before weights load
         self.post_init()
 
-    # ------------------------------------------------------------------ loading and uploading
+    # ------------------------------------------------------------------ loading, saving and uploading
+    # Registration points: this file imports nothing from the rest of peagle, because it ships as remote code
+    # (docs/DESIGN.md section 6).  `peagle.formats`, `peagle.hub` and `peagle.fp8` plug themselves in here when
+    # imported, the way peft's tuners register themselves; as remote code without peagle nothing is registered.
+    _checkpoint_loader: ClassVar[CheckpointLoader | None] = None
+    _hub_pusher: ClassVar[HubPusher | None] = None
+    _config_extensions: ClassVar[dict[str, tuple[ExtensionBuilder, ExtensionSaver | None]]] = {}
+
+    @classmethod
+    def register_checkpoint_loader(cls, loader: CheckpointLoader) -> None:
+        """Make `from_pretrained` load through `loader` (replacing any earlier one).
+
+        `loader(path_or_id, *model_args, cls=cls, target=target_model, allow_pickle=..., **kwargs)` returns
+        the head; for peagle's own layout it ends in `cls.from_pretrained_native`.
+        """
+        cls._checkpoint_loader = staticmethod(loader)
+
+    @classmethod
+    def register_hub_pusher(cls, pusher: HubPusher) -> None:
+        """Make `push_to_hub` upload through `pusher(head, repo_id, **kwargs)` (replacing any earlier one)."""
+        cls._hub_pusher = staticmethod(pusher)
+
+    @classmethod
+    def register_config_extension(
+        cls, key: str, build: ExtensionBuilder, save: ExtensionSaver | None = None
+    ) -> None:
+        """Let the config block `key` (`peagle_<name>`) rebuild modules of the head.
+
+        `build(head, config.<key>)` runs in `__init__`, before weights load, whenever `config.<key>` is set
+        (`peagle.fp8` swaps in FP8 layers for `peagle_fp8`); `save(head, folder)` runs after `save_pretrained`
+        (it may write the remote code those modules need).
+        """
+        if not key.startswith(EXTENSION_PREFIX):
+            raise ValueError(f"config extension keys start with {EXTENSION_PREFIX!r}; got {key!r}.")
+        cls._config_extensions[key] = (build, save)
+
+    def _apply_config_extensions(self) -> None:
+        """Run the registered builder of every `peagle_*` block set in the config; refuse unregistered ones."""
+        for key, value in list(vars(self.config).items()):
+            if not key.startswith(EXTENSION_PREFIX) or not value:
+                continue
+            if key not in self._config_extensions:
+                module = "peagle." + key.removeprefix(EXTENSION_PREFIX)
+                raise ValueError(
+                    f"config.{key} is set, but nothing registered how to build it; import the module that "
+                    f"writes it first (`import {module}`, which needs peagle installed)."
+                )
+            build, _ = self._config_extensions[key]
+            build(self, value)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """Load a head saved by peagle, or convert one saved in another published layout.
 
-        With peagle installed, `peagle.formats` recognises the AWS/vLLM, speculators and EAGLE-3 layouts,
-        refuses pickle checkpoints unless `allow_pickle=True`, and checks every tensor against the config
-        (errors name the file and tensor).  `target_model=` attaches the head to its target after loading
-        and supplies `embed_tokens` / `lm_head` a foreign checkpoint lacks.  As Hub remote code without
-        peagle installed, only peagle's own layout loads, through plain transformers loading.
+        With peagle imported, the registered loader (`peagle.formats.load_head`) recognises the AWS/vLLM,
+        speculators and EAGLE-3 layouts, refuses pickle checkpoints unless `allow_pickle=True`, and checks
+        every tensor against the config (errors name the file and tensor).  `target_model=` attaches the head
+        to its target after loading and supplies `embed_tokens` / `lm_head` a foreign checkpoint lacks.  With
+        no loader registered (as Hub remote code without peagle), only peagle's own layout loads, through
+        plain transformers loading.
         """
         target_model = kwargs.pop("target_model", None)
         allow_pickle = kwargs.pop("allow_pickle", False)
-        try:
-            from peagle import formats
-        except ImportError:
-            formats = None
-        if formats is not None:
-            checkpoint = formats.inspect_checkpoint(
-                pretrained_model_name_or_path, allow_pickle=allow_pickle, hub_kwargs=kwargs
+        loader = cls._checkpoint_loader
+        if loader is not None:
+            return loader(
+                pretrained_model_name_or_path,
+                *model_args,
+                cls=cls,
+                target=target_model,
+                allow_pickle=allow_pickle,
+                **kwargs,
             )
-            if checkpoint.layout != "peagle":
-                dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-                return formats.load_converted(checkpoint, cls=cls, target_model=target_model, dtype=dtype)
-            formats.check_native(checkpoint, cls, config=kwargs.get("config"))
-            pretrained_model_name_or_path = checkpoint.path
-        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = cls.from_pretrained_native(pretrained_model_name_or_path, *model_args, **kwargs)
         if target_model is not None:
             model.attach_target(target_model)
         return model
 
+    @classmethod
+    def from_pretrained_native(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' own `from_pretrained`: peagle's layout only, without layout detection or tensor checks."""
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' `save_pretrained`, then the `save` hooks of the config extensions this head uses."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            for key, (_, save) in self._config_extensions.items():
+                if save is not None and getattr(self.config, key, None):
+                    save(self, str(save_directory))
+        return result
+
     def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload with a model card, the remote-code files and `custom_generate/` (`peagle.hub.push_to_hub`)."""
-        try:
-            from peagle.hub import push_to_hub
-        except ImportError:
-            return super().push_to_hub(repo_id, **kwargs)
-        return push_to_hub(self, repo_id, **kwargs)
+        """Upload with a model card, the remote-code files and `custom_generate/` (the registered pusher:
+        `peagle.hub.push_to_hub`, which documents the arguments)."""
+        pusher = self._hub_pusher
+        if pusher is None:
+            raise RuntimeError(
+                "PEagleDrafter.push_to_hub uploads through peagle.hub, which is not loaded: `import peagle` "
+                "first (pip install peagle). Without peagle, save_pretrained the head and upload the folder "
+                "with huggingface_hub.HfApi().upload_folder."
+            )
+        return pusher(self, repo_id, **kwargs)
 
     # ------------------------------------------------------------------ embeddings and vocabularies
     def get_input_embeddings(self) -> nn.Embedding:

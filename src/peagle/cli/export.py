@@ -29,6 +29,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..formats import cli_export
+    import json
 
-    return cli_export(args)
+    from ..formats import export, load_head
+    from ..formats.vllm import speculative_config
+    from ..targets import load_target
+
+    target = load_target(args.target)[0] if args.target else None
+    head = load_head(args.head, target=target, allow_pickle=args.allow_pickle)
+    out = export(
+        head,
+        args.out,
+        layout=args.layout,
+        target_model=target,
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_shard_size=args.max_shard_size,
+    )
+    print(f"wrote the {args.layout} layout of {args.head} to {out}")
+    if args.layout == "vllm":
+        spec = speculative_config(head, out, args.num_speculative_tokens)
+        print(f"serve with: vllm serve <target> --speculative-config '{json.dumps(spec)}'")
+    return 0

@@ -31,6 +31,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import cli_push
+    from ..formats import load_head
+    from ..hub import prepare_upload_folder, push_to_hub
+    from ..targets import load_target
 
-    return cli_push(args)
+    target = load_target(args.target)[0] if args.target else None
+    head = load_head(args.head, target=target, allow_pickle=args.allow_pickle)
+    if args.prepare_only:
+        out = prepare_upload_folder(
+            head,
+            args.prepare_only,
+            repo_id=args.repo_id,
+            bench=args.bench,
+            training=args.training,
+            license=args.license,
+        )
+        print(f"wrote the upload folder for {args.repo_id} to {out} (not uploaded)")
+        return 0
+    info = push_to_hub(
+        head,
+        args.repo_id,
+        token=args.token,
+        private=args.private or None,
+        bench=args.bench,
+        training=args.training,
+        license=args.license,
+    )
+    print(f"uploaded {args.head} to {getattr(info, 'commit_url', args.repo_id)}")
+    return 0

@@ -1,81 +1,238 @@
-"""Import and export of drafter heads in the checkpoint layouts found in the wild.
+"""Import and export of drafter heads in the checkpoint layouts found in the wild (docs/formats.md).
 
-`PEagleDrafter.from_pretrained` calls `inspect_checkpoint` and, for a foreign layout, `load_converted`;
-users never pick a layout by hand (`loading`).  The layouts (`detect_layout`):
+A registry of layouts, one small module each, with `detect(config, tensor_names) -> bool`, `to_peagle`
+(convert in) and `from_peagle` (convert out, where peagle writes the layout):
 
-- ``"peagle"``: this library's own (`config.json` with `model_type: "peagle"`), loaded by transformers
-  after `check_native` has checked every tensor's shape against the config.
-- ``"vllm"``: AWS P-EAGLE heads, i.e. vLLM's EAGLE-3 Llama drafter with parallel drafting.  Flat Llama
-  `config.json` (`num_hidden_layers` counts the fused first layer) plus `draft_vocab_size`,
-  `ptd_token_id` / `pard_token` / `mask_token_id`, optional `target_hidden_size`,
-  `eagle_aux_hidden_state_layer_ids` (or `eagle_config.eagle_aux_hidden_state_layer_ids`),
-  `norm_before_residual`, `attention_bias`, `head_dim`, `rope_scaling`.  Tensors without a `model.`
-  prefix: `embed_tokens.weight`, `fc.weight`, `mask_hidden` (3H elements), `midlayer.*` (layer 0),
-  `layers.N.*`, `norm.weight`, `lm_head.weight`, `d2t` (offsets), `t2d`.
-- ``"speculators"``: vllm-project/speculators (`speculators_model_type` "peagle" or "eagle3", nested
-  `transformer_layer_config`, `mask_token_id`, layer 0 stored as `layers.0.*` with `hidden_norm`).
-- ``"eagle3"``: EAGLE-3 research heads (SafeAILab / SpecForge / vLLM EAGLE-3 without a mask token):
-  the vLLM tensor names without `mask_hidden`; loaded with `drafting_mode="autoregressive"`.
+    layout         module          reads  writes  what
+    "peagle"       peagle.py       yes    yes     this library's own (`model_type: "peagle"`)
+    "speculators"  speculators.py  yes    yes     vllm-project/speculators (`speculators_model_type`)
+    "vllm"         vllm.py         yes    yes     AWS P-EAGLE heads: vLLM's EAGLE-3 drafter + mask token
+    "eagle3"       eagle3.py       yes    no      EAGLE-3 research heads (autoregressive)
 
-`export(head, out_dir, layout=...)` (`exporting`) writes ``"vllm"``, ``"speculators"`` or ``"peagle"``.
+`load_head(path_or_id, ...)` (also `PEagleDrafter.from_pretrained`, registered below) reads any of them:
+`io` resolves the folder or Hub repo and applies the pickle policy (safetensors only unless
+`allow_pickle=True`), the registry tells the layout, `checks` checks every tensor against the config, and
+`convert` builds the head.  Users never pick a layout by hand.  `export(head, out_dir, layout=...)` writes
+one.  Each layout module cites the upstream sources its names were checked against; `llama` holds the
+Llama-style config fields the foreign layouts share.
 
-Names and semantics checked against (read through the code-search index, July 2026):
-
-- vLLM `vllm/model_executor/models/llama_eagle3.py` @ 00bd1493b3e8: `Eagle3LlamaForCausalLM.load_weights`
-  maps `midlayer.` -> `layers.0.`, `d2t` -> `draft_id_to_target_id`, skips `t2d`, prefixes every other
-  non-`lm_head` name with `model.`, copies `mask_hidden` with `.view(1, -1)` into a `(1, 3 * hidden_size)`
-  buffer and raises "mask_hidden not found in weights" without it; `embed_tokens` may be absent (shared
-  from the target); q/k/v bias from `attention_bias`; `norm_before_residual` defaults to False.
-- vLLM `vllm/v1/spec_decode/llm_base_proposer.py` @ 00c4f22dae47: the mask id is read from
-  `mask_token_id`, `pard_token` or `ptd_token_id` (older releases: `pard_token` / `ptd_token_id` only);
-  `mask_hidden` goes through `fc` like real features; draft embeddings identical to the target's are
-  replaced by the target's.
-- vLLM model registry: `LlamaForCausalLMEagle3`, `Eagle3LlamaForCausalLM`, `PEagleDraftModel`,
-  `PeagleLlamaForCausalLM` all map to `llama_eagle3.Eagle3LlamaForCausalLM`; aux layer ids are read from
-  `eagle_aux_hidden_state_layer_ids` or `eagle_config.eagle_aux_hidden_state_layer_ids` and index the
-  input of target layer i (vLLM captures hidden + residual before layer i runs).
-- vLLM `vllm/transformers_utils/configs/speculators/{base,algos}.py`: `transformer_layer_config` is
-  flattened into the draft config; `speculators_config.proposal_methods[0].speculative_tokens` and
-  `speculators_config.verifier.name_or_path` are required; eagle3 defaults `norm_before_residual` to
-  True, peagle to False; peagle copies `mask_token_id` to `pard_token`; `norm_before_fc` adds an
-  RMSNorm before `fc` (not supported here).
-- speculators `src/speculators/config.py` @ 03a7c149, `models/eagle3/config.py` @ 11ecdd33,
-  `models/eagle3/core.py` @ 033c87f2, `models/eagle3/model_definitions.py` @ 08af5f4d,
-  `models/peagle/config.py` @ 0d202e28 / ff325b26 (older configs call the mask id `ptd_token_id`).
-- SafeAILab/EAGLE `eagle/model/cnets.py` @ 148042c5: `midlayer` (`hidden_norm`, `input_layernorm`,
-  `post_attention_layernorm`, no attention bias), residual = the un-normed hidden state.
+Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`.
 """
 
-from .exporting import cli_export, export, load_target_model, speculators_config, vllm_config
-from .loading import (
-    EXPORT_LAYOUTS,
-    LAYOUTS,
-    VLLM_ARCHITECTURE,
-    VLLM_EAGLE3_ARCHITECTURES,
-    Checkpoint,
-    check_native,
-    detect_layout,
-    inspect_checkpoint,
-    load_converted,
-    resolve_folder,
-    weight_files,
-)
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ..modeling_peagle import PEagleDrafter
+from . import eagle3, speculators, vllm
+from . import peagle as native
+from .checks import check_native
+from .convert import build_head
+from .io import Checkpoint, TensorSource, read_checkpoint, read_tensors, resolve_folder, weight_files
+from .speculators import speculators_config
+from .vllm import ARCHITECTURE as VLLM_ARCHITECTURE
+from .vllm import EAGLE3_ARCHITECTURES as VLLM_EAGLE3_ARCHITECTURES
+from .vllm import speculative_config, vllm_config
+
+
+def _same_name(name: str) -> str:
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One checkpoint layout (see the module docstring).
+
+    Attributes:
+        name: the key in `LAYOUTS`, the `layout=` of `export`.
+        detect: `(config dict, tensor names) -> bool`; may raise `ValueError` for a layout of its family
+            that peagle cannot read.
+        to_peagle: `(checkpoint, tensors) -> (PEagleConfig kwargs, peagle tensor name -> TensorSource)`;
+            None for peagle's own layout, which transformers loads as is.
+        from_peagle: `(head, out_dir, *, target_model, num_speculative_tokens, max_shard_size)`, writing
+            the layout; None if peagle does not write it.
+        tensor_name: a peagle tensor name as the layout spells it (for error messages).
+    """
+
+    name: str
+    detect: Callable[[Mapping[str, Any], Collection[str]], bool]
+    to_peagle: Callable[..., tuple[dict[str, Any], dict[str, TensorSource]]] | None = None
+    from_peagle: Callable[..., None] | None = None
+    tensor_name: Callable[[str], str] = _same_name
+
+
+LAYOUTS: dict[str, Layout] = {}
+"""The registered layouts by name, in detection order."""
+
+
+def register_layout(module: ModuleType | Any) -> Layout:
+    """Register a layout from a module (or any object) with `NAME`, `detect` and optionally `to_peagle`,
+    `from_peagle` and `tensor_name`; a later registration under the same name replaces the earlier one."""
+    layout = Layout(
+        name=module.NAME,
+        detect=module.detect,
+        to_peagle=getattr(module, "to_peagle", None),
+        from_peagle=getattr(module, "from_peagle", None),
+        tensor_name=getattr(module, "tensor_name", _same_name),
+    )
+    LAYOUTS[layout.name] = layout
+    return layout
+
+
+for _module in (native, speculators, vllm, eagle3):
+    register_layout(_module)
+EXPORT_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.from_peagle is not None)
+"""The built-in layouts `export` writes."""
+
+
+def detect_layout(config: Mapping[str, Any], tensor_names: Collection[str], where: str = "checkpoint") -> str:
+    """Tell a checkpoint's layout (a key of `LAYOUTS`) from its `config.json` and tensor names."""
+    for name, layout in LAYOUTS.items():
+        try:
+            if layout.detect(config, tensor_names):
+                return name
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    raise ValueError(
+        f"{where}: cannot tell the layout. config.json has model_type {config.get('model_type')!r} and no "
+        "speculators_model_type, and the tensors are not an EAGLE-3 layout (midlayer.* or layers.0.* "
+        f"plus fc.weight). Known layouts: {', '.join(LAYOUTS)}."
+    )
+
+
+def inspect_checkpoint(
+    path_or_repo: str | Path, *, allow_pickle: bool = False, hub_kwargs: Mapping[str, Any] | None = None
+) -> Checkpoint:
+    """Resolve a folder or Hub repo, refuse pickles unless `allow_pickle`, read config.json and tensor
+    shapes, and detect the layout."""
+    checkpoint = read_checkpoint(path_or_repo, allow_pickle=allow_pickle, hub_kwargs=hub_kwargs)
+    where = str(checkpoint.path / "config.json")
+    return dataclasses.replace(checkpoint, layout=detect_layout(checkpoint.config, checkpoint.shapes, where))
+
+
+def load_converted(
+    checkpoint: Checkpoint,
+    cls: type | None = None,
+    target_model: Any = None,
+    dtype: torch.dtype | str | None = None,
+) -> PEagleDrafter:
+    """Build a `cls` (default `PEagleDrafter`) from a foreign-layout checkpoint (see `convert.build_head`)."""
+    layout = LAYOUTS[checkpoint.layout]
+    if layout.to_peagle is None:
+        raise ValueError(
+            f"{checkpoint.path}: the {layout.name} layout is loaded by transformers, not converted."
+        )
+    config_kwargs, state = layout.to_peagle(checkpoint, read_tensors(checkpoint.files))
+    return build_head(
+        checkpoint,
+        config_kwargs,
+        state,
+        cls=cls,
+        target_model=target_model,
+        dtype=dtype,
+        tensor_name=layout.tensor_name,
+    )
+
+
+def load_head(
+    path_or_id: str | Path,
+    *model_args: Any,
+    target: Any = None,
+    allow_pickle: bool = False,
+    cls: type | None = None,
+    **kwargs: Any,
+) -> PEagleDrafter:
+    """Load a head in any registered layout from a folder or a Hub repo.
+
+    Args:
+        path_or_id: a local folder or a Hub repo id.
+        target: the target model; the head is attached to it (`attach_target`), and it supplies
+            `embed_tokens` / `lm_head` a foreign checkpoint lacks (e.g. EAGLE-3 heads sharing embeddings).
+        allow_pickle: permit `.bin` / `.pt` checkpoints (unpickling can run code; off by default).
+        cls: the model class (default `PEagleDrafter`; `from_pretrained` passes its own class).
+        *model_args, **kwargs: `from_pretrained` arguments (`dtype`, `revision`, `token`, `config`, ...);
+            foreign layouts use `dtype` and the Hub arguments.
+
+    Returns:
+        The head, in eval mode; errors name the file and tensor of any mismatch with the config.
+    """
+    cls = cls or PEagleDrafter
+    checkpoint = inspect_checkpoint(path_or_id, allow_pickle=allow_pickle, hub_kwargs=kwargs)
+    if checkpoint.layout != native.NAME:
+        dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        return load_converted(checkpoint, cls=cls, target_model=target, dtype=dtype)
+    native.prepare(checkpoint, cls, config=kwargs.get("config"))
+    model = cls.from_pretrained_native(checkpoint.path, *model_args, **kwargs)
+    if target is not None:
+        model.attach_target(target)
+    return model
+
+
+def export(
+    head: PEagleDrafter,
+    out_dir: str | Path,
+    layout: str = "vllm",
+    *,
+    target_model: Any = None,
+    num_speculative_tokens: int | None = None,
+    max_shard_size: int | str = "5GB",
+) -> Path:
+    """Write `head` in a serving layout.
+
+    Args:
+        head: a `PEagleDrafter`.
+        out_dir: the folder to write (created; old `model*.safetensors` files in it are removed).
+        layout: ``"vllm"`` (served by vLLM >= 0.16 with `{"method": "eagle3", "model": out_dir,
+            "num_speculative_tokens": K, "parallel_drafting": true}`, see `vllm.speculative_config`),
+            ``"speculators"`` or ``"peagle"``.
+        target_model: attached first; required for `embed_from_target` heads not yet attached (the vLLM
+            and speculators layouts store the full embedding table, whose mask row holds the mask vector).
+        num_speculative_tokens: K recorded in the config (default `config.num_speculative_tokens`).
+
+    Returns:
+        `out_dir` as a `Path`.  Loading it back with `PEagleDrafter.from_pretrained` gives identical logits.
+    """
+    writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
+    if layout not in writers:
+        raise ValueError(f"layout is {layout!r}; expected one of {tuple(writers)}.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    writers[layout](
+        head,
+        out,
+        target_model=target_model,
+        num_speculative_tokens=num_speculative_tokens,
+        max_shard_size=max_shard_size,
+    )
+    return out
+
+
+PEagleDrafter.register_checkpoint_loader(load_head)
 
 __all__ = [
     "Checkpoint",
+    "TensorSource",
+    "Layout",
     "LAYOUTS",
     "EXPORT_LAYOUTS",
     "VLLM_ARCHITECTURE",
     "VLLM_EAGLE3_ARCHITECTURES",
+    "register_layout",
     "detect_layout",
     "inspect_checkpoint",
     "check_native",
     "load_converted",
+    "load_head",
     "resolve_folder",
     "weight_files",
     "export",
     "vllm_config",
     "speculators_config",
-    "load_target_model",
-    "cli_export",
+    "speculative_config",
 ]

@@ -1,0 +1,151 @@
+"""Checks of a checkpoint's tensors against its config, before anything is loaded into a model.
+
+Every error names the file and the tensor (in the checkpoint's own spelling) and the config it contradicts,
+so a broken or mislabelled checkpoint fails with a message instead of a silent mis-load.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..configuration_peagle import PEagleConfig
+from ..modeling_peagle import PEagleDrafter
+from .io import Checkpoint, TensorSource
+
+IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^verifier_(lm_head|norm)\.weight$")
+"""Tensors some layouts store that a head does not need (recomputed or the verifier's own)."""
+
+
+def expected_shapes(cls: type, config: PEagleConfig) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Shapes of every persistent tensor of `cls(config)` (built on the meta device) and its ignorable keys."""
+    with torch.device("meta"):
+        model = cls(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    ignorable = list(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
+    return shapes, ignorable
+
+
+def describe(config: PEagleConfig) -> str:
+    """The config fields that decide tensor shapes, for error messages."""
+    c = config
+    return (
+        f"hidden_size={c.hidden_size}, target_hidden_size={c.target_hidden_size}, num_hidden_layers="
+        f"{c.num_hidden_layers}, heads={c.num_attention_heads}/{c.num_key_value_heads} x head_dim={c.head_dim}, "
+        f"intermediate_size={c.intermediate_size}, vocab_size={c.vocab_size}, draft_vocab_size={c.draft_vocab_size}"
+    )
+
+
+def check_native(checkpoint: Checkpoint, cls: type | None = None, config: PEagleConfig | None = None) -> None:
+    """Check a peagle-layout checkpoint against its config before transformers loads it.
+
+    Raises `ValueError` naming the file and tensor for any shape mismatch, missing or unexpected tensor.
+    """
+    cls = cls or PEagleDrafter
+    if not isinstance(config, PEagleConfig):
+        config = cls.config_class.from_pretrained(checkpoint.path)
+    expected, ignorable = expected_shapes(cls, config)
+    cfg_file = checkpoint.path / "config.json"
+    for name, (shape, file) in checkpoint.shapes.items():
+        if name in expected and shape != expected[name]:
+            raise ValueError(
+                f"{file}: tensor {name!r} has shape {shape}; {cfg_file} ({describe(config)}) expects "
+                f"{expected[name]}."
+            )
+    unexpected = sorted(n for n in checkpoint.shapes if n not in expected and not IGNORED_TENSORS.search(n))
+    if unexpected:
+        files = sorted({str(checkpoint.shapes[n][1]) for n in unexpected})
+        raise ValueError(
+            f"{', '.join(files)}: unexpected tensors {unexpected} for a peagle head ({describe(config)})."
+        )
+    missing = [
+        n for n in expected if n not in checkpoint.shapes and not any(re.search(p, n) for p in ignorable)
+    ]
+    if missing:
+        files = ", ".join(str(f) for f in checkpoint.files)
+        raise ValueError(f"{files}: missing tensors {missing} required by {cfg_file}.")
+
+
+def check_converted(
+    state: Mapping[str, TensorSource],
+    cls: type,
+    config: PEagleConfig,
+    checkpoint: Checkpoint,
+    tensor_name: Callable[[str], str],
+    skip: set[str],
+) -> None:
+    """Check a converted state (peagle name -> source) against `cls(config)`: shapes, unexpected, missing.
+
+    `tensor_name` spells a peagle tensor name the way the checkpoint's layout does; `skip` lists tensors
+    that may be missing (the target's embeddings of an `embed_from_target` head).
+    """
+    layout = checkpoint.layout
+    files = ", ".join(str(f) for f in checkpoint.files)
+    expected, _ = expected_shapes(cls, config)
+    cfg_file = checkpoint.path / "config.json"
+    for name, src in state.items():
+        if name in expected and tuple(src.tensor.shape) != expected[name]:
+            raise ValueError(
+                f"{src.file}: tensor {src.name!r} has shape {tuple(src.tensor.shape)}; {cfg_file} ({layout} layout: "
+                f"{describe(config)}) expects {expected[name]} for {tensor_name(name)!r}."
+            )
+    unexpected = sorted(src.name for n, src in state.items() if n not in expected)
+    if unexpected:
+        raise ValueError(
+            f"{files}: unexpected tensors {unexpected} for a {layout}-layout head ({describe(config)})."
+        )
+    missing = [tensor_name(n) for n in expected if n not in state and n not in skip]
+    if missing:
+        raise ValueError(f"{files}: missing tensors {missing} required by {cfg_file} ({layout} layout).")
+
+
+def complete_vocab_maps(state: dict[str, TensorSource], config: Mapping[str, Any], files: str) -> None:
+    """Check `d2t` (offsets, `(draft_vocab_size,)`) and `t2d` (`(vocab_size,)` bool) in `state`, in place.
+
+    A missing `d2t` is the identity when the draft vocabulary is the full one; `t2d` is always recomputed
+    from `d2t` (and must agree with a stored one).
+    """
+    vocab, draft = int(config["vocab_size"]), int(config["draft_vocab_size"])
+    d2t = state.get("d2t")
+    if d2t is None:
+        if draft != vocab:
+            raise ValueError(
+                f"{files}: missing tensor 'd2t' although draft_vocab_size {draft} < vocab_size {vocab}."
+            )
+        offsets = torch.zeros(draft, dtype=torch.long)
+        state["d2t"] = TensorSource("d2t", Path("<identity>"), offsets)
+    else:
+        offsets = d2t.tensor.to(torch.long).flatten()
+        if offsets.numel() == draft:
+            target = torch.arange(draft) + offsets
+            if int(target.min()) < 0 or int(target.max()) >= vocab or target.unique().numel() != draft:
+                hint = ""
+                if (
+                    int(offsets.min()) >= 0
+                    and int(offsets.max()) < vocab
+                    and offsets.unique().numel() == draft
+                ):
+                    hint = (
+                        " It looks like absolute target ids; d2t must hold offsets (target id = i + d2t[i])."
+                    )
+                raise ValueError(
+                    f"{d2t.file}: tensor 'd2t' maps draft ids outside [0, {vocab}) or twice onto one target id.{hint}"
+                )
+        state["d2t"] = TensorSource(d2t.name, d2t.file, offsets)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    if state["d2t"].tensor.numel() == draft:
+        t2d[torch.arange(draft) + state["d2t"].tensor] = True
+    old = state.get("t2d")
+    if (
+        old is not None
+        and old.tensor.numel() == vocab
+        and not torch.equal(old.tensor.to(torch.bool).flatten(), t2d)
+    ):
+        raise ValueError(
+            f"{old.file}: tensor 't2d' disagrees with 'd2t' (t2d must be True exactly at i + d2t[i])."
+        )
+    state["t2d"] = TensorSource(old.name if old else "t2d", old.file if old else Path("<from d2t>"), t2d)

@@ -1,0 +1,54 @@
+"""The ``"peagle"`` layout: this library's own (`config.json` with `model_type: "peagle"`).
+
+transformers loads it (`PEagleDrafter.from_pretrained_native`) after `prepare` has imported the modules
+behind the config's extension blocks and `checks.check_native` has checked every tensor's shape against the
+config.  Writing it is `save_pretrained`, which also copies the remote code (docs/DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..configuration_peagle import PEagleConfig
+from ..modeling_peagle import EXTENSION_PREFIX, PEagleDrafter
+from .checks import check_native
+from .io import Checkpoint
+
+NAME = "peagle"
+EXTENSION_MODULES = {"peagle_fp8": "peagle.fp8"}
+"""Config extension block -> the module that registers its builder with `PEagleDrafter` when imported."""
+
+
+def detect(config: Mapping[str, Any], tensor_names: Collection[str]) -> bool:
+    """`model_type` is ``"peagle"``."""
+    return config.get("model_type") == PEagleConfig.model_type
+
+
+def import_extensions(config: Mapping[str, Any]) -> None:
+    """Import the module behind every extension block (`peagle_<name>`) set in a config dict."""
+    for key, value in config.items():
+        if key.startswith(EXTENSION_PREFIX) and value and key in EXTENSION_MODULES:
+            importlib.import_module(EXTENSION_MODULES[key])
+
+
+def prepare(checkpoint: Checkpoint, cls: type = PEagleDrafter, config: PEagleConfig | None = None) -> None:
+    """Make a peagle-layout checkpoint ready for transformers: extensions imported, tensors checked."""
+    import_extensions(checkpoint.config)
+    check_native(checkpoint, cls, config=config)
+
+
+def from_peagle(
+    head: PEagleDrafter,
+    out: Path,
+    *,
+    target_model: Any = None,
+    num_speculative_tokens: int | None = None,
+    max_shard_size: int | str = "5GB",
+) -> None:
+    """`head.save_pretrained(out)` (attached to `target_model` first, if given); K stays the config's."""
+    if target_model is not None:
+        head.attach_target(target_model)
+    head.save_pretrained(out, max_shard_size=max_shard_size)
