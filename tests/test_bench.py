@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_head, make_target
+from helpers import make_head, make_target
 from peagle.bench import format_table, run_benchmark, summarize, timed_generate, write_results
 from peagle.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 import peagle
-from conftest import make_head, make_target
+from helpers import make_head, make_target
 from peagle import PEagleDrafter
 from peagle.formats import VLLM_EAGLE3_ARCHITECTURES, detect_layout
 

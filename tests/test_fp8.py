@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoModel
 
 import peagle
-from conftest import make_head, make_target
+from helpers import make_head, make_target
 from peagle import fp8
 
 E4M3_HALF_ULP = 2.0**-4  # round-to-nearest with 3 mantissa bits: |x - q| <= 2^-4 |x| for normal numbers

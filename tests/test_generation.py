@@ -16,50 +16,14 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerationMixin
 
 import peagle
-from conftest import make_head, make_target
+from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
 from peagle import generation as gen
 from peagle.generation import hook as gen_hook
-
-LAYERS = 4  # aux layers default to (1, 2, 3): distinct, so an off-by-one layer index shows
 
 
 @pytest.fixture(scope="module")
 def target():
     return make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
-
-
-def _prompt(seed: int, length: int) -> torch.LongTensor:
-    return torch.randint(3, 127, (1, length), generator=torch.Generator().manual_seed(seed))
-
-
-def _greedy(target, ids, **kw) -> torch.LongTensor:
-    return target.generate(ids, do_sample=False, **kw)
-
-
-class Oracle:
-    """Forward hook: each drafting slot's logits point at the reference continuation with probability `p`.
-
-    A random head almost never drafts a right token; the oracle makes rounds accept 0..K drafts, so the cache
-    crop/append path and the stats see real acceptance.  The slot at position q predicts token q + 2.
-    """
-
-    def __init__(self, head, reference: torch.LongTensor, p: float = 0.7, seed: int = 0):
-        self.reference = reference[0].tolist()
-        self.p = p
-        self.generator = torch.Generator().manual_seed(seed)
-        target_ids = (torch.arange(head.config.draft_vocab_size) + head.d2t).tolist()
-        self.draft_index = {t: i for i, t in enumerate(target_ids)}
-        self.handle = head.register_forward_hook(self, with_kwargs=True)
-
-    def __call__(self, module, args, kwargs, out):
-        k = out.logits.shape[1]
-        logits = out.logits.clone()
-        for j, q in enumerate(kwargs["position_ids"][0, -k:].tolist()):
-            hit = torch.rand((), generator=self.generator).item() < self.p
-            if q + 2 < len(self.reference) and hit and self.reference[q + 2] in self.draft_index:
-                logits[0, j, self.draft_index[self.reference[q + 2]]] = logits[0, j].max() + 10.0
-        out.logits = logits
-        return out
 
 
 class Recorder:
@@ -112,11 +76,11 @@ def _check_stats(head, prompt_len: int, output: torch.LongTensor) -> gen.PEagleG
 def test_greedy_lossless_parallel(target, k):
     head = make_head(target, seed=k)
     for p, accuracy in enumerate((0.5, 0.8, 1.0, None, None)):  # oracle drafts, then the random head alone
-        ids = _prompt(10 * k + p, 3 + (5 * k + 7 * p) % 17)
-        ref = _greedy(target, ids, max_new_tokens=14)
+        ids = prompt_ids(10 * k + p, 3 + (5 * k + 7 * p) % 17)
+        ref = greedy(target, ids, max_new_tokens=14)
         use_oracle = accuracy is not None
         oracle = Oracle(head, ref, p=accuracy, seed=k) if use_oracle else None
-        out = _greedy(target, ids, max_new_tokens=14, assistant_model=head, num_assistant_tokens=k)
+        out = greedy(target, ids, max_new_tokens=14, assistant_model=head, num_assistant_tokens=k)
         if oracle:
             oracle.handle.remove()
         assert torch.equal(out, ref), (k, use_oracle)
@@ -129,10 +93,10 @@ def test_greedy_lossless_parallel(target, k):
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_greedy_lossless_autoregressive(target, k):
     head = make_head(target, seed=3, drafting_mode="autoregressive")
-    ids = _prompt(k, 9)
-    ref = _greedy(target, ids, max_new_tokens=16)
+    ids = prompt_ids(k, 9)
+    ref = greedy(target, ids, max_new_tokens=16)
     oracle = Oracle(head, ref, seed=k)
-    out = _greedy(target, ids, max_new_tokens=16, assistant_model=head, num_assistant_tokens=k)
+    out = greedy(target, ids, max_new_tokens=16, assistant_model=head, num_assistant_tokens=k)
     oracle.handle.remove()
     assert torch.equal(out, ref)
     st = _check_stats(head, ids.shape[1], out)
@@ -142,15 +106,15 @@ def test_greedy_lossless_autoregressive(target, k):
 def test_greedy_lossless_draft_vocab_subset(target):
     """draft_vocab_size < vocab_size: d2t offsets map draft ids to target ids; output stays the target's."""
     head = make_head(target, seed=5, draft_vocab_size=48)
-    ids = _prompt(7, 8)
-    ref = _greedy(target, ids, max_new_tokens=20)
+    ids = prompt_ids(7, 8)
+    ref = greedy(target, ids, max_new_tokens=20)
     rest = sorted(set(range(128)) - set(ref[0].tolist()))
     keep = sorted(set(ref[0].tolist()) | set(rest[: 48 - len(set(ref[0].tolist()))]))
     head.set_draft_vocab(torch.tensor(keep))
     assert bool(head.d2t.any())  # real offsets, not the identity
     rec = Recorder(head)
     oracle = Oracle(head, ref, p=0.8)
-    out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    out = greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
     oracle.handle.remove()
     rec.remove()
     assert torch.equal(out, ref)
@@ -160,7 +124,7 @@ def test_greedy_lossless_draft_vocab_subset(target):
     # a random subset head (most tokens outside its vocabulary) is useless but still lossless
     other = make_head(target, seed=6, draft_vocab_size=16)
     other.set_draft_vocab(torch.arange(3, 128, 8)[:16])
-    out = _greedy(target, ids, max_new_tokens=20, assistant_model=other, num_assistant_tokens=3)
+    out = greedy(target, ids, max_new_tokens=20, assistant_model=other, num_assistant_tokens=3)
     assert torch.equal(out, ref)
 
 
@@ -169,10 +133,10 @@ def test_reduced_precision_head_keeps_float32_target_lossless(target):
     still proposals only, so the output is the float32 greedy output."""
     head = make_head(target, seed=8).to(torch.bfloat16)
     assert target.dtype == torch.float32 and head.dtype == torch.bfloat16
-    ids = _prompt(11, 9)
-    ref = _greedy(target, ids, max_new_tokens=18)
+    ids = prompt_ids(11, 9)
+    ref = greedy(target, ids, max_new_tokens=18)
     oracle = Oracle(head, ref, p=0.8)
-    out = _greedy(target, ids, max_new_tokens=18, assistant_model=head, num_assistant_tokens=4)
+    out = greedy(target, ids, max_new_tokens=18, assistant_model=head, num_assistant_tokens=4)
     oracle.handle.remove()
     assert torch.equal(out, ref)
     assert _check_stats(head, ids.shape[1], out).accepted_tokens > 0
@@ -193,11 +157,11 @@ def _rounds(events: list[str]) -> list[int]:
 
 def test_one_drafter_forward_per_round(target):
     head = make_head(target, seed=2)
-    ids = _prompt(3, 11)
-    ref = _greedy(target, ids, max_new_tokens=24)
+    ids = prompt_ids(3, 11)
+    ref = greedy(target, ids, max_new_tokens=24)
     rec = Recorder(head, target)
     oracle = Oracle(head, ref, p=0.6)
-    out = _greedy(target, ids, max_new_tokens=24, assistant_model=head, num_assistant_tokens=5)
+    out = greedy(target, ids, max_new_tokens=24, assistant_model=head, num_assistant_tokens=5)
     oracle.handle.remove()
     rec.remove()
     assert torch.equal(out, ref)
@@ -213,11 +177,11 @@ def test_one_drafter_forward_per_round(target):
 def test_autoregressive_k_forwards_per_round(target):
     k = 4
     head = make_head(target, seed=2, drafting_mode="autoregressive")
-    ids = _prompt(4, 10)
-    ref = _greedy(target, ids, max_new_tokens=30)
+    ids = prompt_ids(4, 10)
+    ref = greedy(target, ids, max_new_tokens=30)
     rec = Recorder(head, target)
     oracle = Oracle(head, ref, p=0.6)
-    out = _greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=k)
+    out = greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=k)
     oracle.handle.remove()
     rec.remove()
     assert torch.equal(out, ref)
@@ -244,11 +208,11 @@ def test_features_and_cache_match_full_forward(target, mode):
     (with the cache kept across rounds) equal a fresh forward over all the slots without a cache."""
     head = make_head(target, seed=4, drafting_mode=mode)
     assert head.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
-    ids = _prompt(11, 9)
-    ref = _greedy(target, ids, max_new_tokens=18)
+    ids = prompt_ids(11, 9)
+    ref = greedy(target, ids, max_new_tokens=18)
     rec = Recorder(head)
     oracle = Oracle(head, ref, p=0.7, seed=1)
-    out = _greedy(target, ids, max_new_tokens=18, assistant_model=head, num_assistant_tokens=4)
+    out = greedy(target, ids, max_new_tokens=18, assistant_model=head, num_assistant_tokens=4)
     oracle.handle.remove()
     rec.remove()
     assert torch.equal(out, ref)
@@ -292,10 +256,10 @@ def test_features_and_cache_match_full_forward(target, mode):
 @pytest.mark.parametrize("max_new", [1, 2, 3, 6])
 def test_max_new_tokens(target, max_new):
     head = make_head(target, seed=8)
-    ids = _prompt(20 + max_new, 6)
-    ref = _greedy(target, ids, max_new_tokens=max_new)
-    oracle = Oracle(head, _greedy(target, ids, max_new_tokens=12), p=1.0)
-    out = _greedy(target, ids, max_new_tokens=max_new, assistant_model=head, num_assistant_tokens=5)
+    ids = prompt_ids(20 + max_new, 6)
+    ref = greedy(target, ids, max_new_tokens=max_new)
+    oracle = Oracle(head, greedy(target, ids, max_new_tokens=12), p=1.0)
+    out = greedy(target, ids, max_new_tokens=max_new, assistant_model=head, num_assistant_tokens=5)
     oracle.handle.remove()
     assert torch.equal(out, ref) and out.shape[1] == ids.shape[1] + max_new
     st = _check_stats(head, ids.shape[1], out)
@@ -305,14 +269,14 @@ def test_max_new_tokens(target, max_new):
 
 def test_eos_stops_inside_accepted_drafts(target):
     head = make_head(target, seed=9)
-    ids = _prompt(31, 7)
-    free = _greedy(target, ids, max_new_tokens=20)
+    ids = prompt_ids(31, 7)
+    free = greedy(target, ids, max_new_tokens=20)
     new = free[0, ids.shape[1] :].tolist()
     eos = next(t for i, t in enumerate(new) if i >= 4 and t not in new[:i])  # first occurrence, mid-output
-    ref = _greedy(target, ids, max_new_tokens=20, eos_token_id=eos)
+    ref = greedy(target, ids, max_new_tokens=20, eos_token_id=eos)
     assert ref.shape[1] < free.shape[1] and ref[0, -1] == eos
     oracle = Oracle(head, free, p=1.0)  # drafts run past the EOS: transformers must cut there
-    out = _greedy(
+    out = greedy(
         target, ids, max_new_tokens=20, eos_token_id=eos, assistant_model=head, num_assistant_tokens=6
     )
     oracle.handle.remove()
@@ -342,11 +306,11 @@ class _StopOn(StoppingCriteria):
 
 def test_streamer_and_custom_stopping_criteria(target):
     head = make_head(target, seed=10)
-    ids = _prompt(41, 8)
-    free = _greedy(target, ids, max_new_tokens=20)
+    ids = prompt_ids(41, 8)
+    free = greedy(target, ids, max_new_tokens=20)
     oracle = Oracle(head, free, p=1.0)
     streamer = _Collect()
-    out = _greedy(
+    out = greedy(
         target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4, streamer=streamer
     )
     assert torch.equal(out, free) and streamer.ended
@@ -357,7 +321,7 @@ def test_streamer_and_custom_stopping_criteria(target):
     # refused by name instead of a different answer (test_generation_hook.py has the other cases)
     stop = int(free[0, ids.shape[1] + 6])
     with pytest.raises(ValueError, match=r"custom stopping_criteria \['_StopOn'\]"):
-        _greedy(
+        greedy(
             target,
             ids,
             max_new_tokens=20,
@@ -369,10 +333,10 @@ def test_streamer_and_custom_stopping_criteria(target):
 
 def test_return_dict_with_hidden_states(target):
     head = make_head(target, seed=12)
-    ids = _prompt(51, 6)
+    ids = prompt_ids(51, 6)
     kw = dict(max_new_tokens=6, return_dict_in_generate=True, output_hidden_states=True, output_scores=True)
-    ref = _greedy(target, ids, **kw)
-    out = _greedy(target, ids, assistant_model=head, num_assistant_tokens=3, **kw)
+    ref = greedy(target, ids, **kw)
+    out = greedy(target, ids, assistant_model=head, num_assistant_tokens=3, **kw)
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.scores) == 6 and len(out.hidden_states) == 6
 
@@ -380,17 +344,17 @@ def test_return_dict_with_hidden_states(target):
 # ---------------------------------------------------------------------------------------------- K resolution
 def test_num_speculative_tokens_default_and_warning(target, caplog):
     head = make_head(target, seed=13, num_speculative_tokens=3, num_parallel_positions=4)
-    ids = _prompt(61, 6)
-    _greedy(target, ids, max_new_tokens=8, assistant_model=head)
+    ids = prompt_ids(61, 6)
+    greedy(target, ids, max_new_tokens=8, assistant_model=head)
     assert head.last_generation_stats.num_speculative_tokens == 3  # head default when not given
     with caplog.at_level(logging.WARNING):
-        _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
-        _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
+        greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
+        greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=6)
     assert head.last_generation_stats.num_speculative_tokens == 6
     warned = [r for r in caplog.records if "trained for 4 parallel positions" in r.getMessage()]
     assert len(warned) == 1
     with pytest.raises(ValueError, match="expected an integer >= 1"):
-        _greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=0)
+        greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=0)
 
 
 # ---------------------------------------------------------------------------------------------- confidence cut
@@ -414,14 +378,14 @@ def test_head_default_confidence_threshold(target):
     assert gen.resolve_confidence_threshold(GenerationConfig(), head) == 1.0
     assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.0), head) == 0.0
     assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.3), head) == 0.3
-    ids = _prompt(71, 9)
-    ref = _greedy(target, ids, max_new_tokens=20)
-    out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    ids = prompt_ids(71, 9)
+    ref = greedy(target, ids, max_new_tokens=20)
+    out = greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
     st = head.last_generation_stats
     assert torch.equal(out, ref)
     # every draft is "unsure": one per round
     assert st.confidence_threshold == 1.0 and st.draft_tokens == st.rounds
-    out = _greedy(
+    out = greedy(
         target,
         ids,
         max_new_tokens=20,
@@ -437,13 +401,13 @@ def test_head_default_confidence_threshold(target):
 def test_confidence_threshold_cuts_rounds_losslessly(target, mode):
     k = 5
     head = make_head(target, seed=21, drafting_mode=mode)
-    ids = _prompt(71, 9)
-    ref = _greedy(target, ids, max_new_tokens=30)
+    ids = prompt_ids(71, 9)
+    ref = greedy(target, ids, max_new_tokens=30)
     seen = {}
     for threshold in (None, 0.5, 1.0):
         oracle = Oracle(head, ref, p=0.7, seed=5)
         kw = {} if threshold is None else {"assistant_confidence_threshold": threshold}
-        out = _greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=k, **kw)
+        out = greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=k, **kw)
         oracle.handle.remove()
         assert torch.equal(out, ref), threshold
         seen[threshold] = st = _check_stats(head, ids.shape[1], out)
@@ -607,7 +571,7 @@ def test_sampling_matches_target_distribution(monkeypatch):
 # ---------------------------------------------------------------------------------------------- errors and the hook
 def test_unsupported_requests_raise(target):
     head = make_head(target)
-    ids = _prompt(71, 5)
+    ids = prompt_ids(71, 5)
     with pytest.raises(ValueError, match="batch size 1; got a batch of 2"):
         target.generate(ids.repeat(2, 1), max_new_tokens=3, assistant_model=head)
     with pytest.raises(ValueError, match="num_beams=1; got num_beams=2"):
@@ -634,7 +598,7 @@ def test_version_guard(target, monkeypatch):
     gen_hook._integration_problem.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"transformers 5\.22\.0 .*older than 5\.23"):
-            target.generate(_prompt(81, 5), max_new_tokens=3, assistant_model=head)
+            target.generate(prompt_ids(81, 5), max_new_tokens=3, assistant_model=head)
     finally:
         monkeypatch.undo()
         gen_hook._integration_problem.cache_clear()
@@ -652,8 +616,8 @@ def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):
     # an ordinary assistant goes through transformers' own AssistedCandidateGenerator
     torch.manual_seed(0)
     assistant = LlamaForCausalLM(target.config).eval()
-    ids = _prompt(91, 6)
-    ref = _greedy(target, ids, max_new_tokens=8)
+    ids = prompt_ids(91, 6)
+    ref = greedy(target, ids, max_new_tokens=8)
     seen = []
     original = dispatch.__wrapped__
 
@@ -667,7 +631,7 @@ def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):
         assert GenerationMixin._get_candidate_generator is original
         GenerationMixin._get_candidate_generator = spy
         peagle.install_generate_hook()  # wraps whatever is there, once
-        out = _greedy(target, ids, max_new_tokens=8, assistant_model=assistant)
+        out = greedy(target, ids, max_new_tokens=8, assistant_model=assistant)
     finally:
         peagle.uninstall_generate_hook()
         GenerationMixin._get_candidate_generator = original
@@ -695,9 +659,9 @@ def test_smollm2_greedy_lossless(mode):
     assert head.config.eagle_aux_hidden_state_layer_ids == [2, 15, 27]
     for i, text in enumerate(["def fibonacci(n):", "The capital of France is"]):
         ids = tokenizer(text, return_tensors="pt").input_ids
-        ref = _greedy(smol, ids, max_new_tokens=16)
+        ref = greedy(smol, ids, max_new_tokens=16)
         oracle = Oracle(head, ref, p=0.8, seed=i) if i == 0 else None
-        out = _greedy(smol, ids, max_new_tokens=16, assistant_model=head, num_assistant_tokens=5)
+        out = greedy(smol, ids, max_new_tokens=16, assistant_model=head, num_assistant_tokens=5)
         if oracle:
             oracle.handle.remove()
         assert torch.equal(out, ref), text

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from conftest import make_head, make_target
+from helpers import make_head, make_target
 from peagle import PEagleDrafter
 from peagle.generation.calibration import prompts_of_examples
 

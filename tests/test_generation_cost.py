@@ -8,12 +8,11 @@ import random
 import pytest
 import torch
 
-from conftest import make_head, make_target
+from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
 from peagle.generation import cost as cost_mod
 from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
 from peagle.generation.candidates import PEagleCandidateGenerator
 from peagle.generation.cost import VerifyCostModel, choose_num_drafts, expected_tokens
-from test_generation import LAYERS, Oracle, _greedy, _prompt
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +56,9 @@ def test_rule_extremes():
 def test_flat_curve_drafts_k_every_round(target):
     """On a flat cost curve (a GPU at batch 1) the rule verifies all K drafts in every round."""
     head = _cost_head(target, model=VerifyCostModel.flat(max_tokens=8))
-    ids = _prompt(3, 7)
-    out = _greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
-    assert torch.equal(out, _greedy(target, ids, max_new_tokens=20))
+    ids = prompt_ids(3, 7)
+    out = greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=20))
     st = head.last_generation_stats
     assert st.draft_policy == "cost" and st.rounds > 0
     assert st.chosen_k_histogram[0] == 0 and st.skipped_drafter_rounds == 0 and st.truncated_rounds <= 3
@@ -73,9 +72,9 @@ def test_dear_verification_falls_back_to_plain_steps(target, mode):
     drafter itself is skipped more and more often; the output is plain greedy's."""
     curve = VerifyCostModel([1.0] + [50.0] * 7, drafter_seconds=0.2, drafter_step_seconds=0.2)
     head = _cost_head(target, mode, model=curve)
-    ids = _prompt(4, 6)
-    out = _greedy(target, ids, max_new_tokens=40, assistant_model=head, num_assistant_tokens=4)
-    assert torch.equal(out, _greedy(target, ids, max_new_tokens=40))
+    ids = prompt_ids(4, 6)
+    out = greedy(target, ids, max_new_tokens=40, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=40))
     st = head.last_generation_stats
     assert st.rounds == 0 and st.declined_rounds > 0 and st.skipped_drafter_rounds > st.declined_rounds
     assert st.plain_steps == 40 and st.drafter_forward_calls < 40
@@ -86,9 +85,9 @@ def test_autoregressive_unroll_stops_when_a_pass_does_not_pay(target):
     return: with a dear drafter step and cheap verification it drafts one token per round."""
     cheap_verify = VerifyCostModel([1.0] * 8, drafter_seconds=0.01, drafter_step_seconds=5.0)
     head = _cost_head(target, "autoregressive", model=cheap_verify)
-    ids = _prompt(5, 6)
-    out = _greedy(target, ids, max_new_tokens=12, assistant_model=head, num_assistant_tokens=4)
-    assert torch.equal(out, _greedy(target, ids, max_new_tokens=12))
+    ids = prompt_ids(5, 6)
+    out = greedy(target, ids, max_new_tokens=12, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=12))
     st = head.last_generation_stats
     assert st.rounds > 0 and st.drafter_forward_calls == st.rounds + st.skipped_drafter_rounds * 0
 
@@ -111,10 +110,10 @@ def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed):
 
     monkeypatch.setattr(PEagleCandidateGenerator, "_choose", random_choice)
     head = _cost_head(target, mode, model=VerifyCostModel.flat(max_tokens=8))
-    ids = _prompt(10 + seed, 8)
-    ref = _greedy(target, ids, max_new_tokens=48)
+    ids = prompt_ids(10 + seed, 8)
+    ref = greedy(target, ids, max_new_tokens=48)
     oracle = Oracle(head, ref, p=0.8, seed=seed)
-    out = _greedy(target, ids, max_new_tokens=48, assistant_model=head, num_assistant_tokens=5)
+    out = greedy(target, ids, max_new_tokens=48, assistant_model=head, num_assistant_tokens=5)
     oracle.handle.remove()
     assert torch.equal(out, ref)
     st = head.last_generation_stats
@@ -126,16 +125,16 @@ def test_explicit_cuts_keep_their_meaning(target):
     """A head whose default is the cost rule still drafts exactly K every round with an explicit 0.0, and applies
     transformers' confidence rule with an explicit threshold."""
     head = _cost_head(target, model=VerifyCostModel([1.0] + [50.0] * 7))
-    ids = _prompt(6, 6)
+    ids = prompt_ids(6, 6)
     kw = dict(max_new_tokens=16, assistant_model=head, num_assistant_tokens=3)
-    _greedy(target, ids, assistant_confidence_threshold=0.0, **kw)
+    greedy(target, ids, assistant_confidence_threshold=0.0, **kw)
     st = head.last_generation_stats
     # K every round but the last ones, where the length limit leaves room for fewer
     assert st.draft_policy == "fixed" and st.truncated_rounds <= 2 and st.draft_tokens >= 3 * (st.rounds - 2)
-    _greedy(target, ids, assistant_confidence_threshold=1.0, **kw)
+    greedy(target, ids, assistant_confidence_threshold=1.0, **kw)
     st = head.last_generation_stats
     assert st.draft_policy == "threshold" and st.draft_tokens == st.rounds  # every draft is "unsure"
-    _greedy(target, ids, **kw)
+    greedy(target, ids, **kw)
     assert head.last_generation_stats.draft_policy == "cost"
 
 
@@ -213,8 +212,8 @@ def test_calibration_lowers_heldout_error():
 
 def test_collect_rounds_records_every_round(target):
     head = make_head(target)
-    ids = _prompt(8, 6)
-    ref = _greedy(target, ids, max_new_tokens=30)
+    ids = prompt_ids(8, 6)
+    ref = greedy(target, ids, max_new_tokens=30)
     oracle = Oracle(head, ref, p=0.7, seed=3)
     rounds = collect_rounds(head, target, [ids], num_speculative_tokens=4, max_new_tokens=30, progress=False)
     oracle.handle.remove()

@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 
-from conftest import make_head, make_target
-from test_generation import LAYERS, _greedy, _prompt
+from helpers import LAYERS, greedy, make_head, make_target, prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +24,7 @@ def test_stop_strings_are_refused(target):
     head = make_head(target)
     with pytest.raises(ValueError, match="stop_strings cannot be honoured exactly"):
         target.generate(
-            _prompt(1, 5), max_new_tokens=4, assistant_model=head, stop_strings=["x"], tokenizer=None
+            prompt_ids(1, 5), max_new_tokens=4, assistant_model=head, stop_strings=["x"], tokenizer=None
         )
 
 
@@ -33,21 +32,21 @@ def test_custom_stopping_criteria_are_refused(target):
     head = make_head(target)
     crit = StoppingCriteriaList([StopAfter()])
     with pytest.raises(ValueError, match=r"custom stopping_criteria \['StopAfter'\]"):
-        target.generate(_prompt(2, 5), max_new_tokens=4, assistant_model=head, stopping_criteria=crit)
+        target.generate(prompt_ids(2, 5), max_new_tokens=4, assistant_model=head, stopping_criteria=crit)
     # without a head, transformers runs them as usual
-    assert target.generate(_prompt(2, 5), max_new_tokens=4, stopping_criteria=crit).shape[1] == 9
+    assert target.generate(prompt_ids(2, 5), max_new_tokens=4, stopping_criteria=crit).shape[1] == 9
 
 
 def test_max_time_is_accepted(target):
     head = make_head(target)
-    ids = _prompt(3, 5)
-    out = _greedy(target, ids, max_new_tokens=6, assistant_model=head, max_time=60.0)
-    assert torch.equal(out, _greedy(target, ids, max_new_tokens=6))
+    ids = prompt_ids(3, 5)
+    out = greedy(target, ids, max_new_tokens=6, assistant_model=head, max_time=60.0)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=6))
 
 
 def test_a_filled_cache_is_refused(target):
     head = make_head(target)
-    ids = _prompt(4, 6)
+    ids = prompt_ids(4, 6)
     cache = DynamicCache(config=target.config)
     target(ids[:, :-1], past_key_values=cache, use_cache=True)
     with pytest.raises(ValueError, match="past_key_values from an earlier call"):
@@ -58,11 +57,11 @@ def test_explicit_values_equal_to_transformers_defaults_count(target):
     """`num_assistant_tokens=20` means K=20 and `assistant_confidence_threshold=0.4` a 0.4 cut, although both equal
     the values transformers fills in when nothing is given."""
     head = make_head(target, num_speculative_tokens=3, num_parallel_positions=20)
-    ids = _prompt(5, 6)
-    _greedy(target, ids, max_new_tokens=30, assistant_model=head)
+    ids = prompt_ids(5, 6)
+    greedy(target, ids, max_new_tokens=30, assistant_model=head)
     assert head.last_generation_stats.num_speculative_tokens == 3  # not given: the head's K
-    _greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=20)
+    greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=20)
     assert head.last_generation_stats.num_speculative_tokens == 20
-    _greedy(target, ids, max_new_tokens=8, assistant_model=head, assistant_confidence_threshold=0.4)
+    greedy(target, ids, max_new_tokens=8, assistant_model=head, assistant_confidence_threshold=0.4)
     st = head.last_generation_stats
     assert st.draft_policy == "threshold" and st.confidence_threshold == 0.4

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import peagle
-from conftest import make_head, make_target
+from helpers import make_head, make_target
 from peagle.generation import PEagleGenerationStats
 
 RECIPE = Path(peagle.__file__).parent / "model_card_templates" / "custom_generate.py"
@@ -101,7 +101,14 @@ def test_hub_recipe_fallback_stats_use_the_same_names(monkeypatch):
     head = make_head(make_target())
     st = recipe._new_stats(head, 3, 0.0)
     assert not isinstance(st, PEagleGenerationStats)
-    tracked = ("rounds", "draft_tokens", "accepted_tokens", "plain_steps", "generated_tokens", "drafter_forward_calls")
+    tracked = (
+        "rounds",
+        "draft_tokens",
+        "accepted_tokens",
+        "plain_steps",
+        "generated_tokens",
+        "drafter_forward_calls",
+    )
     names = {f.name for f in fields(PEagleGenerationStats)}
     for name in (*tracked, "drafting_mode", "num_speculative_tokens", "confidence_threshold"):
         assert name in names and hasattr(st, name), name

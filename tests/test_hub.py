@@ -16,7 +16,7 @@ import torch
 from huggingface_hub import ModelCard
 
 import peagle
-from conftest import make_head, make_target
+from helpers import make_head, make_target
 from peagle import PEagleDrafter
 from peagle.bench import summarize
 from peagle.hub import DEFAULT_TAGS, prepare_upload_folder, render_model_card

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
 import peagle
-from conftest import make_head, make_target, tiny_target_config
+from helpers import make_head, make_target, tiny_target_config
 from peagle import PEagleConfig, PEagleDrafter
 
 # invalid config values surface as transformers' strict-dataclass validation error wrapping our message
@@ -97,7 +97,9 @@ def test_cached_block_equals_full_forward(tiny_head):
 
 
 def test_slot_layout_of_a_round(tiny_head):
-    ids, pos, par = tiny_head.parallel_slots(torch.tensor([[5, 6, 7]]), start_position=9, num_speculative_tokens=4)
+    ids, pos, par = tiny_head.parallel_slots(
+        torch.tensor([[5, 6, 7]]), start_position=9, num_speculative_tokens=4
+    )
     assert ids.tolist() == [[5, 6, 7, 127, 127, 127]]
     assert pos.tolist() == [[9, 10, 11, 12, 13, 14]]
     assert par.tolist() == [[False, False, False, True, True, True]]

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 import peagle
-from conftest import make_head, make_target
+from helpers import Oracle, make_head, make_target
 from peagle import PEagleDrafter
 from peagle.adapters import (
     DEFAULT_LORA_TARGET_MODULES,
@@ -22,7 +22,6 @@ from peagle.adapters import (
     merge_lora,
 )
 from peagle.training import PEagleTrainer, PEagleTrainingArguments
-from test_generation import Oracle
 
 
 def random_lora(head, seed: int = 3, **kw):
@@ -244,8 +243,8 @@ def test_draft_vocab_coverage():
 
 # ------------------------------------------------------------------------------------------------ command line
 def test_peagle_train_lora_command(tmp_path, capsys):
+    from helpers import tiny_tokenizer
     from peagle.cli import main
-    from test_training_prompts import tiny_tokenizer
 
     target = make_target()
     target.save_pretrained(tmp_path / "target")

@@ -7,10 +7,9 @@ import os
 
 import pytest
 
-from conftest import make_target
+from helpers import make_target, tiny_tokenizer
 from peagle import PEagleDrafter
 from peagle.cli import main
-from test_training_prompts import tiny_tokenizer
 
 
 def test_peagle_train_command(tmp_path, capsys):

@@ -25,9 +25,8 @@ def _free_port() -> int:
 
 
 def _one_step(tmp, mode: str, **overrides) -> tuple[dict[str, torch.Tensor], object]:
-    from conftest import make_head, make_target
+    from helpers import make_args, make_head, make_target, random_examples
     from peagle.training import PEagleTrainer
-    from test_training_trainer import make_args, random_examples
 
     target = make_target()
     head = make_head(target, drafting_mode=mode).float()
@@ -67,7 +66,7 @@ def _worker(out_dir: str) -> None:
 def test_two_process_ddp_matches_single_process(tmp_path):
     from safetensors.torch import load_file
 
-    from test_training_trainer import rel_diff
+    from helpers import rel_diff
 
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_target
+from helpers import SYSTEM, make_target, tiny_tokenizer
 from peagle import evalsets
 from peagle.training import chat_prompt_ids, self_distill, synthesize_prompts, user_turn_template
-from test_training_prompts import SYSTEM, real_eval_prompts, tiny_tokenizer
+from test_training_prompts import real_eval_prompts
 
 
 def test_self_distill_batched_equals_one_by_one_and_masks_the_prompt():

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from helpers import tiny_tokenizer
 from peagle import evalsets
 from peagle.training import (
     check_not_evaluation,
@@ -14,51 +15,6 @@ from peagle.training import (
     load_prompts,
     stdlib_code_prompts,
 )
-
-SYSTEM = "you are a helpful bot"
-
-
-def tiny_tokenizer():
-    """A word-level tokenizer (ids < 128) whose chat template inserts a default system prompt, like SmolLM2's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "<|im_end|>": 2, "<|im_start|>": 3, "<unk>": 4}
-    for w in [
-        "system",
-        "user",
-        "assistant",
-        "you",
-        "are",
-        "a",
-        "helpful",
-        "bot",
-        "hello",
-        "world",
-        "write",
-        "code",
-        "please",
-        "the",
-        "of",
-        "and",
-        "to",
-    ]:
-        vocab[w] = len(vocab)
-    for i in range(len(vocab), 100):
-        vocab[f"w{i}"] = i
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token="<s>", unk_token="<unk>"
-    )
-    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    fast.chat_template = (
-        "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|> system "
-        + SYSTEM
-        + " <|im_end|> {% endif %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-    )
-    return fast
 
 
 # ---------------------------------------------------------------------------------------------------- sources

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_target
+from helpers import make_target, tiny_tokenizer
 from peagle import evalsets
 from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
 from peagle.training.recipe import format_summary
-from test_training_prompts import tiny_tokenizer
 
 
 def test_training_arguments_recipe_defaults_and_overrides(tmp_path):

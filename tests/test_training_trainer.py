@@ -10,48 +10,13 @@ from safetensors import safe_open
 from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from conftest import make_head, make_target, tiny_target_config
+from helpers import make_args, make_head, make_target, random_examples, rel_diff, tiny_target_config
 from peagle.training import (
     FeatureCache,
     PEagleDataCollator,
     PEagleTrainer,
-    PEagleTrainingArguments,
     self_distill,
 )
-
-
-def random_examples(n: int, seed: int = 0, lo: int = 18, hi: int = 40, vocab: int = 120) -> list[dict]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        length = int(torch.randint(lo, hi, (1,), generator=g))
-        prompt = int(torch.randint(3, 10, (1,), generator=g))
-        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
-        out.append({"input_ids": ids, "loss_mask": [0] * prompt + [1] * (length - prompt)})
-    return out
-
-
-def make_args(tmp_path, **overrides) -> PEagleTrainingArguments:
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=2,
-        max_steps=1,
-        optim="sgd",
-        learning_rate=1.0,
-        lr_scheduler_type="constant",
-        max_grad_norm=0.0,
-        num_parallel_positions=4,
-        cod_ratio=0.8,
-        cod_min_ratio=0.2,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        logging_steps=1,
-        seed=0,
-    )
-    values.update(overrides)
-    return PEagleTrainingArguments(**values)
 
 
 def update_after_one_step(target, data, tmp_path, head_kwargs=None, **arg_overrides):
@@ -62,13 +27,6 @@ def update_after_one_step(target, data, tmp_path, head_kwargs=None, **arg_overri
     )
     trainer.train()
     return {k: p.detach() - before[k] for k, p in head.named_parameters()}, trainer
-
-
-def rel_diff(a: dict, b: dict) -> float:
-    num = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
-    den = sum(float((b[k] ** 2).sum()) for k in b) ** 0.5
-    assert den > 0, "the reference update is zero: the test would prove nothing"
-    return num / den
 
 
 # ---------------------------------------------------------------------------------------------------- exactness

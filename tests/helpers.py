@@ -1,0 +1,169 @@
+"""Shared test helpers: tiny random models and data built in code, and a few generation utilities.
+
+Fixtures live in conftest.py; everything a test module imports comes from here.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import peagle
+from peagle.training.trainer import PEagleTrainingArguments
+
+
+def tiny_target_config(**overrides) -> LlamaConfig:
+    values = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def make_target(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_target_config(**overrides))
+    return model.eval()
+
+
+def make_head(target, seed: int = 1, **overrides) -> peagle.PEagleDrafter:
+    torch.manual_seed(seed)
+    # tiny heads draft K every round unless a test asks for the cost rule (confidence_threshold=None)
+    values = dict(num_hidden_layers=2, mask_token_id=127, confidence_threshold=0.0)
+    values.update(overrides)
+    cfg = peagle.PEagleConfig.for_target(target.config, **values)
+    return peagle.PEagleDrafter(cfg).eval()
+
+
+SYSTEM = "you are a helpful bot"
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer (ids < 128) whose chat template inserts a default system prompt, like SmolLM2's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "<|im_end|>": 2, "<|im_start|>": 3, "<unk>": 4}
+    for w in [
+        "system",
+        "user",
+        "assistant",
+        "you",
+        "are",
+        "a",
+        "helpful",
+        "bot",
+        "hello",
+        "world",
+        "write",
+        "code",
+        "please",
+        "the",
+        "of",
+        "and",
+        "to",
+    ]:
+        vocab[w] = len(vocab)
+    for i in range(len(vocab), 100):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token="<s>", unk_token="<unk>"
+    )
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    fast.chat_template = (
+        "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|> system "
+        + SYSTEM
+        + " <|im_end|> {% endif %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    return fast
+
+
+def random_examples(n: int, seed: int = 0, lo: int = 18, hi: int = 40, vocab: int = 120) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(lo, hi, (1,), generator=g))
+        prompt = int(torch.randint(3, 10, (1,), generator=g))
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        out.append({"input_ids": ids, "loss_mask": [0] * prompt + [1] * (length - prompt)})
+    return out
+
+
+def make_args(tmp_path, **overrides) -> PEagleTrainingArguments:
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        optim="sgd",
+        learning_rate=1.0,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        num_parallel_positions=4,
+        cod_ratio=0.8,
+        cod_min_ratio=0.2,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=1,
+        seed=0,
+    )
+    values.update(overrides)
+    return PEagleTrainingArguments(**values)
+
+
+def rel_diff(a: dict, b: dict) -> float:
+    num = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    den = sum(float((b[k] ** 2).sum()) for k in b) ** 0.5
+    assert den > 0, "the reference update is zero: the test would prove nothing"
+    return num / den
+
+
+LAYERS = 4  # aux layers default to (1, 2, 3): distinct, so an off-by-one layer index shows
+
+
+def prompt_ids(seed: int, length: int) -> torch.LongTensor:
+    return torch.randint(3, 127, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(target, ids, **kw) -> torch.LongTensor:
+    return target.generate(ids, do_sample=False, **kw)
+
+
+class Oracle:
+    """Forward hook: each drafting slot's logits point at the reference continuation with probability `p`.
+
+    A random head almost never drafts a right token; the oracle makes rounds accept 0..K drafts, so the cache
+    crop/append path and the stats see real acceptance.  The slot at position q predicts token q + 2.
+    """
+
+    def __init__(self, head, reference: torch.LongTensor, p: float = 0.7, seed: int = 0):
+        self.reference = reference[0].tolist()
+        self.p = p
+        self.generator = torch.Generator().manual_seed(seed)
+        target_ids = (torch.arange(head.config.draft_vocab_size) + head.d2t).tolist()
+        self.draft_index = {t: i for i, t in enumerate(target_ids)}
+        self.handle = head.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, out):
+        k = out.logits.shape[1]
+        logits = out.logits.clone()
+        for j, q in enumerate(kwargs["position_ids"][0, -k:].tolist()):
+            hit = torch.rand((), generator=self.generator).item() < self.p
+            if q + 2 < len(self.reference) and hit and self.reference[q + 2] in self.draft_index:
+                logits[0, j, self.draft_index[self.reference[q + 2]]] = logits[0, j].max() + 10.0
+        out.logits = logits
+        return out
