@@ -137,6 +137,7 @@ def measure(target, head: PEagleDrafter, prompts: list[list[int]], max_new_token
             max_new_tokens,
             assistant=head,
             num_assistant_tokens=k,
+            assistant_confidence_threshold=0.0,  # K drafts every round: acceptance, not the machine
             num_assistant_tokens_schedule="constant",
         )
         st = head.last_generation_stats

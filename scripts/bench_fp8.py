@@ -200,6 +200,7 @@ def acceptance(target, tokenizer, heads: dict[str, Any], device: torch.device, a
                     args.max_new_tokens,
                     assistant=head,
                     num_assistant_tokens=args.accept_k,
+                    assistant_confidence_threshold=0.0,  # K drafts every round: acceptance only
                     num_assistant_tokens_schedule="constant",
                 )
                 stats = head.last_generation_stats

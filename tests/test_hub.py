@@ -157,10 +157,10 @@ def test_custom_generate_accepts_drafts_and_pairs_features(tmp_path, monkeypatch
     expected = target.generate(ids, do_sample=False, max_new_tokens=40)
     k, seen, real_draft = 4, [], recipe._draft
 
-    def oracle(head_, slots, feats, cache, k_, cut):
+    def oracle(head_, slots, feats, cache, k_, cut, choose=None):
         seen.append((cache.get_seq_length(), slots.clone(), feats.clone()))
         # grows the drafter cache as a real round does
-        _, speculative = real_draft(head_, slots, feats, cache, k_, cut)
+        _, speculative = real_draft(head_, slots, feats, cache, k_, cut, choose)
         last = cache.get_seq_length() - (k_ - 1) - 1  # index of the bonus slot, which holds token last + 1
         right = len(seen) % (k_ + 1)
         truth = expected[0, last + 2 : last + 2 + k_].tolist()
@@ -338,3 +338,24 @@ def test_model_imports_only_its_configuration():
     }
     imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
     assert {m for m in imported if m.startswith(".") or m.startswith("peagle")} == {".configuration_peagle"}
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_custom_generate_cost_rule(tmp_path, mode):
+    """A head without a cut (the default) makes the recipe apply peagle's cost-aware rule: a flat cost curve
+    verifies K drafts every round, verification far dearer than a step verifies none; output is greedy's."""
+    from peagle.generation.cost import VerifyCostModel
+
+    target = make_target()
+    head = make_head(target, drafting_mode=mode, confidence_threshold=None)
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    ids = torch.randint(3, 120, (1, 8), generator=torch.Generator().manual_seed(9))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=12)
+    head.cost_model = VerifyCostModel.flat(max_tokens=8)
+    got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=12, num_speculative_tokens=3)
+    stats = head.last_generation_stats
+    assert torch.equal(got, expected) and stats.draft_policy == "cost"
+    assert stats.rounds > 0 and stats.draft_tokens == 3 * stats.rounds
+    head.cost_model = VerifyCostModel([1.0] + [100.0] * 7)
+    got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=12, num_speculative_tokens=3)
+    assert torch.equal(got, expected) and head.last_generation_stats.rounds == 0

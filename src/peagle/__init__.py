@@ -1,8 +1,17 @@
 """peagle: P-EAGLE parallel speculative decoding for HuggingFace transformers.
 
-`import peagle` registers the `"peagle"` model type with `AutoConfig`/`AutoModel` and installs the one
-generate() dispatch hook, so `target.generate(ids, assistant_model=head)` drafts K tokens per round in a
-single drafter forward pass.
+The top level holds what most users need: the config and the model, the loaders (`load_head` for every
+published layout, `load_target`, the embedded default target and heads), `export`, the generation statistics and
+cost model, and, imported on first use, the training names and the FP8 helpers.  Specialised names stay in their
+modules (`peagle.formats`, `peagle.generation`, `peagle.training`, `peagle.fp8`, `peagle.hub`, `peagle.bench`).
+
+Importing peagle has these side effects, and no others:
+
+- registers the `"peagle"` model type with `AutoConfig`/`AutoModel` (and for Hub remote code);
+- installs the one version-guarded generate() dispatch hook (`install_generate_hook`; undo with
+  `uninstall_generate_hook`), so `target.generate(ids, assistant_model=head)` drafts with the head;
+- `peagle.formats` registers its layout loader on `PEagleDrafter.from_pretrained`, and `peagle.hub` its
+  `push_to_hub`: the model itself imports neither (docs/DESIGN.md section 5).
 """
 
 from transformers import AutoConfig, AutoModel
@@ -17,8 +26,9 @@ from .generation import (
     install_generate_hook,
     uninstall_generate_hook,
 )
+from .generation.cost import VerifyCostModel, set_cost_model
 from .modeling_peagle import PEagleDraft, PEagleDrafter, PEagleDrafterOutput
-from .targets import load_default_drafter, load_default_target
+from .targets import load_default_drafter, load_default_target, load_target
 
 AutoConfig.register(PEagleConfig.model_type, PEagleConfig, exist_ok=True)
 AutoModel.register(PEagleConfig, PEagleDrafter, exist_ok=True)
@@ -56,8 +66,11 @@ __all__ = [
     "dequantize_head",
     "PEagleCandidateGenerator",
     "PEagleGenerationStats",
+    "VerifyCostModel",
+    "set_cost_model",
     "install_generate_hook",
     "uninstall_generate_hook",
+    "load_target",
     "load_default_target",
     "load_default_drafter",
     "PEagleTrainer",

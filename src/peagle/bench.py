@@ -370,22 +370,6 @@ def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
     return ids
 
 
-__all__ = [
-    "AUTO",
-    "METHODS",
-    "check_methods",
-    "load_prompts",
-    "run_benchmark",
-    "timed_generate",
-    "method_kwargs",
-    "summarize",
-    "format_table",
-    "plot",
-    "write_results",
-    "RunResult",
-]
-
-
 def load_prompts(
     tokenizer, datasets: Sequence[str], limit: int | None = None
 ) -> dict[str, list[torch.Tensor]]:
@@ -419,55 +403,3 @@ __all__ = [
     "write_results",
     "RunResult",
 ]
-
-
-def run_cli(args) -> int:
-    """`peagle bench`: load the default target and heads, run, print the table, write JSON + PNG."""
-    from .evalsets import EVAL_SETS
-    from .modeling_peagle import PEagleDrafter
-    from .targets import default_drafter_path, load_default_target
-
-    dtype = getattr(torch, args.dtype)
-    head_dtype = getattr(torch, args.head_dtype)
-    target, tokenizer = load_default_target(dtype=dtype)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        raise SystemExit(f"unknown methods {unknown}; expected some of {list(METHODS)}")
-    heads: dict[str, Any] = {}
-    for method, path in (("peagle", args.head), ("eagle3", args.ar_head)):
-        if method in methods:
-            folder = path or default_drafter_path(method)
-            heads[method] = (
-                PEagleDrafter.from_pretrained(folder, dtype=head_dtype).attach_target(target).eval()
-            )
-    ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    prompts = {}
-    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        if name not in EVAL_SETS:
-            raise SystemExit(f"unknown dataset {name!r}; expected some of {sorted(EVAL_SETS)}")
-        prompts[name] = [chat_prompt_ids(tokenizer, t) for t in EVAL_SETS[name](args.limit)]
-    timed_generate(target, prompts[next(iter(prompts))][0], 4)  # warm-up
-    results = run_benchmark(
-        target,
-        prompts,
-        heads,
-        ks=ks,
-        max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats,
-        methods=methods,
-        confidence_threshold=args.confidence_threshold,
-    )
-    results["machine"] = machine_description()
-    results["command"] = "peagle bench " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if k not in ("func", "command") and v is not None
-    )
-    js, png = write_results(results, args.out)
-    print(format_table(results["summary"]))
-    print(f"\nwrote {js} and {png}")
-    lossless = all(s["lossless"] for s in results["summary"])
-    if not lossless:
-        print("WARNING: some speculative outputs differ from plain greedy (see 'lossless' column)")
-    return 0 if lossless else 1

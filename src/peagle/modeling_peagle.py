@@ -209,7 +209,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
     # ------------------------------------------------------------------ loading, saving and uploading
     # Registration points: this file imports nothing from the rest of peagle, because it ships as remote code
-    # (docs/DESIGN.md section 6).  `peagle.formats`, `peagle.hub` and `peagle.fp8` plug themselves in here when
+    # (docs/DESIGN.md section 5).  `peagle.formats`, `peagle.hub` and `peagle.fp8` plug themselves in here when
     # imported, the way peft's tuners register themselves; as remote code without peagle nothing is registered.
     _checkpoint_loader: ClassVar[CheckpointLoader | None] = None
     _hub_pusher: ClassVar[HubPusher | None] = None

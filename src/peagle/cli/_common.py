@@ -14,7 +14,8 @@ def add_confidence_argument(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="assistant_confidence_threshold: end a round after its first draft the head gives a lower "
-        "probability (default: the head's own `confidence_threshold`; 0 drafts K tokens every round)",
+        "probability; 0 drafts K tokens every round (default: the head's own setting, cost-aware drafting "
+        "for the shipped heads)",
     )
 
 

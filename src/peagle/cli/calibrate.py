@@ -33,6 +33,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="drafts per round (default: the head's K)",
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
+    p.add_argument(
+        "--head-dtype",
+        default="bfloat16",
+        choices=["float32", "bfloat16"],
+        help="drafter dtype (default bfloat16, the dtype the heads run in by default)",
+    )
     p.add_argument("--report", default=None, help="also write the ECE report to this JSON file")
     return p
 
@@ -51,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         num_speculative_tokens=args.num_speculative_tokens,
         dtype=getattr(torch, args.dtype),
+        head_dtype=getattr(torch, args.head_dtype),
     )
     report = result["report"]
     print("depth | samples | ECE before | ECE after")

@@ -2,7 +2,7 @@
 
 transformers loads it (`PEagleDrafter.from_pretrained_native`) after `prepare` has imported the modules
 behind the config's extension blocks and `checks.check_native` has checked every tensor's shape against the
-config.  Writing it is `save_pretrained`, which also copies the remote code (docs/DESIGN.md section 6).
+config.  Writing it is `save_pretrained`, which also copies the remote code (docs/DESIGN.md section 5).
 """
 
 from __future__ import annotations

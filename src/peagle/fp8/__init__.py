@@ -23,7 +23,7 @@ Modules:
     head.py       `quantize_head` / `dequantize_head` and the `fp8.py` remote code of a saved FP8 head
 
 Importing this package registers FP8 heads with `PEagleDrafter` (`head.register_fp8_heads`): the model
-itself imports nothing from here (docs/DESIGN.md section 6).  `peagle.formats` imports it on demand when a
+itself imports nothing from here (docs/DESIGN.md section 5).  `peagle.formats` imports it on demand when a
 checkpoint's config has `peagle_fp8`.
 
 Devices without FP8 matmuls (the CPU, CUDA capability < 8.9, ROCm): `forward` raises a `RuntimeError` naming

@@ -10,7 +10,7 @@ the weights.
 removed) plus four lines that register `apply_fp8_config` with the remote `PEagleDrafter`; `config.json`'s
 `auto_map["AutoModel"]` points at `fp8.PEagleDrafter`, so `AutoModel.from_pretrained(folder,
 trust_remote_code=True)` loads it first and the head gets its FP8 layers without peagle installed.  A head
-without FP8 layers ships only `configuration_peagle.py` and `modeling_peagle.py` (docs/DESIGN.md section 6).
+without FP8 layers ships only `configuration_peagle.py` and `modeling_peagle.py` (docs/DESIGN.md section 5).
 """
 
 from __future__ import annotations

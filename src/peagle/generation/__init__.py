@@ -3,7 +3,9 @@
 - [`stats`]: [`PEagleGenerationStats`], the one statistics object (named metrics, mergeable);
 - [`candidates`]: [`PEagleCandidateGenerator`], one drafting round per verify pass through
   [`PEagleDrafter.draft_round`];
-- [`hook`]: the version-guarded dispatch hook `import peagle` installs.
+- [`hook`]: the version-guarded dispatch hook `import peagle` installs;
+- [`cost`]: cost-aware drafting: the verify-cost model and the choice of how many drafts to verify;
+- [`calibration`]: per-depth calibration of the head's draft probabilities (`peagle calibrate`).
 """
 
 from .candidates import PEagleCandidateGenerator, resolve_confidence_threshold, resolve_num_speculative_tokens

@@ -190,6 +190,7 @@ def calibrate_head_folder(
     max_new_tokens: int = 128,
     num_speculative_tokens: int | None = None,
     dtype: torch.dtype = torch.float32,
+    head_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """Fit the calibration of the head in `head_dir` on the prompts of held-out `examples` (a shard folder or
     JSONL; examples `skip`..`skip+limit`) and store it in `head_dir/config.json` (`draft_calibration`, with the
@@ -206,14 +207,21 @@ def calibrate_head_folder(
     if not prompts:
         raise ValueError(f"no prompts in {examples} (examples {skip}..{skip + limit}).")
     model, _ = load_target(target, dtype=dtype)
-    head = PEagleDrafter.from_pretrained(head_dir, dtype=dtype).attach_target(model).eval()
+    head = PEagleDrafter.from_pretrained(head_dir, dtype=head_dtype or dtype).attach_target(model).eval()
     result = fit_draft_calibration(head, model, prompts, num_speculative_tokens, max_new_tokens)
     path = Path(head_dir) / "config.json"
     config = json.loads(path.read_text())
     config["draft_calibration"] = dict(
         result["calibration"],
         report=result["report"],
-        data={"examples": str(examples), "skip": skip, "limit": limit, "max_new_tokens": max_new_tokens},
+        data={
+            "examples": str(examples),
+            "skip": skip,
+            "limit": limit,
+            "max_new_tokens": max_new_tokens,
+            "target_dtype": str(dtype).replace("torch.", ""),
+            "head_dtype": str(head_dtype or dtype).replace("torch.", ""),
+        },
     )
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return result

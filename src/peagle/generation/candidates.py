@@ -29,6 +29,11 @@ from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)
 
+PAYS_SMOOTHING = 0.2
+"""Weight of the newest drafting round in the running estimate of whether drafting pays (cost rule)."""
+MAX_SKIP = 8
+"""Most plain steps in a row without running the drafter (cost rule); each losing probe adds one."""
+
 
 def text_config(model_or_config: Any) -> Any:
     """The text config of a model or config (multimodal configs nest it)."""
@@ -145,6 +150,13 @@ class PEagleCandidateGenerator(CandidateGenerator):
         }
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        # greedy verification compares tokens only: with no processors to apply, drafts and their probabilities
+        # come straight from the draft vocabulary and no target-vocabulary logits go back to transformers
+        self.fast_greedy = (
+            not self.do_sample
+            and len(self.logits_processor) == 0
+            and getattr(generation_config, "assistant_ensemble_weight", None) is None
+        )
         self.max_length = generation_config.max_length
         self.device = head.device
         if cfg.embed_from_target:
@@ -161,7 +173,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self._last_num_drafts = 0
         self._pending: tuple[torch.LongTensor, torch.Tensor] | None = None  # real slots a skipped round left
         self._skip_left = 0  # plain steps to take before the drafter runs again (cost rule)
-        self._skip_len = 1  # the next skip's length (doubles while drafting keeps not paying)
+        self._skip_len = 1  # the next skip's length (grows by one while drafting keeps losing)
         self._returned_at: float | None = None  # when the last candidates went to verification
         self._round: dict[str, Any] | None = None  # prediction of the round under verification
         self._pays: float | None = None
@@ -219,6 +231,14 @@ class PEagleCandidateGenerator(CandidateGenerator):
         once one more drafter pass no longer pays.
         """
         state = {"context": context}
+        if self.fast_greedy:  # greedy without processors: no target-vocabulary scores needed (see __init__)
+
+            def select_greedy(logits: torch.Tensor, depth: int):
+                prob, index = logits.softmax(dim=-1).max(dim=-1)
+                confidences.append(float(prob[0]))
+                return self.head.draft_to_target(index), None, self._stop(confidences)
+
+            return select_greedy
 
         def select(logits: torch.Tensor, depth: int):
             scores = self.head.draft_logits_to_target(logits)
@@ -232,16 +252,19 @@ class PEagleCandidateGenerator(CandidateGenerator):
                 token = scores.argmax(dim=-1)
             prob = float(scores.softmax(dim=-1).gather(-1, token[:, None])[0, 0])
             confidences.append(prob)
-            stop = False
-            if self.policy == "threshold":
-                stop = prob < self.confidence_threshold
-            elif self.policy == "cost" and self.drafting_mode == "autoregressive":
-                stop = not self._one_more_pass_pays(confidences)
             if len(self.logits_processor) > 0:
                 state["context"] = torch.cat([state["context"], token[:, None].to(context.device)], dim=-1)
-            return token, scores, stop
+            return token, scores, self._stop(confidences)
 
         return select
+
+    def _stop(self, confidences: list[float]) -> bool:
+        """Whether the round ends after the draft just picked (confidence cut, or the cost rule's unroll stop)."""
+        if self.policy == "threshold":
+            return confidences[-1] < self.confidence_threshold
+        if self.policy == "cost" and self.drafting_mode == "autoregressive":
+            return not self._one_more_pass_pays(confidences)
+        return False
 
     def _probabilities(self, confidences: list[float]) -> list[float]:
         """Calibrated acceptance probabilities of the round's drafts (the head's `draft_calibration`)."""
@@ -300,9 +323,11 @@ class PEagleCandidateGenerator(CandidateGenerator):
         }
         # does drafting pay at all? compare the round's expected rate (drafter included) with a plain step's
         ratio = (predicted / (curve[k] + self.cost.drafter_seconds)) * curve[0]
-        self._pays = ratio if self._pays is None else 0.5 * self._pays + 0.5 * ratio
-        if self._pays < 1.0:
-            self._skip_left, self._skip_len = self._skip_len, min(2 * self._skip_len, 32)
+        self._pays = (
+            ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
+        )
+        if self._pays < 1.0:  # drafting is expected to lose: skip the drafter, longer while it keeps losing
+            self._skip_left, self._skip_len = self._skip_len, min(self._skip_len + 1, MAX_SKIP)
         else:
             self._skip_len = 1
         return k
@@ -362,7 +387,8 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self._confidences = confidences
         if self.policy == "cost" and drafts.shape[1] > 0:
             keep = self._choose(confidences, drafter_seconds, draft.forward_calls - 1)
-            drafts, logits = drafts[:, :keep], logits[:, :keep]
+            drafts = drafts[:, :keep]
+            logits = logits[:, :keep] if logits is not None else None
             if keep == 0:
                 self.stats.declined_rounds += 1
 

@@ -41,8 +41,8 @@ class PEagleGenerationStats:
         drafted_per_depth: `[K]` rounds that proposed a draft at depth d.
         drafter_forward_calls: drafter forward passes (parallel: one per round; autoregressive: up to K).
         confidence_threshold: the `assistant_confidence_threshold` in effect (0.0: every round drafts K tokens).
-        truncated_rounds: rounds that drafted fewer tokens than allowed there (K, or fewer near `max_length`):
-            cut by the confidence threshold, or a logits processor left no admissible draft.
+        truncated_rounds: rounds that verified fewer drafts than allowed there (K, or fewer near `max_length`):
+            cut by the confidence threshold or the cost rule, or a logits processor left no admissible draft.
         drafter_seconds: wall time spent drafting (forwards and token selection).
         total_seconds: wall time from the start of decoding to the last verified round.
         calls: `generate()` calls these stats cover.

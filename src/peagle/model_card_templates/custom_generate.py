@@ -12,7 +12,9 @@ EAGLE-3 head) from the target features of the previous verify pass, keeping its 
 verifies [last token, drafts] in one forward pass and keeps the longest prefix of drafts equal to its
 own greedy choices plus its next token.  With a confidence cut (`assistant_confidence_threshold=`, default
 the head's `config.confidence_threshold`) a round keeps its drafts up to and including the first one the
-head gives a probability below it; 0 keeps all K.  The output is token-for-token the target's own greedy output.
+head gives a probability below it; 0 keeps all K.  With neither (the default of current heads) and peagle
+installed, each round verifies the number of drafts peagle's cost-aware rule picks from the head's calibrated
+probabilities and the machine's measured verify cost; without peagle it drafts K every round.  The output is token-for-token the target's own greedy output.
 Batches run row by row (left padding is removed per row and put back).  Sampling, beam search, logits
 processors and stopping criteria go to transformers' own `generate()` unchanged.
 
@@ -116,24 +118,44 @@ class _Stats:
         return (self.accepted_tokens + self.rounds) / self.rounds if self.rounds else 0.0
 
 
-def _draft(head, tokens, feats, cache, k, cut=0.0):
-    """Up to K greedy drafts `(1, m)` for the real slots (tokens, feats), cut after the first one the head gives a
-    probability below `cut`, through the head's own `draft_round` (the one drafting round peagle's generate()
-    uses too); returns the drafts and the number of speculative slots the drafter cache gained."""
+def _draft(head, tokens, feats, cache, k, cut=0.0, choose=None):
+    """Up to K greedy drafts `(1, m)` for the real slots (tokens, feats), through the head's own `draft_round`
+    (the one drafting round peagle's generate() uses too): cut after the first one the head gives a probability
+    below `cut`, or, with `choose` (the cost rule), the number `choose(confidences)` picks.  Returns the drafts
+    and the number of speculative slots the drafter cache gained."""
+    confidences = []
 
     def select(logits, depth):
-        probs = logits.softmax(-1)
-        picked = probs.argmax(-1)
-        stop = cut > 0 and float(probs[0, picked[0]]) < cut
+        prob, picked = logits.softmax(-1).max(-1)
+        confidences.append(float(prob[0]))
+        stop = cut > 0 and confidences[-1] < cut
         return head.draft_to_target(picked), None, stop
 
     start = cache.get_seq_length()
     round_ = head.draft_round(tokens, feats, k, cache, start, select=select)
-    return round_.tokens, round_.speculative_slots
+    drafts = round_.tokens if choose is None else round_.tokens[:, : choose(confidences)]
+    return drafts, round_.speculative_slots
+
+
+def _cost_rule(model, head, k):
+    """peagle's cost-aware choice of how many drafts to verify (`confidences -> k`), or None without peagle."""
+    try:
+        from peagle.generation.cost import apply_calibration, choose_num_drafts, cost_model_for
+    except ImportError:
+        logger.warning("custom_generate: cost-aware drafting needs peagle installed; drafting K every round.")
+        return None
+    cost = cost_model_for(model, head, k + 1)
+    calibration = getattr(head.config, "draft_calibration", None)
+
+    def choose(confidences):
+        probs = [float(apply_calibration(calibration, d, torch.tensor(c))) for d, c in enumerate(confidences)]
+        return choose_num_drafts(probs, cost.curve(len(probs) + 1), cost.drafter_seconds)
+
+    return choose
 
 
 @torch.no_grad()
-def _generate_row(model, head, ids, max_new, eos, k, cut, stats):
+def _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose=None):
     """Greedy speculative decoding of one unpadded row `ids` `(1, p)`; returns the new tokens `(1, n)`."""
     layer_ids = _layer_ids(head, model)
     cache = DynamicCache(config=model.config)
@@ -144,7 +166,7 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats):
     pieces, count = [tokens], 1
     draft_cache = DynamicCache(config=head.config)
     while count < max_new and not any(int(t) in eos for t in tokens[0]):
-        drafts, speculative = _draft(head, slots, feats, draft_cache, k, cut)
+        drafts, speculative = _draft(head, slots, feats, draft_cache, k, cut, choose)
         _drop(draft_cache, speculative)  # keep only real slots in the drafter cache
         m = drafts.shape[1]
         out = model(
@@ -161,11 +183,12 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats):
         slots = tokens
         pieces.append(tokens)
         count += n + 1
-        stats.rounds += 1
-        stats.accepted_tokens += n
-        stats.draft_tokens += m
         # a parallel round is one drafter pass; an autoregressive one adds a pass per speculative slot
         stats.drafter_forward_calls += 1 if head.config.drafting_mode == "parallel" else speculative + 1
+        if m:  # a round whose drafts the cost rule declined is a plain step
+            stats.rounds += 1
+            stats.accepted_tokens += n
+            stats.draft_tokens += m
     new = torch.cat(pieces, dim=1)[:, :max_new]
     hits = [i for i, t in enumerate(new[0].tolist()) if t in eos]
     return new[:, : hits[0] + 1] if hits else new
@@ -209,7 +232,11 @@ def generate(model, *args, **kwargs):
 
     head = _load_head(head_spec if head_spec is not None else HEAD_REPO, model)
     k = int(k or head.config.num_speculative_tokens)
-    cut = float(getattr(head.config, "confidence_threshold", 0.0) if cut is None else cut)
+    if cut is None:
+        cut = getattr(head.config, "confidence_threshold", 0.0)
+    # no cut given and none in the head's config: peagle's cost-aware rule (when peagle is installed)
+    choose = _cost_rule(model, head, k) if cut is None else None
+    cut = float(cut or 0.0)
     eos = generation_config.eos_token_id
     eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
     pad = generation_config.pad_token_id
@@ -223,13 +250,16 @@ def generate(model, *args, **kwargs):
     else:
         max_new = max(0, (generation_config.max_length or 20) - prompt_len)
     stats = _new_stats(head, k, cut)
+    stats.draft_policy = "cost" if choose is not None else ("threshold" if cut > 0 else "fixed")
     rows = []
     for b in range(inputs.shape[0]):
         ids = inputs[b : b + 1]
         if mask is not None:
             ids = ids[:, mask[b].bool()]
         rows.append(
-            _generate_row(model, head, ids, max_new, eos, k, cut, stats) if max_new > 0 else ids[:, :0]
+            _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose)
+            if max_new > 0
+            else ids[:, :0]
         )
     width = max(r.shape[1] for r in rows)
     padded = [torch.cat([r, r.new_full((1, width - r.shape[1]), pad)], dim=1) for r in rows]
