@@ -1,0 +1,81 @@
+"""Held-out acceptance of heads: new tokens per target pass with K drafts every round (no timing involved).
+
+The scaling study's measurement: each head drafts exactly K tokens every round (`assistant_confidence_threshold=0`)
+under the float32 SmolLM2 target, greedy, on the prompt part of held-out self-distilled examples (never trained
+on, never MT-Bench or HumanEval); every output is checked against plain greedy.  Acceptance does not depend on
+the machine, so the numbers hold on any hardware.
+
+Usage:
+    python scripts/eval_acceptance.py src/peagle/default_heads/smollm2-135m-peagle runs/stage3-peagle \
+        --examples datasets/smollm2-135m-instruct/heldout --skip 48 --limit 24 -k 7 --out eval.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from peagle import PEagleDrafter
+from peagle.bench import timed_generate
+from peagle.generation import PEagleGenerationStats
+from peagle.generation.calibration import prompts_of_examples
+from peagle.targets import load_default_target
+from peagle.training.shards import load_examples
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("heads", nargs="+", help="head folders")
+    ap.add_argument("--examples", required=True, help="held-out examples (shards or JSONL)")
+    ap.add_argument("--skip", type=int, default=48, help="skip the first N (the calibration/comparison ones)")
+    ap.add_argument("--limit", type=int, default=24)
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    target, _ = load_default_target()
+    prompts = prompts_of_examples(load_examples(args.examples)[args.skip : args.skip + args.limit])
+    results = {}
+    for folder in args.heads:
+        head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype)).attach_target(
+            target
+        )
+        head.eval()
+        stats, lossless = [], True
+        for ids in tqdm(prompts, desc=Path(folder).name):
+            plain = timed_generate(target, ids, args.max_new_tokens)
+            run = timed_generate(
+                target,
+                ids,
+                args.max_new_tokens,
+                assistant=head,
+                num_assistant_tokens=args.num_speculative_tokens,
+                num_assistant_tokens_schedule="constant",
+                assistant_confidence_threshold=0.0,
+            )
+            lossless &= run.output == plain.output
+            stats.append(run.stats)
+        total = PEagleGenerationStats.merge(stats)
+        results[folder] = {
+            "tokens_per_target_pass": total.tokens_per_target_pass,
+            "acceptance_length": total.acceptance_length,
+            "acceptance_rate_per_depth": total.acceptance_rate_per_depth,
+            "lossless": lossless,
+        }
+        print(
+            f"{folder}: {total.tokens_per_target_pass:.3f} tokens/target pass, acceptance length "
+            f"{total.acceptance_length:.3f} (K={args.num_speculative_tokens}, {len(prompts)} prompts, "
+            f"lossless {lossless})"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
