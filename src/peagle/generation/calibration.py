@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .cost import apply_calibration
+from .cost import calibrated_probability
 
 MIN_SAMPLES = 40
 """Depths judged in fewer rounds than this share the previous depth's map."""
@@ -118,7 +118,7 @@ def fit_from_rounds(rounds: Sequence[tuple[Sequence[float], int]], holdout: floa
     for d, samples in enumerate(held):
         conf = [c for c, _ in samples]
         acc = [a for _, a in samples]
-        mapped = apply_calibration(calibration, d, torch.tensor(conf)).tolist() if conf else []
+        mapped = [calibrated_probability(calibration, d, c) for c in conf]
         report["ece_before"].append(expected_calibration_error(conf, acc))
         report["ece_after"].append(expected_calibration_error(mapped, acc))
         report["samples"].append(len(samples))

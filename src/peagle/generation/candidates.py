@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..configuration_peagle import default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
-from .cost import apply_calibration, choose_num_drafts, cost_model_for, expected_tokens
+from .cost import calibrated_probability, choose_num_drafts, cost_model_for, expected_tokens
 from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)
@@ -268,11 +268,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
 
     def _probabilities(self, confidences: list[float]) -> list[float]:
         """Calibrated acceptance probabilities of the round's drafts (the head's `draft_calibration`)."""
-        if not self.calibration:
-            return list(confidences)
-        return [
-            float(apply_calibration(self.calibration, d, torch.tensor(c))) for d, c in enumerate(confidences)
-        ]
+        return [calibrated_probability(self.calibration, d, c) for d, c in enumerate(confidences)]
 
     def _one_more_pass_pays(self, confidences: list[float]) -> bool:
         """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,

@@ -18,6 +18,7 @@ anyway, inspectable (`to_dict`) and overridable (`VerifyCostModel.flat(...)`, `f
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -87,32 +88,29 @@ def best_rate(probs: Sequence[float], verify_seconds: Sequence[float], drafter_s
 
 
 # ---------------------------------------------------------------------------------------------- calibration
-def apply_calibration(
-    calibration: dict[str, Any] | None, depth: int, confidence: torch.Tensor
-) -> torch.Tensor:
+def calibrated_probability(calibration: dict[str, Any] | None, depth: int, confidence: float) -> float:
     """Map the head's confidence in its draft at `depth` to an acceptance probability.
 
     `calibration` is a head's `config.draft_calibration`: `{"method": "isotonic", "x": [[...] per depth],
     "y": [[...] per depth]}`, a monotone piecewise-linear map per depth (the last depth's map serves deeper
-    ones).  None: the raw confidence.
+    ones; flat beyond its ends).  None: the raw confidence.  Plain Python: it runs for every draft of a round.
+
+    >>> calibrated_probability({"x": [[0.2, 0.6]], "y": [[0.1, 0.5]]}, 3, 0.4)
+    0.3
     """
     if not calibration:
-        return confidence
+        return float(confidence)
     xs, ys = calibration["x"], calibration["y"]
     d = min(depth, len(xs) - 1)
-    x = torch.as_tensor(xs[d], dtype=torch.float32)
-    y = torch.as_tensor(ys[d], dtype=torch.float32)
-    return _interp(confidence.float().cpu(), x, y).to(confidence.device)
-
-
-def _interp(v: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if x.numel() == 1:
-        return torch.full_like(v, float(y[0]))
-    v = v.clamp(float(x[0]), float(x[-1]))
-    i = torch.searchsorted(x, v, right=True).clamp(1, x.numel() - 1)
+    x, y = xs[d], ys[d]
+    c = float(confidence)
+    if c <= x[0]:
+        return float(y[0])
+    if c >= x[-1]:
+        return float(y[-1])
+    i = bisect.bisect_right(x, c)
     x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-    w = torch.where(x1 > x0, (v - x0) / (x1 - x0).clamp_min(1e-12), torch.zeros_like(v))
-    return y0 + w * (y1 - y0)
+    return round(y0 + (c - x0) / (x1 - x0) * (y1 - y0), 12) if x1 > x0 else float(y0)
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -406,7 +404,7 @@ def forget_cost_models() -> None:
 
 __all__ = [
     "VerifyCostModel",
-    "apply_calibration",
+    "calibrated_probability",
     "best_rate",
     "choose_num_drafts",
     "cost_model_for",
