@@ -35,9 +35,9 @@ format: install
 demo: install
 	$(BIN)/peagle demo
 
-# the README's results table (about 20 min on the 2-core CPU); `peagle bench` alone sweeps K=1..10 with 3 repeats
+# the README's results table (about 25 min on the 2-core CPU); `peagle bench` alone sweeps K=1..10 with 3 repeats
 bench: install
-	$(BIN)/peagle bench --limit 20 --ks 3,7 --repeats 1 --max-new-tokens 128
+	$(BIN)/peagle bench --limit 16 --ks 3,7 --repeats 1 --max-new-tokens 128
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info

@@ -81,9 +81,15 @@ def test_model_card_without_hub_target_or_bench(tmp_path):
     assert parsed.data.base_model is None  # a local path is not a Hub id
     assert "No benchmark was attached" in parsed.text and "autoregressive (EAGLE-3)" in parsed.text
     assert "parallel_drafting" not in parsed.text
-    assert "none: K drafts a round" in parsed.text
+    assert "| default drafting rule (`generate()`) | K drafts every round |" in parsed.text  # tiny heads: 0.0
     head.config.confidence_threshold = 0.4
-    assert "| default confidence cut (`generate()`) | 0.4: a round ends" in str(render_model_card(head))
+    assert "| default drafting rule (`generate()`) | confidence cut 0.4: a round ends" in str(
+        render_model_card(head)
+    )
+    head.config.confidence_threshold = None
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.1, 0.9]], "y": [[0.0, 0.8]]}
+    card = str(render_model_card(head))
+    assert "| default drafting rule (`generate()`) | cost-aware" in card and "isotonic, 1 depth(s)" in card
     with pytest.raises(ValueError, match="no result rows"):
         render_model_card(head, bench={"summary": []})
 

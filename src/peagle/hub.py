@@ -154,14 +154,21 @@ def _architecture_rows(config: Any) -> str:
         ]
     rows.append(("default K", str(config.num_speculative_tokens)))
     cut = config.confidence_threshold
-    rows.append(
-        (
-            "default confidence cut (`generate()`)",
-            f"{cut:g}: a round ends after its first draft below this probability"
-            if cut
-            else "none: K drafts a round",
+    if cut is None:
+        rule = "cost-aware: each round verifies the drafts expected to pay on the machine at hand"
+    elif cut > 0:
+        rule = f"confidence cut {cut:g}: a round ends after its first draft below this probability"
+    else:
+        rule = "K drafts every round"
+    rows.append(("default drafting rule (`generate()`)", rule))
+    if getattr(config, "draft_calibration", None):
+        depths = len(config.draft_calibration.get("x", []))
+        rows.append(
+            (
+                "draft calibration",
+                f"isotonic, {depths} depth(s), fitted on held-out text (`peagle calibrate`)",
+            )
         )
-    )
     if config.embed_from_target:
         rows.append(("token embeddings", "the target's (not stored; attached at load)"))
     return "\n".join(f"| {a} | {b} |" for a, b in rows)
