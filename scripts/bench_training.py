@@ -7,7 +7,7 @@ target's forward), drafter forward, backward, loss, attention-mask building, and
 bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle machine.
 
 Usage:
-    python scripts/bench_training.py --examples datasets/smollm2-135m-instruct/train --steps 20 --out bench_results/training.json
+    python scripts/bench_training.py --examples training_data/smollm2-135m-instruct/train --steps 20 --out bench_results/training.json
     python scripts/bench_training.py --examples ... --bf16          # the same with bf16 autocast
 """
 

@@ -8,7 +8,7 @@ fixed rule in hindsight and how far the default rule is from it; writes JSON.  R
 machine.
 
 Usage:
-    python scripts/compare_drafting_rules.py --kind peagle --examples datasets/smollm2-135m-instruct/heldout \
+    python scripts/compare_drafting_rules.py --kind peagle --examples training_data/smollm2-135m-instruct/heldout \
         --out docs/results/rules_peagle.json
 """
 

@@ -7,7 +7,7 @@ the machine, so the numbers hold on any hardware.
 
 Usage:
     python scripts/eval_acceptance.py src/peagle/default_heads/smollm2-135m-peagle runs/stage3-peagle \
-        --examples datasets/smollm2-135m-instruct/heldout --skip 48 --limit 24 -k 7 --out eval.json
+        --examples training_data/smollm2-135m-instruct/heldout --skip 48 --limit 24 -k 7 --out eval.json
 """
 
 from __future__ import annotations

@@ -54,5 +54,5 @@ wait
 # held-out self-distilled prompts (the first 40 held-out examples; never the evaluation sets)
 for kind in peagle eagle3; do
     peagle calibrate "src/peagle/default_heads/smollm2-135m-$kind" \
-        --examples datasets/smollm2-135m-instruct/heldout --limit 40 --report "docs/results/calibration_$kind.json"
+        --examples training_data/smollm2-135m-instruct/heldout --limit 40 --report "docs/results/calibration_$kind.json"
 done
