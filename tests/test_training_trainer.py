@@ -160,6 +160,44 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path):
         trainer.train()
 
 
+@pytest.mark.parametrize("loss_type", ["ce", "kl"])
+def test_nan_target_logits_stop_training(tmp_path, loss_type):
+    """A target whose logits are NaN must not teach the head "always token 0" (argmax of NaN) under CE."""
+    target = make_target()
+    with torch.no_grad():
+        target.lm_head.weight[3, 0] = float("nan")
+    head = make_head(target).float()
+    trainer = PEagleTrainer(
+        model=head,
+        target_model=target,
+        args=make_args(tmp_path, loss_type=loss_type),
+        train_dataset=random_examples(2),
+    )
+    with pytest.raises(FloatingPointError, match="target's logits are not finite"):
+        trainer.train()
+
+
+def test_training_data_is_checked_before_the_first_step(tmp_path, caplog):
+    target = make_target()
+    head = make_head(target).float()
+
+    def build(data):
+        return PEagleTrainer(model=head, target_model=target, args=make_args(tmp_path), train_dataset=data)
+
+    with pytest.raises(ValueError, match="the training dataset is empty"):
+        build([])
+    no_labels = [dict(ex, loss_mask=[0] * len(ex["loss_mask"])) for ex in random_examples(3)]
+    with pytest.raises(ValueError, match="none of the 3 examples has a supervised token"):
+        build(no_labels)
+    with pytest.raises(
+        ValueError, match=r"example 1 holds token id 500, outside the target's vocabulary \[0, 128\)"
+    ):
+        build([random_examples(1)[0], {"input_ids": [5, 500, 7], "loss_mask": [0, 1, 1]}])
+    with caplog.at_level("WARNING"):
+        build(random_examples(2) + no_labels[:1])
+    assert "1 of 3 examples have no supervised token" in caplog.text
+
+
 def test_target_stays_frozen_and_embeddings_come_from_it(tmp_path):
     target = make_target()
     target_before = {k: p.clone() for k, p in target.state_dict().items()}

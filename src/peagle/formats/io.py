@@ -55,14 +55,30 @@ def _hub_kwargs(hub_kwargs: Mapping[str, Any] | None, keys: Iterable[str] = HUB_
     return {k: hub_kwargs[k] for k in keys if hub_kwargs and hub_kwargs.get(k) is not None}
 
 
+def looks_like_path(spec: str | Path) -> bool:
+    """Whether `spec` can only be a local path: a `Path`, absolute, `~`-, `.`- or `..`-relative, or more than one
+    `/` (a Hub id is `name` or `org/name`)."""
+    if isinstance(spec, Path):
+        return True
+    text = str(spec)
+    return text.startswith(("/", "~", ".")) or text.count("/") > 1 or "\\" in text
+
+
 def resolve_folder(path_or_repo: str | Path, hub_kwargs: Mapping[str, Any] | None = None) -> Path:
-    """A local folder as is; otherwise a Hub repo id, downloaded with `huggingface_hub.snapshot_download`."""
-    path = Path(path_or_repo)
+    """A local folder as is; otherwise a Hub repo id, downloaded with `huggingface_hub.snapshot_download`.
+
+    A path-shaped argument that does not exist fails at once, naming it (no Hub lookup, no network retries).
+    """
+    path = Path(path_or_repo).expanduser()
     if path.is_dir():
         return path
     if path.exists():
         raise ValueError(
             f"{path} is a file; expected a folder (or Hub repo id) holding config.json and weights."
+        )
+    if looks_like_path(path_or_repo):
+        raise FileNotFoundError(
+            f"no such folder: {path} (a local path; a Hub repo id looks like 'org/name')."
         )
     from huggingface_hub import snapshot_download
 
@@ -137,12 +153,35 @@ def _open_pickle(file: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
+def _open_safetensors(file: Path):
+    """`safe_open(file)`, with the file named in the error when it is truncated or not a safetensors file."""
+    try:
+        return safe_open(file, framework="pt")
+    except Exception as err:  # safetensors raises its own SafetensorError (and OSError) without the path
+        raise ValueError(
+            f"cannot read {file}: {err} (a truncated download or not a safetensors file?)"
+        ) from err
+
+
+def read_json(file: Path) -> dict[str, Any]:
+    """A JSON object from `file`; a malformed file is an error naming it, line and column."""
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{file} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
+        ) from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} holds a JSON {type(value).__name__}; expected an object.")
+    return value
+
+
 def read_shapes(files: Iterable[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
     """Tensor name -> (shape, file), from safetensors headers (pickles are loaded); names must be unique."""
     shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
     for file in files:
         if file.suffix == ".safetensors":
-            with safe_open(file, framework="pt") as f:
+            with _open_safetensors(file) as f:
                 items = [(k, tuple(f.get_slice(k).get_shape())) for k in f.keys()]  # noqa: SIM118
         else:
             items = [(k, tuple(v.shape)) for k, v in _open_pickle(file).items()]
@@ -158,7 +197,7 @@ def read_tensors(files: Iterable[Path]) -> dict[str, TensorSource]:
     out: dict[str, TensorSource] = {}
     for file in files:
         if file.suffix == ".safetensors":
-            with safe_open(file, framework="pt") as f:
+            with _open_safetensors(file) as f:
                 items = [(k, f.get_tensor(k)) for k in f.keys()]  # noqa: SIM118
         else:
             items = list(_open_pickle(file).items())
@@ -180,7 +219,7 @@ def read_checkpoint(
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected a drafter head checkpoint folder.")
-    config = json.loads(cfg_file.read_text())
+    config = read_json(cfg_file)
     has_safetensors = any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file()
     if not has_safetensors and not Path(path_or_repo).is_dir():  # a Hub repo without safetensors weights
         if allow_pickle:

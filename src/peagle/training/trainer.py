@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import Trainer, TrainingArguments
 from transformers.cache_utils import DynamicCache
+from transformers.utils import logging
 
 from .features import PEagleDataCollator, capture_features
 from .losses import LOSS_TYPES, distillation_loss, target_draft_logits
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
 from .plan import ExamplePlan, SegmentRows, cod_seed, parallel_drafter_inputs, plan_example, segment_rows
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -76,6 +80,37 @@ class PEagleTrainingArguments(TrainingArguments):
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
+def check_examples(dataset: Any, vocab_size: int) -> None:
+    """Refuse training data that cannot teach anything, before the first step: an empty dataset, token ids outside
+    the target's vocabulary (naming the example), or no supervised token at all; warn with the count of examples
+    without one.  In-memory lists of examples are checked in full; other datasets only for emptiness."""
+    try:
+        size = len(dataset)
+    except TypeError:
+        return
+    if size == 0:
+        raise ValueError("the training dataset is empty; pass examples with input_ids and loss_mask.")
+    if not isinstance(dataset, (list, tuple)):
+        return
+    unsupervised = 0
+    for i, ex in enumerate(dataset):
+        ids = torch.as_tensor(ex["input_ids"])
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+            raise ValueError(
+                f"example {i} holds token id {bad}, outside the target's vocabulary [0, {vocab_size})."
+            )
+        mask = ex.get("loss_mask")
+        if mask is not None and not bool(torch.as_tensor(mask).bool().any()):
+            unsupervised += 1
+    if unsupervised == size:
+        raise ValueError(
+            f"none of the {size} examples has a supervised token (every loss_mask is all zero): nothing to learn."
+        )
+    if unsupervised:
+        logger.warning(f"{unsupervised} of {size} examples have no supervised token (loss_mask all zero).")
+
+
 class PEagleTrainer(Trainer):
     """Train a [`PEagleDrafter`] against a frozen target with the P-EAGLE method (or EAGLE-3's, for
     autoregressive heads).
@@ -139,6 +174,8 @@ class PEagleTrainer(Trainer):
                 f"{torch.__version__}; build it with attn_implementation='sdpa' for CPU training."
             )
         self.target_model = target_model.to(self.args.device)
+        if self.train_dataset is not None:
+            check_examples(self.train_dataset, int(target_model.config.get_text_config().vocab_size))
         self._template = PEagleMaskTemplate(args.max_length, self.num_parallel_positions)
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
@@ -257,6 +294,11 @@ class PEagleTrainer(Trainer):
         softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
         with torch.no_grad():
             target = target_draft_logits(last_hidden[batch_idx, pos], self._draft_lm_weight(), softcap)
+            if target.numel() and not bool(torch.isfinite(target).all()):
+                raise FloatingPointError(
+                    f"the target's logits are not finite at global step {self.state.global_step}: the head would "
+                    f"learn from NaN/inf ({self.args.loss_type} loss); check the target's dtype and weights."
+                )
         weights = None if weights_by_depth is None else weights_by_depth[depth]
         loss, correct = distillation_loss(draft, target, self.args.loss_type, weights)
         k = self.num_parallel_positions

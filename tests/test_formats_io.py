@@ -1,0 +1,37 @@
+"""Reading checkpoints: every load error names the file (bad JSON, a missing folder, a truncated weights file)."""
+
+from __future__ import annotations
+
+import pytest
+
+import peagle
+from helpers import make_head, make_target
+from peagle import PEagleDrafter
+
+
+@pytest.fixture
+def saved(tmp_path):
+    make_head(make_target()).save_pretrained(tmp_path / "head")
+    return tmp_path / "head"
+
+
+@pytest.mark.parametrize("load", [PEagleDrafter.from_pretrained, peagle.load_head])
+def test_config_that_is_not_json_names_the_file(saved, load):
+    (saved / "config.json").write_text('{"model_type": "peagle", oops}')
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON: .* line 1, column"):
+        load(saved)
+
+
+@pytest.mark.parametrize("spec", ["/no/such/head/folder", "./no-such-head", "~/no-such-head-9f2", "a/b/c"])
+def test_a_missing_path_fails_at_once_naming_it(spec):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        peagle.load_head(spec)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        PEagleDrafter.from_pretrained(spec)
+
+
+def test_a_truncated_weights_file_names_the_file(saved):
+    weights = saved / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors"):
+        peagle.load_head(saved)
