@@ -35,3 +35,14 @@ def test_a_truncated_weights_file_names_the_file(saved):
     weights.write_bytes(weights.read_bytes()[:200])
     with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors"):
         peagle.load_head(saved)
+
+
+def test_export_refuses_a_target_the_head_was_not_built_for(tmp_path):
+    head = make_head(make_target())
+    other = make_target(num_hidden_layers=6)
+    with pytest.raises(ValueError, match="head was built for a target with 8 layers, target has 6"):
+        peagle.export(head, tmp_path / "out", layout="vllm", target_model=other)
+    wide = make_target(hidden_size=32, intermediate_size=64)
+    with pytest.raises(ValueError, match="target hidden size 64, target has 32"):
+        peagle.export(head, tmp_path / "out", layout="speculators", target_model=wide)
+    assert not (tmp_path / "out").exists()

@@ -45,6 +45,22 @@ def test_load_prompts_formats(tmp_path):
         load_prompts(tmp_path / "p.csv")
 
 
+def test_prompt_files_with_errors_name_the_file_and_line(tmp_path, caplog):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{"prompt": oops}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl', line 4: not valid JSON"):
+        load_prompts(bad)
+    broken = tmp_path / "broken.json"
+    broken.write_text('["a",\n "b"\n')
+    with pytest.raises(ValueError, match=r"broken\.json' is not valid JSON: .* at line 3"):
+        load_prompts(broken)
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"prompt": "a"}\n{"query": "b"}\n{"prompt": "c"}\n{"other": 1}\n')
+    with caplog.at_level("WARNING"):
+        assert load_prompts(odd) == ["a", "c"]
+    assert "2 rows hold no prompt" in caplog.text and "lines [2, 4]" in caplog.text
+
+
 def test_stdlib_code_prompts_are_deterministic():
     a = stdlib_code_prompts(20, seed=0)
     assert len(a) == 20 and a == stdlib_code_prompts(20, seed=0) and a != stdlib_code_prompts(20, seed=1)

@@ -376,9 +376,18 @@ class PEagleDrafter(PEaglePreTrainedModel):
             )
         if getattr(tc, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
             raise ValueError(f"head was built for vocab size {cfg.vocab_size}, target has {tc.vocab_size}.")
+        layers = getattr(tc, "num_hidden_layers", None)
+        if (
+            cfg.target_num_hidden_layers is not None
+            and layers is not None
+            and layers != cfg.target_num_hidden_layers
+        ):
+            raise ValueError(
+                f"head was built for a target with {cfg.target_num_hidden_layers} layers, target has {layers}."
+            )
         ids = cfg.eagle_aux_hidden_state_layer_ids
-        if ids is not None and hasattr(tc, "num_hidden_layers"):
-            check_aux_layer_ids(ids, int(tc.num_hidden_layers))
+        if ids is not None and layers is not None:
+            check_aux_layer_ids(ids, int(layers))
 
     def attach_target(self, target: PreTrainedModel) -> PEagleDrafter:
         """Check the head against `target`; with `embed_from_target`, take the target's (frozen) embeddings."""

@@ -191,8 +191,9 @@ def export(
         layout: ``"vllm"`` (served by vLLM >= 0.16 with `{"method": "eagle3", "model": out_dir,
             "num_speculative_tokens": K, "parallel_drafting": true}`, see `vllm.speculative_config`),
             ``"speculators"`` or ``"peagle"``.
-        target_model: attached first; required for `embed_from_target` heads not yet attached (the vLLM
-            and speculators layouts store the full embedding table, whose mask row holds the mask vector).
+        target_model: checked against the head (hidden size, vocabulary, layers) and attached first; required
+            for `embed_from_target` heads not yet attached (the vLLM and speculators layouts store the full
+            embedding table, whose mask row holds the mask vector).
         num_speculative_tokens: K recorded in the config (default `config.num_speculative_tokens`).
 
     Returns:
@@ -201,6 +202,8 @@ def export(
     writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
     if layout not in writers:
         raise ValueError(f"layout is {layout!r}; expected one of {tuple(writers)}.")
+    if target_model is not None:  # a head written next to a target it was not built for is refused
+        head.check_target(target_model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writers[layout](

@@ -49,8 +49,8 @@ def _take_from_target(state: dict[str, TensorSource], config: Any, target_model:
         out_emb = target_model.get_output_embeddings() if target_model is not None else None
         if out_emb is None:
             raise ValueError(
-                f"{files}: missing tensor 'lm_head.weight'; pass target_model= to take the draft-vocabulary rows "
-                "of the target's lm_head."
+                f"{files}: missing tensor 'lm_head.weight'; give the target (target_model= in Python, --target on "
+                "the command line) to take the draft-vocabulary rows of its lm_head."
             )
         weight = out_emb.weight.detach()
         if tuple(weight.shape) != (config.vocab_size, config.hidden_size):

@@ -145,21 +145,47 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
     if not os.path.isfile(path):
         raise FileNotFoundError(f"prompt file {path!r} does not exist.")
     prompts: list[Prompt] = []
+    skipped: list[int] = []  # line (JSONL) or item numbers, 1-based, of rows that hold no prompt
     with open(path, encoding="utf-8") as fh:
         if path.endswith(".txt"):
-            rows: Iterable[Any] = (line.rstrip("\n") for line in fh)
+            rows: Iterable[tuple[int, Any]] = ((i, line.rstrip("\n")) for i, line in enumerate(fh, 1))
         elif path.endswith(".jsonl"):
-            rows = (json.loads(line) for line in fh if line.strip())
+            rows = ((i, _json_line(path, i, line)) for i, line in enumerate(fh, 1) if line.strip())
         else:
-            rows = json.load(fh)
-        for row in rows:
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"prompt file {path!r} is not valid JSON: {err.msg} at line {err.lineno}."
+                ) from err
+            if not isinstance(data, list):
+                raise ValueError(
+                    f"prompt file {path!r}: expected a JSON list of prompts, got a {type(data).__name__}."
+                )
+            rows = enumerate(data, 1)
+        for i, row in rows:
             p = _prompt_from_row(row)
             if p:
                 prompts.append(p)
+            elif not (isinstance(row, str) and not row.strip()):
+                skipped.append(i)
             if limit is not None and len(prompts) >= limit:
                 break
+    if skipped:
+        where = "line" if path.endswith((".jsonl", ".txt")) else "item"
+        logger.warning(
+            f"prompt file {path!r}: {len(skipped)} rows hold no prompt (no messages/conversations/prompt/"
+            f"instruction/question/text field), skipped: {where}s {skipped[:10]}{' ...' if len(skipped) > 10 else ''}"
+        )
     check_not_evaluation(prompts, source=f"prompt file {path!r}")
     return prompts
+
+
+def _json_line(path: str, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"prompt file {path!r}, line {number}: not valid JSON ({err.msg}).") from err
 
 
 def _prompt_from_row(row: Any) -> Prompt | None:
