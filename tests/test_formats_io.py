@@ -46,3 +46,15 @@ def test_export_refuses_a_target_the_head_was_not_built_for(tmp_path):
     with pytest.raises(ValueError, match="target hidden size 64, target has 32"):
         peagle.export(head, tmp_path / "out", layout="speculators", target_model=wide)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout", ["vllm", "speculators"])
+@pytest.mark.parametrize("cut", [None, 0.0, 0.6])
+def test_drafting_settings_survive_an_export_round_trip(tmp_path, layout, cut):
+    target = make_target()
+    head = make_head(target, confidence_threshold=cut)
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.1, 0.9]], "y": [[0.05, 0.7]]}
+    peagle.export(head, tmp_path / layout, layout=layout, target_model=target)
+    back = PEagleDrafter.from_pretrained(tmp_path / layout)
+    assert back.config.confidence_threshold == cut
+    assert back.config.draft_calibration == head.config.draft_calibration

@@ -28,6 +28,8 @@ _METADATA_FIELDS = (
     "num_speculative_tokens",
     "target_model_name",
     "target_num_hidden_layers",
+    "confidence_threshold",
+    "draft_calibration",
 )
 
 
@@ -232,6 +234,9 @@ def peagle_metadata(config: PEagleConfig, num_speculative_tokens: int) -> dict[s
         "num_speculative_tokens": num_speculative_tokens,
         "target_model_name": config.target_model_name,
         "target_num_hidden_layers": config.target_num_hidden_layers,
+        # generation settings of peagle's generate() (vLLM ignores them): a cut, or None for cost-aware drafting
+        "confidence_threshold": config.confidence_threshold,
+        "draft_calibration": config.draft_calibration,
     }
 
 
