@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import peagle
 from helpers import make_head, make_target
@@ -58,3 +59,20 @@ def test_drafting_settings_survive_an_export_round_trip(tmp_path, layout, cut):
     back = PEagleDrafter.from_pretrained(tmp_path / layout)
     assert back.config.confidence_threshold == cut
     assert back.config.draft_calibration == head.config.draft_calibration
+
+
+@pytest.mark.parametrize("layout", ["peagle", "vllm"])
+def test_a_tensor_of_the_wrong_kind_is_refused_not_cast(tmp_path, layout):
+    """An integer tensor where floats belong (here `fc.weight`) is an error naming file and tensor."""
+    from safetensors.torch import load_file, save_file
+
+    target = make_target()
+    peagle.export(make_head(target), tmp_path / layout, layout=layout, target_model=target)
+    weights = tmp_path / layout / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["fc.weight"] = tensors["fc.weight"].to(torch.int32)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError, match=r"model\.safetensors: tensor 'fc\.weight' holds int values; .* float"
+    ):
+        peagle.load_head(tmp_path / layout)

@@ -23,11 +23,53 @@ IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^verifier_(lm_head|no
 
 def expected_shapes(cls: type, config: PEagleConfig) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     """Shapes of every persistent tensor of `cls(config)` (built on the meta device) and its ignorable keys."""
+    shapes, _, ignorable = _expected(cls, config)
+    return shapes, ignorable
+
+
+def _expected(cls: type, config: PEagleConfig):
     with torch.device("meta"):
         model = cls(config)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = model.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    kinds = {k: dtype_kind(v.dtype) for k, v in state.items()}
     ignorable = list(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
-    return shapes, ignorable
+    return shapes, kinds, ignorable
+
+
+def dtype_kind(dtype: torch.dtype | str) -> str:
+    """`"float"`, `"int"` or `"bool"` of a torch dtype or a safetensors dtype name (`"F32"`, `"I64"`, `"BOOL"`).
+
+    >>> dtype_kind(torch.bfloat16), dtype_kind("I64"), dtype_kind(torch.bool)
+    ('float', 'int', 'bool')
+    """
+    if isinstance(dtype, str):
+        name = dtype.upper()
+        return "bool" if name == "BOOL" else "float" if name.startswith(("F", "BF")) else "int"
+    if dtype == torch.bool:
+        return "bool"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def _stored_kinds(files: list[Path]) -> dict[str, tuple[str, Path]]:
+    """Tensor name -> (dtype kind, file) from safetensors headers (no tensor data is read)."""
+    from safetensors import safe_open
+
+    kinds: dict[str, tuple[str, Path]] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            with safe_open(file, framework="pt") as f:
+                for k in f.keys():  # noqa: SIM118
+                    kinds[k] = (dtype_kind(f.get_slice(k).get_dtype()), file)
+    return kinds
+
+
+def _check_kind(name: str, stored: str, expected: str, file: Any, where: str) -> None:
+    if stored != expected:
+        raise ValueError(
+            f"{file}: tensor {name!r} holds {stored} values; {where} expects {expected} values (a {stored} tensor "
+            "is not cast: the checkpoint is broken or mislabelled)."
+        )
 
 
 def describe(config: PEagleConfig) -> str:
@@ -48,7 +90,7 @@ def check_native(checkpoint: Checkpoint, cls: type | None = None, config: PEagle
     cls = cls or PEagleDrafter
     if not isinstance(config, PEagleConfig):
         config = cls.config_class.from_pretrained(checkpoint.path)
-    expected, ignorable = expected_shapes(cls, config)
+    expected, kinds, ignorable = _expected(cls, config)
     cfg_file = checkpoint.path / "config.json"
     for name, (shape, file) in checkpoint.shapes.items():
         if name in expected and shape != expected[name]:
@@ -56,6 +98,9 @@ def check_native(checkpoint: Checkpoint, cls: type | None = None, config: PEagle
                 f"{file}: tensor {name!r} has shape {shape}; {cfg_file} ({describe(config)}) expects "
                 f"{expected[name]}."
             )
+    for name, (kind, file) in _stored_kinds(list(checkpoint.files)).items():
+        if name in kinds:
+            _check_kind(name, kind, kinds[name], file, f"a peagle head ({cfg_file})")
     unexpected = sorted(n for n in checkpoint.shapes if n not in expected and not IGNORED_TENSORS.search(n))
     if unexpected:
         files = sorted({str(checkpoint.shapes[n][1]) for n in unexpected})
@@ -85,9 +130,13 @@ def check_converted(
     """
     layout = checkpoint.layout
     files = ", ".join(str(f) for f in checkpoint.files)
-    expected, _ = expected_shapes(cls, config)
+    expected, kinds, _ = _expected(cls, config)
     cfg_file = checkpoint.path / "config.json"
     for name, src in state.items():
+        if name in kinds:
+            _check_kind(
+                src.name, dtype_kind(src.tensor.dtype), kinds[name], src.file, f"a {layout}-layout head"
+            )
         if name in expected and tuple(src.tensor.shape) != expected[name]:
             raise ValueError(
                 f"{src.file}: tensor {src.name!r} has shape {tuple(src.tensor.shape)}; {cfg_file} ({layout} layout: "
