@@ -76,3 +76,13 @@ def test_a_tensor_of_the_wrong_kind_is_refused_not_cast(tmp_path, layout):
         ValueError, match=r"model\.safetensors: tensor 'fc\.weight' holds int values; .* float"
     ):
         peagle.load_head(tmp_path / layout)
+
+
+def test_the_command_line_is_told_about_target(tmp_path, capsys):
+    """`peagle export` of a head that shares its target's embeddings, without a target: the error names the
+    `--target` option a command-line user has, not only the Python argument."""
+    from peagle.cli import main
+
+    make_head(make_target(), embed_from_target=True).save_pretrained(tmp_path / "head")
+    with pytest.raises(ValueError, match="--target on the command line"):
+        main(["export", str(tmp_path / "head"), "--out", str(tmp_path / "out"), "--layout", "vllm"])

@@ -94,8 +94,8 @@ def build_head(
     if "embed_tokens.weight" not in state:
         if target_model is None:
             raise ValueError(
-                f"{files}: missing tensor 'embed_tokens.weight' (the head shares its target's embeddings); pass "
-                "target_model= to take them from the target."
+                f"{files}: missing tensor 'embed_tokens.weight' (the head shares its target's embeddings); give "
+                "the target (target_model= in Python, --target on the command line) to take them from it."
             )
         config_kwargs["embed_from_target"] = True
     config = cls.config_class(**config_kwargs)
@@ -147,9 +147,9 @@ def _export_embeddings(head: PEagleDrafter, target_model: Any) -> torch.Tensor:
             head.attach_target(target_model)
         elif head.embed_tokens.weight.requires_grad:
             raise ValueError(
-                "this head uses its target's embeddings (embed_from_target) and they are not attached; pass "
-                "target_model= (or call head.attach_target(target)) first: the exported layout stores the full "
-                "embedding table with the mask row."
+                "this head uses its target's embeddings (embed_from_target) and they are not attached; give the "
+                "target (target_model= in Python, --target on the command line, or head.attach_target(target)) "
+                "first: the exported layout stores the full embedding table with the mask row."
             )
     emb = head.embed_tokens.weight.detach().clone()
     if cfg.drafting_mode == "parallel":
