@@ -8,6 +8,11 @@ DTYPES = ["float32", "bfloat16"]
 """The dtypes the demo and the benchmark run the target and the heads in."""
 
 
+def add_num_speculative_tokens_argument(p: argparse.ArgumentParser, help: str) -> None:
+    """`-k/--num-speculative-tokens`: inference K (K_train is `--num-parallel-positions`)."""
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help=help)
+
+
 def add_confidence_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--confidence-threshold",

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ._common import add_target_argument
+from ._common import DTYPES, add_head_dtype_argument, add_num_speculative_tokens_argument, add_target_argument
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -25,20 +25,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=32, help="examples to use (default 32)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N examples (e.g. those trained on)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument(
-        "-k",
-        "--num-speculative-tokens",
-        type=int,
-        default=None,
-        help="drafts per round (default: the head's K)",
-    )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
-    p.add_argument(
-        "--head-dtype",
-        default="bfloat16",
-        choices=["float32", "bfloat16"],
-        help="drafter dtype (default bfloat16, the dtype the heads run in by default)",
-    )
+    add_num_speculative_tokens_argument(p, "drafts per round (default: the head's K)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="target dtype")
+    add_head_dtype_argument(p)
     p.add_argument("--report", default=None, help="also write the ECE report to this JSON file")
     return p
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import DTYPES, add_confidence_argument, add_head_dtype_argument
+from ._common import (
+    DTYPES,
+    add_confidence_argument,
+    add_head_dtype_argument,
+    add_num_speculative_tokens_argument,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -12,13 +17,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "demo", help="generate with and without the default head on the embedded SmolLM2 target"
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument(
-        "-k",
-        "--num-speculative-tokens",
-        type=int,
-        default=None,
-        help="K, draft tokens per round (default: the head's)",
-    )
+    add_num_speculative_tokens_argument(p, "K, draft tokens per round (default: the head's)")
     add_confidence_argument(p)
     p.add_argument(
         "--dtype",

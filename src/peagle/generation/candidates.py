@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..configuration_peagle import default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
-from .cost import calibrated_probability, choose_num_drafts, cost_model_for, expected_tokens
+from .cost import best_rate, calibrated_probabilities, choose_num_drafts, cost_model_for, expected_tokens
 from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)
@@ -176,8 +176,8 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self._skip_len = 1  # the next skip's length (grows by one while drafting keeps losing)
         self._returned_at: float | None = None  # when the last candidates went to verification
         self._round: dict[str, Any] | None = None  # prediction of the round under verification
-        self._pays: float | None = None
-        self._confidences: list[float] = []  # running ratio of drafting's expected rate to a plain step's
+        self._pays: float | None = None  # running ratio of drafting's expected rate to a plain step's
+        self._confidences: list[float] = []  # the head's confidence in each draft of the last round
         self._start = time.perf_counter()
         k = self.num_speculative_tokens
         self.stats = PEagleGenerationStats(
@@ -266,25 +266,15 @@ class PEagleCandidateGenerator(CandidateGenerator):
             return not self._one_more_pass_pays(confidences)
         return False
 
-    def _probabilities(self, confidences: list[float]) -> list[float]:
-        """Calibrated acceptance probabilities of the round's drafts (the head's `draft_calibration`)."""
-        return [calibrated_probability(self.calibration, d, c) for d, c in enumerate(confidences)]
-
     def _one_more_pass_pays(self, confidences: list[float]) -> bool:
         """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,
         assuming the next draft is as likely to be accepted as the last one."""
-        probs = self._probabilities(confidences)
+        probs = calibrated_probabilities(self.calibration, confidences)
         curve = self.cost.curve(len(probs) + 2)
         spent = self.cost.drafter_seconds + self.cost.drafter_step_seconds * (len(probs) - 1)
-        k_now = choose_num_drafts(probs, curve, spent)
-        rate_now = expected_tokens(probs, k_now) / (curve[k_now] + spent)
-        more = probs + probs[-1:]
-        spent_more = spent + self.cost.drafter_step_seconds
-        k_more = choose_num_drafts(more, curve, spent_more)
-        return (
-            k_more > len(probs) - 1
-            and expected_tokens(more, k_more) / (curve[k_more] + spent_more) > rate_now
-        )
+        # one more pass only raises the best rate if the rule would verify the extra draft as well
+        more = best_rate(probs + probs[-1:], curve, spent + self.cost.drafter_step_seconds)
+        return more > best_rate(probs, curve, spent)
 
     # ------------------------------------------------------------------ one round
     def _observe_verify(self, now: float) -> None:
@@ -307,7 +297,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
     def _choose(self, confidences: list[float], drafter_seconds: float, steps: int) -> int:
         """Cost rule: how many of the round's drafts to verify (and whether the next rounds skip the drafter)."""
         self.cost.observe_drafter(drafter_seconds, steps)
-        probs = self._probabilities(confidences)
+        probs = calibrated_probabilities(self.calibration, confidences)
         curve = self.cost.curve(len(probs) + 1)
         k = choose_num_drafts(probs, curve, self.cost.drafter_seconds)
         predicted = expected_tokens(probs, k)

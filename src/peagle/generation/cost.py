@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,15 +70,15 @@ def choose_num_drafts(
     >>> choose_num_drafts([0.9, 0.9], [1.0, 3.0, 3.0])
     0
     """
-    best_k, best_rate = 0, -1.0
+    best_k, top = 0, -1.0
     total, run = 1.0, 1.0
     for k in range(len(probs) + 1):
         if k > 0:
             run *= float(probs[k - 1])
             total += run
         rate = total / (verify_seconds[k] + drafter_seconds)
-        if rate > best_rate * (1 + 1e-9):
-            best_k, best_rate = k, rate
+        if rate > top * (1 + 1e-9):
+            best_k, top = k, rate
     return best_k
 
 
@@ -111,6 +112,15 @@ def calibrated_probability(calibration: dict[str, Any] | None, depth: int, confi
     i = bisect.bisect_right(x, c)
     x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
     return round(y0 + (c - x0) / (x1 - x0) * (y1 - y0), 12) if x1 > x0 else float(y0)
+
+
+def calibrated_probabilities(calibration: dict[str, Any] | None, confidences: Sequence[float]) -> list[float]:
+    """The acceptance probabilities of one round's drafts: depth d's map applied to the d-th confidence.
+
+    >>> calibrated_probabilities({"x": [[0.0, 1.0], [0.0, 1.0]], "y": [[0.0, 0.5], [0.0, 0.25]]}, [1.0, 1.0])
+    [0.5, 0.25]
+    """
+    return [calibrated_probability(calibration, d, c) for d, c in enumerate(confidences)]
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -271,11 +281,6 @@ def cost_cache_path(key: dict[str, Any]) -> Path:
     return (Path(root) if root else cache_dir() / CACHE_SUBDIR) / f"{digest}.json"
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return values[len(values) // 2]
-
-
 @torch.no_grad()
 def measure_cost_model(
     target: Any,
@@ -306,7 +311,7 @@ def measure_cost_model(
             sync()
             times.append(time.perf_counter() - t0)
             cache.crop(-n)
-        seconds.append(_median(times[1:]))
+        seconds.append(statistics.median(times[1:]))
     model = VerifyCostModel(seconds, key=cost_model_key(target, head), source="calibrated")
     if head is not None:
         model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
@@ -340,9 +345,9 @@ def _time_drafter(head: Any, target: Any, k: int, repeats: int) -> tuple[float, 
             t0 = time.perf_counter()
             head.draft_round(ctx[:, 61:62], feats[:, 61:62], 1, cache, 64, select=select)
             steps.append(time.perf_counter() - t0)
-    first = _median(times[1:])
+    first = statistics.median(times[1:])
     if head.config.drafting_mode == "autoregressive" and k > 1:
-        step = _median(steps[1:])
+        step = statistics.median(steps[1:])
         first = max(first - step * (k - 1), step)
         return first, step
     return first, 0.0
@@ -404,6 +409,7 @@ def forget_cost_models() -> None:
 
 __all__ = [
     "VerifyCostModel",
+    "calibrated_probabilities",
     "calibrated_probability",
     "best_rate",
     "choose_num_drafts",

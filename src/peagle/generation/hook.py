@@ -121,6 +121,12 @@ def check_generation_request(
     conflicting = {k: v for k, v in conflicting.items() if v is not None}
     if conflicting:
         raise ValueError(f"a P-EAGLE assistant_model drafts on its own; unset {conflicting} (expected None).")
+    if generation_config.stop_strings:
+        raise ValueError(
+            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: transformers checks them once "
+            "per verified block, so a stop string ending inside accepted drafts would not stop generation where "
+            "plain decoding stops. Drop assistant_model, or stop on eos_token_id instead."
+        )
     if batch_size is not None and batch_size != 1:
         raise ValueError(
             f"P-EAGLE drafting in generate() supports batch size 1; got a batch of {batch_size} prompts. "
@@ -148,14 +154,9 @@ def _user_request(frame: Any) -> dict[str, Any] | None:
 
 
 def check_user_request(generation_config: GenerationConfig, request: dict[str, Any] | None) -> None:
-    """Refuse generate() options a speculative round cannot honour exactly, naming them; remember which of K and
-    the confidence cut the user gave (so a value equal to transformers' default still counts as given)."""
-    if generation_config.stop_strings:
-        raise ValueError(
-            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: transformers checks them once "
-            "per verified block, so a stop string ending inside accepted drafts would not stop generation where "
-            "plain decoding stops. Drop assistant_model, or stop on eos_token_id instead."
-        )
+    """Refuse the generate() arguments outside the generation config that a speculative round cannot honour
+    exactly (custom stopping criteria, a filled cache), naming them; remember which of K and the confidence cut
+    the user gave (so a value equal to transformers' default still counts as given)."""
     if request is None:
         return
     custom = [

@@ -140,7 +140,7 @@ def _draft(head, tokens, feats, cache, k, cut=0.0, choose=None):
 def _cost_rule(model, head, k):
     """peagle's cost-aware choice of how many drafts to verify (`confidences -> k`), or None without peagle."""
     try:
-        from peagle.generation.cost import calibrated_probability, choose_num_drafts, cost_model_for
+        from peagle.generation.cost import calibrated_probabilities, choose_num_drafts, cost_model_for
     except ImportError:
         logger.warning("custom_generate: cost-aware drafting needs peagle installed; drafting K every round.")
         return None
@@ -148,7 +148,7 @@ def _cost_rule(model, head, k):
     calibration = getattr(head.config, "draft_calibration", None)
 
     def choose(confidences):
-        probs = [calibrated_probability(calibration, d, c) for d, c in enumerate(confidences)]
+        probs = calibrated_probabilities(calibration, confidences)
         return choose_num_drafts(probs, cost.curve(len(probs) + 1), cost.drafter_seconds)
 
     return choose
