@@ -23,6 +23,7 @@ import torch
 from peagle.targets import load_default_target
 from peagle.training.distill import self_distill, synthesize_prompts
 from peagle.training.prompts import stdlib_code_prompts
+from peagle.training.shards import packed_cycles
 
 SYSTEM_PROMPTS = [
     None,  # the template's own default system prompt
@@ -57,6 +58,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument(
+        "--packed",
+        nargs="*",
+        default=["training_data/smollm2-135m-instruct/train", "training_data/smollm2-135m-instruct/heldout"],
+        help="shard folders whose manifests list cycles already generated (skipped)",
+    )
     args = ap.parse_args()
 
     out = Path(args.out)
@@ -66,6 +73,9 @@ def main() -> None:
         for line in out.read_text().splitlines():
             if line.strip():
                 done_cycles.add(json.loads(line).get("cycle"))
+    for folder in args.packed:  # cycles already in git: never generated again (same seed -> same data)
+        if Path(folder, "manifest.json").is_file():
+            done_cycles |= packed_cycles(folder)
     target, tokenizer = load_default_target(dtype=torch.bfloat16)
     code_pool = stdlib_code_prompts(100_000, seed=args.seed)
     for cycle in range(args.cycles):

@@ -2,8 +2,10 @@
 
 Reads rows `{"input_ids", "loss_mask", "source", ...}` (as `scripts/grow_data.py` appends them to
 data/grow/rows.jsonl) and appends one shard per source to the shard folder.  Each shard's manifest entry records
-the JSONL file and the row range it holds (`rows: [start, stop]`), so a re-run packs only the rows appended
-since; an unfinished last line (a writer still appending) is left for the next run.  Old shards are never
+the JSONL file (name and a fingerprint of its first line) and the row range it holds (`rows: [start, stop]`),
+so a re-run on the same file packs only the rows appended since; grow_data.py rows carry their cycle, and a
+cycle the folder already holds from another rows file (another run or machine) is skipped.  An unfinished
+last line (a writer still appending) is left for the next run.  Old shards are never
 rewritten.
 
 Usage:
@@ -14,20 +16,31 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from collections import defaultdict
 
 from peagle.targets import DEFAULT_TARGET_NAME
-from peagle.training.shards import MANIFEST, read_manifest, write_shard
+from peagle.training.shards import MANIFEST, packed_cycles, read_manifest, write_shard
 
 
-def packed_rows(folder: str, rows_file: str) -> int:
-    """How many lines of `rows_file` earlier runs packed into `folder` (0 for a new folder)."""
+def _same_file(shard: dict, rows_file: str, head: str) -> bool:
+    """Whether a manifest entry was packed from this very rows file: same name and same first line."""
+    return shard.get("rows_file") == rows_file and shard.get("rows_head") == head
+
+
+def packed_rows(folder: str, rows_file: str, head: str) -> int:
+    """How many lines of this rows file (name + first-line fingerprint) earlier runs packed into `folder`."""
     if not os.path.exists(os.path.join(folder, MANIFEST)):
         return 0
-    stops = [s["rows"][1] for s in read_manifest(folder)["shards"] if s.get("rows_file") == rows_file]
-    return max(stops, default=0)
+    shards = read_manifest(folder)["shards"]
+    return max((s["rows"][1] for s in shards if _same_file(s, rows_file, head)), default=0)
+
+
+def first_line_fingerprint(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return hashlib.sha256(fh.readline().encode()).hexdigest()[:16]
 
 
 def complete_lines(path: str, start: int) -> list[str]:
@@ -52,7 +65,12 @@ def pack(
     """Append the rows of `rows_path` not yet in `folder` as shards (one or more per source); returns the new
     manifest entries."""
     rows_file = os.path.basename(rows_path)
-    start = packed_rows(folder, rows_file)
+    head = first_line_fingerprint(rows_path)
+    # this file resumes after the rows packed from it before; rows of grow_data.py carry their cycle, and a cycle
+    # the folder holds from another file (another run or machine) is never packed twice
+    start = packed_rows(folder, rows_file, head)
+    has_manifest = os.path.exists(os.path.join(folder, MANIFEST))
+    done = packed_cycles(folder, ignore=lambda s: _same_file(s, rows_file, head)) if has_manifest else set()
     lines = complete_lines(rows_path, start)
     stop = start + len(lines)
     by_source: dict[str, list[dict]] = defaultdict(list)
@@ -61,6 +79,8 @@ def pack(
         if not line.strip():
             continue
         row = json.loads(line)
+        if "cycle" in row and int(row["cycle"]) in done:
+            continue
         source = str(row.get("source") or default_source)
         by_source[source].append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
         if "cycle" in row:
@@ -73,7 +93,7 @@ def pack(
             chunk.append(ex)
             tokens += len(ex["input_ids"])
             if tokens >= max_tokens_per_shard or i == len(examples) - 1:
-                extra = {"rows_file": rows_file, "rows": [start, stop]}
+                extra = {"rows_file": rows_file, "rows_head": head, "rows": [start, stop]}
                 if cycles[source]:
                     extra["cycles"] = [min(cycles[source]), max(cycles[source])]
                 entries.append(

@@ -142,3 +142,13 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
         ({"input_ids": e["input_ids"], "loss_mask": e["loss_mask"]} for e in data), key=key
     )
     assert "holds 10 examples" in capsys.readouterr().out
+
+    # another run (or machine) regenerates cycles 0-2 under the same file name and adds cycle 3: only cycle 3 is
+    # packed, the rows already in the folder never twice
+    more = examples(4, seed=9)
+    again = [dict(e, source="magpie", cycle=c) for e, c in zip(more, (0, 2, 3, 3))]
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in again))
+    assert pack_shards.main([str(rows_path), str(folder)]) == 0
+    manifest = read_manifest(folder)
+    assert manifest["shards"][-1]["cycles"] == [3, 3] and manifest["shards"][-1]["examples"] == 2
+    assert len(read_shards(folder)) == 12

@@ -20,7 +20,7 @@ import datetime
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -66,6 +66,19 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: format is {manifest.get('format')!r}; expected {FORMAT!r}.")
     return manifest
+
+
+def packed_cycles(
+    folder: str | os.PathLike, ignore: Callable[[dict[str, Any]], bool] | None = None
+) -> set[int]:
+    """The generation cycles (`scripts/grow_data.py`) the shards of `folder` hold, from the manifest's `cycles`
+    ranges (shards for which `ignore(entry)` is true left out): a later run skips them instead of generating or
+    packing the same data again."""
+    done: set[int] = set()
+    for shard in read_manifest(folder)["shards"]:
+        if "cycles" in shard and not (ignore and ignore(shard)):
+            done.update(range(int(shard["cycles"][0]), int(shard["cycles"][1]) + 1))
+    return done
 
 
 def write_shard(
@@ -287,6 +300,7 @@ __all__ = [
     "write_shard",
     "read_shards",
     "read_manifest",
+    "packed_cycles",
     "pack_examples",
     "unpack_examples",
     "MANIFEST",
