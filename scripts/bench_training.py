@@ -9,6 +9,7 @@ bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle mach
 Usage:
     python scripts/bench_training.py --examples training_data/smollm2-135m-instruct/train --steps 20 --out bench_results/training.json
     python scripts/bench_training.py --examples ... --bf16          # the same with bf16 autocast
+    python scripts/bench_training.py --examples ... --bf16 --feature-cache runs/cache-bench   # features read, not computed
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--feature-cache",
+        default=None,
+        help="directory of a feature cache for the examples (built first if missing, timed separately): "
+        "training then reads the target's features instead of running the target",
+    )
     ap.add_argument("--out", default="bench_results/training.json")
     args = ap.parse_args()
     if args.threads:
@@ -79,6 +86,21 @@ def main() -> None:
         mask_token_id=MASK_TOKEN_ID,
         target_model_name=DEFAULT_TARGET_NAME,
     )
+    dataset, cache = examples, None
+    if args.feature_cache:
+        from peagle.training.features import FeatureCache
+
+        t0 = time.perf_counter()
+        dataset = FeatureCache.build(
+            target, examples, args.feature_cache, head.config.eagle_aux_hidden_state_layer_ids
+        )
+        cache = {
+            "path": args.feature_cache,
+            "build_or_load_seconds": time.perf_counter() - t0,
+            "tokens": dataset.index["num_tokens"],
+            "bytes": dataset.size_bytes,
+        }
+        print(f"{dataset} ready in {cache['build_or_load_seconds']:.1f} s")
     timers = Timers()
     with tempfile.TemporaryDirectory() as tmp:
         targs = training_arguments(
@@ -92,11 +114,12 @@ def main() -> None:
             progress=False,
         )
         trainer = PEagleTrainer(
-            model=head.attach_target(target), target_model=target, args=targs, train_dataset=examples
+            model=head.attach_target(target), target_model=target, args=targs, train_dataset=dataset
         )
         trainer._features = timers.wrap("target features", trainer._features)
         trainer._attention = timers.wrap("attention mask", trainer._attention)
         trainer._loss_from_logits = timers.wrap("loss", trainer._loss_from_logits)
+        trainer._target_distribution = timers.wrap("loss", trainer._target_distribution)
         trainer.accelerator.backward = timers.wrap("backward", trainer.accelerator.backward)
         original_forward = head.forward
         head.forward = timers.wrap("drafter forward", original_forward)
@@ -133,6 +156,7 @@ def main() -> None:
         "optimizer_steps": args.steps,
         "split_seconds": split,
         "settings": vars(args),
+        "feature_cache": cache,
         "machine": machine_description(),
     }
     print(f"{trained} response tokens in {wall:.1f} s: {trained / wall:.1f} tokens/s")

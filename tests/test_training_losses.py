@@ -30,3 +30,26 @@ def test_distillation_loss_kl_and_ce():
     assert correct.tolist() == (draft.argmax(-1) == target.argmax(-1)).tolist()
     with pytest.raises(ValueError, match="loss_type"):
         distillation_loss(draft, target, "mse")
+
+
+@pytest.mark.parametrize("loss_type", ["kl", "ce"])
+def test_target_distribution_shared_by_position_matches_per_element(loss_type):
+    """Elements that predict the same position share one row of the target's distribution; the loss and the
+    agreement are those of computing the target's logits for every element separately."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 6, 4, generator=g)
+    weight = torch.randn(9, 4, generator=g)
+    batch_idx = torch.tensor([0, 0, 1, 1, 1, 0])
+    pos = torch.tensor([1, 1, 2, 5, 2, 4])  # repeated positions, as K_train depths produce
+    draft = torch.randn(6, 9, generator=g, requires_grad=True)
+    weights = torch.linspace(1.0, 0.5, 6)
+    shared = losses.TargetDistribution.from_hidden(hidden, weight, loss_type=loss_type)
+    loss, correct = shared.loss(draft, batch_idx, pos, weights)
+    per_element = losses.target_draft_logits(hidden[batch_idx, pos], weight)
+    ref, ref_correct = distillation_loss(draft, per_element, loss_type, weights)
+    torch.testing.assert_close(loss, ref)
+    assert correct.tolist() == ref_correct.tolist()
+    (grad,) = torch.autograd.grad(loss, draft)
+    (ref_grad,) = torch.autograd.grad(ref, draft)
+    torch.testing.assert_close(grad, ref_grad)
+    assert not losses.TargetDistribution.from_logits(torch.tensor([[[0.0, float("nan")]]])).finite

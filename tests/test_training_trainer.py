@@ -367,3 +367,29 @@ def test_a_few_hundred_steps_learn_a_deterministic_target(tmp_path):
     assert logs[-1]["acc_d3"] > 0.8
     trained_acc = acceptance(head.eval(), target, held_out, 4)
     assert random_acc < 0.5 and trained_acc > 3.0, (random_acc, trained_acc)
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_denormals_are_flushed_while_training_only(tmp_path, flush):
+    """CPU arithmetic on denormal floats (softmaxes over the draft vocabulary make many) is 10-20x slower: the
+    trainer flushes them to zero for the duration of train() when asked (the default), and restores it."""
+    from transformers import TrainerCallback
+
+    seen = []
+
+    class Probe(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(float(torch.tensor([1e-40]) * 1.0))
+
+    target = make_target()
+    head = make_head(target)
+    trainer = PEagleTrainer(
+        model=head,
+        target_model=target,
+        args=make_args(tmp_path, flush_denormal=flush),
+        train_dataset=random_examples(2),
+        callbacks=[Probe()],
+    )
+    trainer.train()
+    assert seen and all((v == 0.0) == flush for v in seen)
+    assert float(torch.tensor([1e-40]) * 1.0) != 0.0

@@ -31,7 +31,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
 from .features import PEagleDataCollator, capture_features
-from .losses import LOSS_TYPES, distillation_loss, target_draft_logits
+from .losses import LOSS_TYPES, TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
 from .plan import ExamplePlan, SegmentRows, cod_seed, parallel_drafter_inputs, plan_example, segment_rows
 
@@ -52,6 +52,8 @@ class PEagleTrainingArguments(TrainingArguments):
         loss_type: `"kl"` (against the target's distribution over the draft vocab) or `"ce"` (its argmax).
         ttt_decay: EAGLE-3 mode: weight of unroll step i is ``ttt_decay ** i``.
         flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
+        flush_denormal: flush denormal floats to zero while training on a CPU: softmaxes over the draft
+            vocabulary produce many, and CPU arithmetic on them is 10-20x slower (no effect on GPUs).
     """
 
     num_parallel_positions: int | None = field(
@@ -65,6 +67,9 @@ class PEagleTrainingArguments(TrainingArguments):
     loss_type: str = field(default="kl", metadata={"help": "'kl' or 'ce'."})
     ttt_decay: float = field(default=0.8, metadata={"help": "EAGLE-3 unroll step weight decay."})
     flex_block_size: int = field(default=128, metadata={"help": "flex-attention block size."})
+    flush_denormal: bool = field(
+        default=True, metadata={"help": "Flush denormal floats to zero (CPU speed)."}
+    )
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep every example column."})
 
     def __post_init__(self):
@@ -283,7 +288,21 @@ class PEagleTrainer(Trainer):
         return peagle_attention_mask(rows.anchor, rows.depth, rows.valid, pad_self=True, **keys)[:, None]
 
     # ----------------------------------------------------------------------------------------- losses
-    def _loss_from_logits(self, logits, rows: SegmentRows, last_hidden, weights_by_depth=None):
+    def _target_distribution(self, last_hidden: torch.Tensor) -> TargetDistribution:
+        """The target's distribution over the draft vocabulary at every position of the micro-batch, once: the
+        K_train elements that predict the same position share it."""
+        softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
+        target = TargetDistribution.from_hidden(
+            last_hidden, self._draft_lm_weight(), softcap, self.args.loss_type
+        )
+        if not target.finite:
+            raise FloatingPointError(
+                f"the target's logits are not finite at global step {self.state.global_step}: the head would "
+                f"learn from NaN/inf ({self.args.loss_type} loss); check the target's dtype and weights."
+            )
+        return target
+
+    def _loss_from_logits(self, logits, rows: SegmentRows, target: TargetDistribution, weights_by_depth=None):
         """Loss sum, per-depth correct and total counts of the supervised columns of `rows`."""
         sub = rows.supervised[:, rows.width - rows.keep :]
         draft = logits[sub]
@@ -291,16 +310,8 @@ class PEagleTrainer(Trainer):
         anchor = rows.anchor[:, rows.width - rows.keep :][sub]
         batch_idx = sub.nonzero()[:, 0]
         pos = anchor + depth + 1  # the target's logits at p - 1 predict the label x_p, p = a + d + 2
-        softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
-        with torch.no_grad():
-            target = target_draft_logits(last_hidden[batch_idx, pos], self._draft_lm_weight(), softcap)
-            if target.numel() and not bool(torch.isfinite(target).all()):
-                raise FloatingPointError(
-                    f"the target's logits are not finite at global step {self.state.global_step}: the head would "
-                    f"learn from NaN/inf ({self.args.loss_type} loss); check the target's dtype and weights."
-                )
         weights = None if weights_by_depth is None else weights_by_depth[depth]
-        loss, correct = distillation_loss(draft, target, self.args.loss_type, weights)
+        loss, correct = target.loss(draft, batch_idx, pos, weights)
         k = self.num_parallel_positions
         stats = (
             torch.bincount(depth[correct], minlength=k)[:k].detach().cpu(),
@@ -308,7 +319,7 @@ class PEagleTrainer(Trainer):
         )
         return loss, stats
 
-    def _parallel_segment(self, model, inputs, plans, aux, last, s: int, rows: SegmentRows):
+    def _parallel_segment(self, model, inputs, plans, aux, target, s: int, rows: SegmentRows):
         ids = inputs["input_ids"]
         rows = rows.to(ids.device)
         out = model(
@@ -321,9 +332,9 @@ class PEagleTrainer(Trainer):
         )
         if rows.keep == 0:  # keeps DDP's reducer fed when a process has nothing to learn from
             return out.logits.sum() * 0.0, None
-        return self._loss_from_logits(out.logits, rows, last)
+        return self._loss_from_logits(out.logits, rows, target)
 
-    def _autoregressive_segment(self, model, inputs, plans, aux, last, s: int, rows: SegmentRows):
+    def _autoregressive_segment(self, model, inputs, plans, aux, target, s: int, rows: SegmentRows):
         """EAGLE-3 training-time test over one segment: step d forwards the depth-d elements with a KV cache
         holding steps 0..d-1 (kept in the autograd graph)."""
         ids = inputs["input_ids"]
@@ -369,7 +380,7 @@ class PEagleTrainer(Trainer):
             cols = torch.arange(rows.width, device=device).expand_as(rows.anchor)
             lut.scatter_(1, torch.where(rows.valid, rows.anchor, ids.shape[1]), cols)
             if rows.keep > 0:
-                step_loss, (c, t) = self._loss_from_logits(out.logits, rows, last, decay)
+                step_loss, (c, t) = self._loss_from_logits(out.logits, rows, target, decay)
                 correct += c
                 total += t
             else:
@@ -381,6 +392,7 @@ class PEagleTrainer(Trainer):
         """Yield `(is_last, loss_sum, stats)` per segment that has something to learn; the forward pass runs
         lazily so the caller can wrap it in `no_sync`."""
         aux, last = self._features(inputs)
+        target = self._target_distribution(last)
         num_segments = len(plans[0].segments)
         todo = []
         for s in range(num_segments):
@@ -396,7 +408,7 @@ class PEagleTrainer(Trainer):
             todo = [(s, segment_rows(plans, s))]
         run = self._autoregressive_segment if self.autoregressive else self._parallel_segment
         for j, (s, rows) in enumerate(todo):
-            yield j == len(todo) - 1, lambda s=s, rows=rows: run(model, inputs, plans, aux, last, s, rows)
+            yield j == len(todo) - 1, lambda s=s, rows=rows: run(model, inputs, plans, aux, target, s, rows)
 
     def _record(self, split: str, stats) -> None:
         if stats is not None:
@@ -443,6 +455,18 @@ class PEagleTrainer(Trainer):
                 "learning rate, check the data, or train in float32/bfloat16 instead of float16."
             )
         return total
+
+    def train(self, *args, **kwargs):
+        """`Trainer.train`, with denormal floats flushed to zero on the CPU for its duration when
+        `args.flush_denormal` (restored afterwards)."""
+        if not self.args.flush_denormal:
+            return super().train(*args, **kwargs)
+        flushed = torch.set_flush_denormal(True)
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if flushed:
+                torch.set_flush_denormal(False)
 
     def compute_loss(self, model, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
         """Loss of a batch without backward (evaluation): summed over segments, divided by `num_items_in_batch`
