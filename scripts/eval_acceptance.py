@@ -5,9 +5,15 @@ under the float32 SmolLM2 target, greedy, on the prompt part of held-out self-di
 on, never MT-Bench or HumanEval); every output is checked against plain greedy.  Acceptance does not depend on
 the machine, so the numbers hold on any hardware.
 
+`--teacher-forced` measures the same quantity without decoding: `PEagleTrainer.evaluate_acceptance` drafts a
+round at every anchor of the held-out responses in one pass (their tokens are the target's greedy continuation)
+and counts the drafts greedy verification accepts; the target's features are computed once and cached
+(`--feature-cache`), so a checkpoint costs seconds, which is what the scaling curve needs.
+
 Usage:
     python scripts/eval_acceptance.py src/peagle/default_heads/smollm2-135m-peagle runs/stage3-peagle \
         --examples training_data/smollm2-135m-instruct/heldout --skip 48 --limit 24 -k 7 --out eval.json
+    python scripts/eval_acceptance.py HEAD... --examples ... --skip 48 --limit 72 -k 7 --teacher-forced
 """
 
 from __future__ import annotations
@@ -37,9 +43,24 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--teacher-forced",
+        action="store_true",
+        help="count the accepted drafts of a round at every anchor of the held-out responses (no decoding)",
+    )
+    ap.add_argument(
+        "--feature-cache",
+        default="runs/cache-heldout",
+        help="--teacher-forced: where the target's features of the examples are cached",
+    )
     args = ap.parse_args()
 
     target, _ = load_default_target()
+    if args.teacher_forced:
+        results = teacher_forced(target, args)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
+        return
     prompts = prompts_of_examples(load_examples(args.examples)[args.skip : args.skip + args.limit])
     results = {}
     for folder in args.heads:
@@ -75,6 +96,41 @@ def main() -> None:
         )
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
+
+
+def teacher_forced(target, args) -> dict:
+    import tempfile
+
+    from peagle.training.features import FeatureCache
+    from peagle.training.trainer import PEagleTrainer, PEagleTrainingArguments
+
+    examples = load_examples(args.examples)[args.skip : args.skip + args.limit]
+    results = {}
+    for folder in args.heads:
+        head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype))
+        cache = FeatureCache.build(
+            target,
+            examples,
+            args.feature_cache,
+            head.config.eagle_aux_hidden_state_layer_ids,
+            dtype=torch.float32,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            targs = PEagleTrainingArguments(
+                output_dir=tmp, per_device_eval_batch_size=4, report_to="none", disable_tqdm=True
+            )
+            trainer = PEagleTrainer(model=head, target_model=target, args=targs)
+            result = trainer.evaluate_acceptance(cache, args.num_speculative_tokens)
+        summary = Path(folder) / "train_summary.json"
+        if summary.exists():
+            result["train_summary"] = json.loads(summary.read_text())
+        results[folder] = result
+        print(
+            f"{folder}: {result['tokens_per_target_pass']:.3f} tokens/target pass teacher-forced "
+            f"(K={args.num_speculative_tokens}, {result['anchors']} anchors in {len(examples)} examples), "
+            f"acceptance by depth {[round(x, 3) for x in result['acceptance_by_depth']]}"
+        )
+    return results
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from helpers import make_args, make_head, make_target, random_examples, rel_diff, tiny_target_config
+from helpers import greedy, make_args, make_head, make_target, random_examples, rel_diff, tiny_target_config
 from peagle.training import (
     FeatureCache,
     PEagleDataCollator,
@@ -393,3 +393,47 @@ def test_denormals_are_flushed_while_training_only(tmp_path, flush):
     trainer.train()
     assert seen and all((v == 0.0) == flush for v in seen)
     assert float(torch.tensor([1e-40]) * 1.0) != 0.0
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_teacher_forced_acceptance_equals_drafting_rounds(tmp_path, mode):
+    """evaluate_acceptance() measures, in one pass, the drafts that greedy verification accepts in a round started
+    at every anchor: the same numbers as drafting each round with `head.draft` from the prefix."""
+    from peagle.training.features import capture_features
+
+    target = make_target()
+    torch.manual_seed(0)
+    examples = []
+    for _ in range(3):
+        prompt = torch.randint(3, 120, (1, 5))
+        ids = greedy(target, prompt, max_new_tokens=20, min_new_tokens=20)
+        examples.append({"input_ids": ids[0].tolist(), "loss_mask": [0] * 5 + [1] * (ids.shape[1] - 5)})
+    head = make_head(target, drafting_mode=mode)
+    args = make_args(tmp_path, max_steps=25, per_device_train_batch_size=3, learning_rate=0.5)
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples)
+    trainer.train()
+    k = 3
+    measured = trainer.evaluate_acceptance(examples, num_speculative_tokens=k, progress=False)
+
+    head.eval()
+    runs = []
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.tensor([ex["input_ids"]])
+            aux, _ = capture_features(target, ids, None, head.config.eagle_aux_hidden_state_layer_ids)
+            reference = target(ids).logits.argmax(-1)[0]  # position p predicts token p + 1
+            length = ids.shape[1]
+            for a in range(length):
+                labels = [a + d + 2 for d in range(k)]
+                if labels[-1] >= length or not all(ex["loss_mask"][p] for p in labels):
+                    continue
+                drafts = head.draft(ids[:, 1 : a + 2], aux[:, : a + 1], num_speculative_tokens=k).tokens[0]
+                run = 0
+                while run < k and int(drafts[run]) == int(reference[a + 1 + run]):
+                    run += 1
+                runs.append(run)
+    runs = torch.tensor(runs, dtype=torch.float)
+    assert measured["anchors"] == len(runs)
+    assert measured["acceptance_by_depth"][0] > 0  # the trained head gets some drafts right: a real comparison
+    assert measured["tokens_per_target_pass"] == pytest.approx(1 + float(runs.mean()))
+    assert measured["acceptance_by_depth"] == pytest.approx([float((runs > d).float().mean()) for d in range(k)])

@@ -46,12 +46,32 @@ class TargetDistribution:
         probs: `(B, T, V_draft)` float32 probabilities (KL only; None for CE).
         neg_entropy: `(B, T)` sum of p log p (KL only), so KL(p || q) = neg_entropy - sum p log q.
         finite: whether every target logit was finite (check it before learning from it).
+        argmax_is_global: `(B, T)` bool, the draft-vocabulary argmax is also the argmax over the target's whole
+            vocabulary (set by [`TargetDistribution.mark_global_argmax`]; None until then).
     """
 
     argmax: torch.Tensor
     probs: torch.Tensor | None
     neg_entropy: torch.Tensor | None
     finite: bool
+    argmax_is_global: torch.Tensor | None = None
+
+    def mark_global_argmax(
+        self, last_hidden: torch.Tensor, lm_weight: torch.Tensor, draft_to_target: torch.Tensor, softcap=None
+    ) -> None:
+        """Record where the target's own greedy token (over its whole vocabulary) is the draft-vocabulary
+        argmax, i.e. where a drafter that matches `argmax` is accepted by greedy verification.
+
+        Args:
+            last_hidden: `(B, T, H_t)`; lm_weight: `(V, H_t)` the target's `lm_head` weight;
+            draft_to_target: `(V_draft,)` target token id of each draft index (``i + d2t[i]``).
+        """
+        with torch.no_grad():
+            rows = []
+            for b in range(last_hidden.shape[0]):  # one row at a time: (T, V) logits, not (B, T, V)
+                full = target_draft_logits(last_hidden[b], lm_weight, softcap).argmax(-1)
+                rows.append(full == draft_to_target.to(full.device)[self.argmax[b]])
+            self.argmax_is_global = torch.stack(rows)
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor, loss_type: str = "kl") -> TargetDistribution:

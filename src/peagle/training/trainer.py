@@ -159,6 +159,9 @@ class PEagleTrainer(Trainer):
         model.attach_target(target_model)
         if args.num_parallel_positions is not None:
             cfg.num_parallel_positions = int(args.num_parallel_positions)
+        if cfg.drafting_mode == "parallel" and cfg.num_speculative_tokens > cfg.num_parallel_positions:
+            logger.info(f"num_speculative_tokens {cfg.num_speculative_tokens} -> K_train {cfg.num_parallel_positions}")
+            cfg.num_speculative_tokens = int(cfg.num_parallel_positions)  # a head never drafts deeper than trained
         self.num_parallel_positions = int(cfg.num_parallel_positions)
         self.autoregressive = cfg.drafting_mode == "autoregressive"
         if self.autoregressive:  # EAGLE-3 heads never use the parallel-slot placeholders
@@ -184,6 +187,7 @@ class PEagleTrainer(Trainer):
         self._template = PEagleMaskTemplate(args.max_length, self.num_parallel_positions)
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
+        self._elements: list[torch.Tensor] | None = None  # per-element records while evaluating acceptance
 
     # ----------------------------------------------------------------------------------------- helpers
     def _head(self):
@@ -197,8 +201,12 @@ class PEagleTrainer(Trainer):
             "items": torch.zeros(1),
         }
 
-    def plan_batch(self, batch: dict[str, torch.Tensor], step: int | None = None) -> list[ExamplePlan]:
-        """[`ExamplePlan`]s of a collated batch; COD draws depend on (seed, `step`, tokens) only."""
+    def plan_batch(
+        self, batch: dict[str, torch.Tensor], step: int | None = None, keep_all: bool = False
+    ) -> list[ExamplePlan]:
+        """[`ExamplePlan`]s of a collated batch; COD draws depend on (seed, `step`, tokens) only.  `keep_all`:
+        every depth of every anchor (no COD dropping; used to measure acceptance)."""
+        ratio, min_ratio = (1.0, 1.0) if keep_all else (self.args.cod_ratio, self.args.cod_min_ratio)
         step = self.state.global_step if step is None else step
         ids = batch["input_ids"].cpu()
         att = batch["attention_mask"].cpu().bool()
@@ -219,8 +227,8 @@ class PEagleTrainer(Trainer):
                     loss_mask[b, :length],
                     t2d,
                     self.num_parallel_positions,
-                    self.args.cod_ratio,
-                    self.args.cod_min_ratio,
+                    ratio,
+                    min_ratio,
                     self.args.sequence_partitions,
                     generator=gen,
                     template=self._template,
@@ -300,6 +308,11 @@ class PEagleTrainer(Trainer):
                 f"the target's logits are not finite at global step {self.state.global_step}: the head would "
                 f"learn from NaN/inf ({self.args.loss_type} loss); check the target's dtype and weights."
             )
+        if self._elements is not None:
+            head = self._head()
+            ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+            lm = self.target_model.get_output_embeddings().weight.detach()
+            target.mark_global_argmax(last_hidden, lm, ids, softcap)
         return target
 
     def _loss_from_logits(self, logits, rows: SegmentRows, target: TargetDistribution, weights_by_depth=None):
@@ -312,6 +325,9 @@ class PEagleTrainer(Trainer):
         pos = anchor + depth + 1  # the target's logits at p - 1 predict the label x_p, p = a + d + 2
         weights = None if weights_by_depth is None else weights_by_depth[depth]
         loss, correct = target.loss(draft, batch_idx, pos, weights)
+        if self._elements is not None:
+            accepted = correct & target.argmax_is_global[batch_idx, pos]
+            self._elements.append(torch.stack([batch_idx, anchor, depth, accepted.long()], 1).cpu())
         k = self.num_parallel_positions
         stats = (
             torch.bincount(depth[correct], minlength=k)[:k].detach().cpu(),
@@ -482,6 +498,80 @@ class PEagleTrainer(Trainer):
                 self._record(split, stats)
         loss = loss / max(float(denom), 1.0)
         return (loss, None) if return_outputs else loss
+
+    @torch.no_grad()
+    def evaluate_acceptance(
+        self, eval_dataset=None, num_speculative_tokens: int | None = None, progress: bool = True
+    ) -> dict[str, Any]:
+        """Acceptance of greedy verification on held-out examples, measured teacher-forced in one pass.
+
+        A drafting round that starts after token a proposes depths 0..K-1; greedy verification accepts the
+        leading drafts that equal the target's own greedy tokens. Up to the first miss, a drafter that sees its
+        own drafts (EAGLE-3) sees exactly the reference tokens, and a P-EAGLE drafter never sees them, so the
+        number of accepted drafts is the leading run of correct depths of the training elements of anchor a,
+        computed with every depth kept (no COD) against the target's argmax over its whole vocabulary. Every
+        anchor whose K labels lie in a response counts once: `tokens_per_target_pass` = 1 + mean run, the
+        quantity `generate()` reports, averaged over every possible round start instead of the starts one
+        decoding visits.
+
+        Args:
+            eval_dataset: examples (or a [`FeatureCache`]); default the trainer's `eval_dataset`.
+            num_speculative_tokens: K (default: K_train).
+
+        Returns:
+            dict with `tokens_per_target_pass`, `acceptance_by_depth` (share of anchors whose first d + 1 drafts
+            are all accepted), `accuracy_by_depth` (top-1 agreement at each depth on its own), `anchors`.
+        """
+        from tqdm.auto import tqdm
+
+        k = int(num_speculative_tokens or self.num_parallel_positions)
+        if not 1 <= k <= self.num_parallel_positions:
+            raise ValueError(
+                f"num_speculative_tokens is {k}; expected 1..{self.num_parallel_positions} (K_train)."
+            )
+        model = self.model
+        was_training = model.training
+        model.eval()
+        runs, hits, counts = [], torch.zeros(k), torch.zeros(k)
+        loader = self.get_eval_dataloader(eval_dataset)
+        try:
+            for batch in tqdm(loader, desc="acceptance", unit="batch", disable=not progress):
+                batch = self._prepare_inputs(batch)
+                plans = self.plan_batch(batch, step=0, keep_all=True)
+                self._elements = []
+                for _, run in self._segments(model, batch, plans):
+                    run()
+                elements = (
+                    torch.cat(self._elements) if self._elements else torch.zeros(0, 4, dtype=torch.long)
+                )
+                b_idx, anchor, depth, ok = elements.unbind(1)
+                bsz, length = batch["input_ids"].shape
+                grid = torch.zeros(bsz, length, self.num_parallel_positions)
+                grid[b_idx, anchor, depth] = ok.float()
+                loss_mask = batch["loss_mask"].cpu().bool()
+                labels = torch.arange(length)[:, None] + torch.arange(k)[None] + 2  # x_{a+d+2}
+                inside = labels < length
+                full = torch.zeros(bsz, length, dtype=torch.bool)
+                for b in range(bsz):
+                    full[b] = (loss_mask[b][labels.clamp(max=length - 1)] & inside).all(-1)
+                chains = grid[..., :k][full]
+                runs.append(chains.cumprod(-1).sum(-1))
+                hits += chains.sum(0)
+                counts += chains.shape[0]
+        finally:
+            self._elements = None
+            model.train(was_training)
+        runs = torch.cat(runs) if runs else torch.zeros(0)
+        if runs.numel() == 0:
+            raise ValueError(f"no anchor has {k} response tokens after it in the evaluation examples.")
+        leading = [float((runs > d).float().mean()) for d in range(k)]
+        return {
+            "tokens_per_target_pass": 1.0 + float(runs.mean()),
+            "acceptance_by_depth": leading,
+            "accuracy_by_depth": (hits / counts.clamp(min=1)).tolist(),
+            "anchors": int(runs.numel()),
+            "num_speculative_tokens": k,
+        }
 
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
