@@ -35,6 +35,7 @@ from peagle.training.recipe import (
     load_head_for_training,
     train_head,
     training_arguments,
+    training_budget,
 )
 from peagle.training.shards import load_examples
 
@@ -51,6 +52,20 @@ def main() -> None:
         "--draft-vocab", type=int, default=None, help="draft vocabulary of a new head (default 8192)"
     )
     ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train of a new head")
+    ap.add_argument(
+        "--lm-head-init",
+        choices=["target", "random"],
+        default=None,
+        help="LM head of a new head (build_head's)",
+    )
+    ap.add_argument("--loss-type", choices=["kl", "ce"], default="kl")
+    ap.add_argument("--cod-ratio", type=float, default=0.7, help="COD keep ratio per depth")
+    ap.add_argument(
+        "--lr-scheduler", default="linear", help="transformers scheduler name (linear, cosine, constant)"
+    )
+    ap.add_argument(
+        "--save-total-limit", type=int, default=2, help="checkpoints kept (the scaling curve wants all)"
+    )
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--max-steps", type=int, default=-1)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -70,7 +85,9 @@ def main() -> None:
         help="only build --feature-cache (shared by both heads), then exit",
     )
     args = ap.parse_args()
-    if args.init_from and (args.layers is not None or args.draft_vocab is not None):
+    if args.init_from and (
+        args.layers is not None or args.draft_vocab is not None or args.lm_head_init is not None
+    ):
         ap.error("--layers and --draft-vocab shape a new head; --init-from continues a head with its own")
     if args.out is None and not args.cache_only:
         ap.error("--out is required unless --cache-only")
@@ -106,6 +123,7 @@ def main() -> None:
             embed_from_target=True,
             mask_token_id=MASK_TOKEN_ID,
             target_model_name=DEFAULT_TARGET_NAME,
+            **({"lm_head_init": args.lm_head_init} if args.lm_head_init else {}),
         )
     out = Path(args.out)
     run_dir = Path(args.run_dir or Path("runs") / out.name)
@@ -115,11 +133,14 @@ def main() -> None:
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,
         learning_rate=args.lr,
+        lr_scheduler_type=args.lr_scheduler,
+        loss_type=args.loss_type,
+        cod_ratio=args.cod_ratio,
         warmup_steps=0.02,
         gradient_accumulation_steps=args.grad_accum,
         bf16=True,
         save_steps=args.save_steps,
-        save_total_limit=2,
+        save_total_limit=args.save_total_limit,
         seed=0,
     )
     head, summary = train_head(
@@ -133,6 +154,7 @@ def main() -> None:
     )
     if args.init_from and (Path(args.init_from) / "train_summary.json").is_file():
         summary["previous_stage"] = json.loads((Path(args.init_from) / "train_summary.json").read_text())
+    summary["cumulative"] = training_budget(summary)
     head.to(torch.bfloat16).save_pretrained(out)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_summary(summary))

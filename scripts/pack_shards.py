@@ -53,6 +53,18 @@ def complete_lines(path: str, start: int) -> list[str]:
     return out
 
 
+def sibling_cycles(folder: str) -> set[int]:
+    """Cycles held by the other shard folders of the same dataset (e.g. `heldout/` beside `train/`): a rows file
+    holds every cycle grow_data.py generated, and a held-out cycle must never be packed into training data."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    cycles: set[int] = set()
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        other = os.path.join(parent, name)
+        if os.path.abspath(other) != os.path.abspath(folder) and os.path.exists(os.path.join(other, MANIFEST)):
+            cycles |= packed_cycles(other)
+    return cycles
+
+
 def pack(
     rows_path: str,
     folder: str,
@@ -71,6 +83,7 @@ def pack(
     start = packed_rows(folder, rows_file, head)
     has_manifest = os.path.exists(os.path.join(folder, MANIFEST))
     done = packed_cycles(folder, ignore=lambda s: _same_file(s, rows_file, head)) if has_manifest else set()
+    done |= sibling_cycles(folder)
     lines = complete_lines(rows_path, start)
     stop = start + len(lines)
     by_source: dict[str, list[dict]] = defaultdict(list)

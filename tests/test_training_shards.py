@@ -152,3 +152,24 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     manifest = read_manifest(folder)
     assert manifest["shards"][-1]["cycles"] == [3, 3] and manifest["shards"][-1]["examples"] == 2
     assert len(read_shards(folder)) == 12
+
+
+def test_pack_shards_never_packs_a_cycle_another_folder_of_the_dataset_holds(tmp_path):
+    """grow_data.py's rows file holds every cycle, the held-out one too: packing it into `train/` must leave out
+    the cycles `heldout/` (a sibling folder) holds."""
+    sys.path.insert(0, SCRIPTS)
+    try:
+        import pack_shards
+    finally:
+        sys.path.remove(SCRIPTS)
+    data = examples(6, seed=4)
+    rows = [dict(e, source="magpie", cycle=i // 2) for i, e in enumerate(data)]  # cycles 0, 1, 2
+    held = tmp_path / "heldout.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert pack_shards.main([str(held), str(tmp_path / "data" / "heldout"), "--target", "tiny"]) == 0
+    rows_path = tmp_path / "rows.jsonl"
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert pack_shards.main([str(rows_path), str(tmp_path / "data" / "train"), "--target", "tiny"]) == 0
+    train = read_shards(tmp_path / "data" / "train")
+    assert len(train) == 4
+    assert not {tuple(e["input_ids"]) for e in train} & {tuple(r["input_ids"]) for r in rows[:2]}
