@@ -7,9 +7,16 @@ process on the same prompts; checks every output against plain greedy; prints to
 fixed rule in hindsight and how far the default rule is from it; writes JSON.  Run it on an otherwise idle
 machine.
 
+`--modeled-cost FILE` replaces the clock by a cost model (a JSON written by `VerifyCostModel.to_dict`, e.g. the
+one peagle cached for this machine under ~/.cache/peagle/cost/): every rule runs with that fixed curve (no online
+refinement) and each run's time is what the curve says its passes cost (every verify pass of n tokens costs
+cost(n), every drafter pass its cost).  The numbers are then deterministic and free of timing noise, so the rule's
+own decisions can be studied on a busy machine; they are a model, not a benchmark.
+
 Usage:
     python scripts/compare_drafting_rules.py --kind peagle --examples training_data/smollm2-135m-instruct/heldout \
         --out docs/results/rules_peagle.json
+    python scripts/compare_drafting_rules.py --kind peagle --examples ... --modeled-cost ~/.cache/peagle/cost/X.json
 """
 
 from __future__ import annotations
@@ -48,6 +55,24 @@ def rules(k: int, ks: list[int], thresholds: list[float]) -> dict[str, dict]:
     return out
 
 
+def modeled_seconds(new_tokens: int, stats: PEagleGenerationStats | None, model) -> float:
+    """Seconds the cost model charges for a run: plain steps cost(1), a round verifying k drafts cost(k + 1),
+    each drafter run its first pass and each further autoregressive pass a step."""
+    if stats is None:  # plain greedy
+        return new_tokens * model.cost(1)
+    k = len(stats.drafted_per_depth)
+    verified = [
+        stats.drafted_per_depth[i] - (stats.drafted_per_depth[i + 1] if i + 1 < k else 0) for i in range(k)
+    ]
+    seconds = stats.plain_steps * model.cost(1) + sum(n * model.cost(i + 2) for i, n in enumerate(verified))
+    runs = stats.rounds + stats.declined_rounds
+    return (
+        seconds
+        + runs * model.drafter_seconds
+        + max(stats.drafter_forward_calls - runs, 0) * model.drafter_step_seconds
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle")
@@ -62,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default=None, help="JSON file for the measurements")
+    ap.add_argument(
+        "--modeled-cost",
+        default=None,
+        help="cost-model JSON: time every run by this fixed curve instead of the clock (a model, see above)",
+    )
     args = ap.parse_args(argv)
 
     folder = Path(args.head or default_drafter_path(args.kind))
@@ -72,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         .eval()
     )
     k = head.config.num_speculative_tokens
+    model = None
+    if args.modeled_cost:
+        from peagle.generation.cost import VerifyCostModel, set_cost_model
+
+        data = json.loads(Path(args.modeled_cost).expanduser().read_text())
+        model = VerifyCostModel.from_dict({**data, "source": "user"})  # fixed: no online refinement
+        set_cost_model(head, model)
     check_not_evaluation(list(CHAT_PROMPTS), source="comparison prompts")
     prompts = [chat_prompt_ids(tokenizer, t) for t in CHAT_PROMPTS]
     if args.examples:
@@ -86,11 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(total=len(prompts) * len(totals), desc=f"rules {folder.name}") as bar:
         for ids in prompts:
             plain = timed_generate(target, ids, args.max_new_tokens)
+            if model is not None:
+                plain.seconds = modeled_seconds(plain.new_tokens, None, model)
             totals["plain greedy"][0] += plain.new_tokens
             totals["plain greedy"][1] += plain.seconds
             bar.update(1)
             for name, kwargs in compared.items():
                 run = timed_generate(target, ids, args.max_new_tokens, assistant=head, **kwargs)
+                if model is not None:
+                    run.seconds = modeled_seconds(run.new_tokens, run.stats, model)
                 lossless &= run.output == plain.output
                 totals[name][0] += run.new_tokens
                 totals[name][1] += run.seconds
@@ -117,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{default['speedup']:.2f}x ({100 * gap:+.1f}%); outputs identical: {lossless}")  # fmt: skip
     result = {"head": folder.name, "prompts": len(prompts), "plain_tokens_per_s": plain_tps, "rows": rows,
               "best_fixed": best_fixed["rule"], "default_vs_best_fixed": gap, "lossless": lossless,
-              "machine": machine_description(),
+              "machine": machine_description(), "modeled_cost": model.to_dict() if model else None,
               "command": "python scripts/compare_drafting_rules.py " + " ".join(sys.argv[1:] if argv is None else argv)}  # fmt: skip
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -160,8 +160,12 @@ class PEagleTrainer(Trainer):
         if args.num_parallel_positions is not None:
             cfg.num_parallel_positions = int(args.num_parallel_positions)
         if cfg.drafting_mode == "parallel" and cfg.num_speculative_tokens > cfg.num_parallel_positions:
-            logger.info(f"num_speculative_tokens {cfg.num_speculative_tokens} -> K_train {cfg.num_parallel_positions}")
-            cfg.num_speculative_tokens = int(cfg.num_parallel_positions)  # a head never drafts deeper than trained
+            logger.info(
+                f"num_speculative_tokens {cfg.num_speculative_tokens} -> K_train {cfg.num_parallel_positions}"
+            )
+            cfg.num_speculative_tokens = int(
+                cfg.num_parallel_positions
+            )  # a head never drafts deeper than trained
         self.num_parallel_positions = int(cfg.num_parallel_positions)
         self.autoregressive = cfg.drafting_mode == "autoregressive"
         if self.autoregressive:  # EAGLE-3 heads never use the parallel-slot placeholders
@@ -188,6 +192,7 @@ class PEagleTrainer(Trainer):
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
         self._elements: list[torch.Tensor] | None = None  # per-element records while evaluating acceptance
+        self._response_tokens = 0  # response tokens of the micro-batches trained by this process
 
     # ----------------------------------------------------------------------------------------- helpers
     def _head(self):
@@ -463,6 +468,7 @@ class PEagleTrainer(Trainer):
             total += loss.detach()
             self._record("train", stats)
         self._stats["train"]["items"] += sum(p.num_supervised for p in plans)
+        self._response_tokens += int(inputs["loss_mask"].sum())
         if not bool(torch.isfinite(total)):
             lengths = [p.length for p in plans]
             raise FloatingPointError(
@@ -498,6 +504,14 @@ class PEagleTrainer(Trainer):
                 self._record(split, stats)
         loss = loss / max(float(denom), 1.0)
         return (loss, None) if return_outputs else loss
+
+    def response_tokens_trained(self) -> int:
+        """Response tokens of every micro-batch trained so far, over all processes (a token seen in two epochs
+        counts twice): the training budget in token-passes."""
+        count = torch.tensor(self._response_tokens, device=self.args.device)
+        if self.accelerator.num_processes > 1:
+            count = self.accelerator.reduce(count, reduction="sum")
+        return int(count)
 
     @torch.no_grad()
     def evaluate_acceptance(
