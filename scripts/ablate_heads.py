@@ -34,21 +34,21 @@ BASE = [
     "random",
 ]
 
-# name: (kind, arguments replacing the base's, what it tests)
+# name: (kind, arguments replacing the base's, what it tests), most informative first (a session runs a prefix)
 VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "base": ("peagle", [], "2 layers, 8k draft vocabulary, K_train 8, KL, COD 0.7, linear lr 1e-3"),
     "eagle3": ("eagle3", [], "the EAGLE-3-style autoregressive head, same recipe"),
     "layers-1": ("peagle", ["--layers", "1"], "1 drafter layer"),
     "layers-4": ("peagle", ["--layers", "4"], "4 drafter layers"),
-    "vocab-4k": ("peagle", ["--draft-vocab", "4096"], "draft vocabulary 4k"),
     "vocab-16k": ("peagle", ["--draft-vocab", "16384"], "draft vocabulary 16k"),
-    "vocab-32k": ("peagle", ["--draft-vocab", "32768"], "draft vocabulary 32k"),
+    "vocab-4k": ("peagle", ["--draft-vocab", "4096"], "draft vocabulary 4k"),
     "loss-ce": ("peagle", ["--loss-type", "ce"], "cross-entropy on the target's argmax instead of KL"),
     "ktrain-4": ("peagle", ["--num-parallel-positions", "4"], "K_train 4 (measured up to K=4)"),
-    "ktrain-12": ("peagle", ["--num-parallel-positions", "12"], "K_train 12"),
-    "cod-0.5": ("peagle", ["--cod-ratio", "0.5"], "COD keep ratio 0.5 (fewer deep elements)"),
     "cod-1.0": ("peagle", ["--cod-ratio", "1.0"], "no COD dropping (every depth of every anchor)"),
     "lr-cosine": ("peagle", ["--lr-scheduler", "cosine"], "cosine learning-rate schedule"),
+    "vocab-32k": ("peagle", ["--draft-vocab", "32768"], "draft vocabulary 32k"),
+    "cod-0.5": ("peagle", ["--cod-ratio", "0.5"], "COD keep ratio 0.5 (fewer deep elements)"),
+    "ktrain-12": ("peagle", ["--num-parallel-positions", "12"], "K_train 12"),
     "lr-constant": ("peagle", ["--lr-scheduler", "constant"], "constant learning rate"),
     "lr-3e-4": ("peagle", ["--lr", "3e-4"], "learning rate 3e-4"),
     "lmhead-target": ("peagle", ["--lm-head-init", "target"], "LM head initialised from the target's rows"),
