@@ -60,7 +60,9 @@ def sibling_cycles(folder: str) -> set[int]:
     cycles: set[int] = set()
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         other = os.path.join(parent, name)
-        if os.path.abspath(other) != os.path.abspath(folder) and os.path.exists(os.path.join(other, MANIFEST)):
+        if os.path.abspath(other) != os.path.abspath(folder) and os.path.exists(
+            os.path.join(other, MANIFEST)
+        ):
             cycles |= packed_cycles(other)
     return cycles
 

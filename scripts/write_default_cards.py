@@ -11,6 +11,7 @@ import json
 from peagle import PEagleDrafter
 from peagle.hub import render_model_card
 from peagle.targets import DEFAULT_HEADS, default_drafter_path
+from peagle.training.recipe import training_budget
 
 
 def main() -> None:
@@ -24,25 +25,24 @@ def main() -> None:
         stages = [summary]  # oldest first; a continued run keeps its start's summary as "previous_stage"
         while "previous_stage" in stages[0]:
             stages.insert(0, stages[0]["previous_stage"])
-        first = stages[0].get("examples")
+        budget = training_budget(summary)
         data = (
-            f"self-distilled: SmolLM2-135M-Instruct answering {first} chat and Python-stdlib coding prompts "
-            "(scripts/default_prompts.py)"
+            "self-distilled: SmolLM2-135M-Instruct answering chat, Magpie (prompts the target wrote itself under "
+            "varied system prompts) and Python-stdlib coding prompts, greedy, up to 256 tokens; no MT-Bench or "
+            "HumanEval prompts"
         )
-        if len(stages) > 1:
-            data += (
-                f", then {summary.get('examples') - first} more prompts the target wrote itself (Magpie, "
-                "scripts/magpie_default_prompts.py)"
-            )
+        if summary.get("examples") != stages[0].get("examples"):
+            data += f"; the last stage on training_data/smollm2-135m-instruct/train ({summary.get('examples')} examples)"
         training = {
-            "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.sh)",
-            "data": data + "; greedy, up to 256 tokens; no MT-Bench or HumanEval prompts",
+            "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.py; stages in heads/README.md)",
+            "data": data,
             "examples": summary.get("examples"),
             "response_tokens": summary.get("response_tokens"),
-            "optimizer_steps": " + ".join(str(s.get("optimizer_steps")) for s in stages)
-            + (" (stage 1 on the first prompts, stage 2 continued on all)" if len(stages) > 1 else ""),
-            "budget": f"{sum(float(s.get('seconds', 0)) for s in stages):.0f} s on a 2-core CPU (one thread per "
-            "head, both heads side by side), bf16 autocast, target features cached once",
+            "stages": budget["stages"],
+            "optimizer_steps": " + ".join(str(s.get("optimizer_steps")) for s in stages),
+            "token_passes": f"{budget['response_tokens_trained']:,} response tokens trained, all stages"
+            + (" (earlier stages estimated from steps x examples per step)" if budget["estimated"] else ""),
+            "budget": f"{budget['cpu_hours']:.2f} CPU-hours on a 2-core CPU (one thread), bf16 autocast",
             "last_logged_top1_by_depth": summary.get("last_logged_accuracy"),
         }
         card = render_model_card(

@@ -38,8 +38,9 @@ def make_target(seed: int = 0, **overrides) -> LlamaForCausalLM:
 
 def make_head(target, seed: int = 1, **overrides) -> peagle.PEagleDrafter:
     torch.manual_seed(seed)
-    # tiny heads draft K every round unless a test asks for the cost rule (confidence_threshold=None)
-    values = dict(num_hidden_layers=2, mask_token_id=127, confidence_threshold=0.0)
+    # tiny heads draft K every round unless a test asks for the cost rule (confidence_threshold=None); they own
+    # their embedding table (for_target's default shares the target's) so layouts, FP8 and adapters see all tensors
+    values = dict(num_hidden_layers=2, mask_token_id=127, confidence_threshold=0.0, embed_from_target=False)
     values.update(overrides)
     cfg = peagle.PEagleConfig.for_target(target.config, **values)
     return peagle.PEagleDrafter(cfg).eval()

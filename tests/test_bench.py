@@ -107,10 +107,13 @@ def test_demo_command_passes_its_options(monkeypatch):
         "confidence_threshold": 0.3,
         "dtype": "bfloat16",
         "head_dtype": "bfloat16",
+        "target": None,
+        "head": None,
     }
-    args = build_parser().parse_args(["demo", "--head-dtype", "float32"])
+    args = build_parser().parse_args(["demo", "--head-dtype", "float32", "--target", "t/x", "--head", "h/y"])
     assert args.func(args) == 0
     assert seen["dtype"] == "float32" and seen["head_dtype"] == "float32"
+    assert (seen["target"], seen["head"]) == ("t/x", "h/y")
     assert build_parser().parse_args(["bench"]).head_dtype == "bfloat16"
     assert build_parser().parse_args(["bench", "--head-dtype", "float32"]).head_dtype == "float32"
 

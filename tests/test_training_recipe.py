@@ -74,3 +74,51 @@ def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypa
         train_head(target, tok, output_dir=tmp_path / "head2", examples=examples, training_args=args)
     with pytest.raises(ValueError, match="needs prompts"):
         train_head(target, tok, output_dir=tmp_path / "head3", training_args=args)
+
+
+def test_train_head_fits_the_draft_calibration_on_held_out_examples(tmp_path):
+    """With calibration_examples=N, the last N examples are not trained on; after training, the head's per-depth
+    draft calibration (cost-aware drafting) is fitted on their prompts, stored in its saved config with the
+    held-out calibration error, and reported in the summary."""
+    from peagle import PEagleDrafter
+
+    target = make_target(eos_token_id=None)
+    g = torch.Generator().manual_seed(0)
+    examples = [
+        {"input_ids": torch.randint(3, 120, (30,), generator=g).tolist(), "loss_mask": [0] * 6 + [1] * 24}
+        for _ in range(12)
+    ]
+    args = training_arguments(
+        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False,
+    )  # fmt: skip
+    head, summary = train_head(
+        target, output_dir=tmp_path / "head", examples=examples, training_args=args, calibration_examples=4,
+        draft_vocab_size=64, progress=False,
+    )  # fmt: skip
+    assert summary["examples"] == 8  # 4 held out
+    saved = PEagleDrafter.from_pretrained(tmp_path / "head").config.draft_calibration
+    assert saved["method"] == "isotonic" and saved["data"]["examples"] == 4
+    assert len(saved["x"]) >= 1 and summary["calibration"] == saved["report"]
+    with pytest.raises(ValueError, match="leaves nothing to train on"):
+        train_head(
+            target, output_dir=tmp_path / "h2", examples=examples, training_args=args, calibration_examples=12
+        )
+
+
+def test_training_budget_sums_the_stage_chain():
+    from peagle.training.recipe import training_budget
+
+    old = {"optimizer_steps": 10, "seconds": 3600.0, "response_tokens_trained": 500, "threads": 2,
+           "response_tokens_trained_estimated": True}  # fmt: skip
+    new = {
+        "optimizer_steps": 5,
+        "seconds": 1800.0,
+        "response_tokens_trained": 300,
+        "threads": 1,
+        "previous_stage": old,
+    }
+    assert training_budget(new) == {
+        "stages": 2, "response_tokens_trained": 800, "optimizer_steps": 15, "cpu_hours": 2.5, "estimated": True,
+    }  # fmt: skip
+    assert training_budget(old | {"response_tokens_trained_estimated": False})["estimated"] is False

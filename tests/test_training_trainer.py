@@ -434,6 +434,10 @@ def test_teacher_forced_acceptance_equals_drafting_rounds(tmp_path, mode):
                 runs.append(run)
     runs = torch.tensor(runs, dtype=torch.float)
     assert measured["anchors"] == len(runs)
-    assert measured["acceptance_by_depth"][0] > 0  # the trained head gets some drafts right: a real comparison
+    assert (
+        measured["acceptance_by_depth"][0] > 0
+    )  # the trained head gets some drafts right: a real comparison
     assert measured["tokens_per_target_pass"] == pytest.approx(1 + float(runs.mean()))
-    assert measured["acceptance_by_depth"] == pytest.approx([float((runs > d).float().mean()) for d in range(k)])
+    assert measured["acceptance_by_depth"] == pytest.approx(
+        [float((runs > d).float().mean()) for d in range(k)]
+    )

@@ -6,12 +6,20 @@ recorded and reported, never hidden).  Metrics are those of [`PEagleGenerationSt
 `tokens_per_target_pass` = new tokens / target forward passes (prefill included; plain decoding = 1.0), for
 every method; `acceptance_length` = tokens per drafting round, bonus included, for the heads.  Time per
 target pass is split into target forward, drafter forward and the rest (overhead) with forward hooks.
+
+vLLM rows (`"vllm"`, `"vllm-peagle"`, `"vllm-eagle3"`, `run_vllm_rows`): the same prompts and lengths served by
+vLLM, plain and with the heads exported to its layout, in the interpreter of a vLLM environment
+(`PEAGLE_VLLM_PYTHON`); `vllm_runner.py` runs there.  Their tokens per target pass come from vLLM's counters
+(`vllm:spec_decode_*`: new tokens / (new tokens - accepted drafts)); their time is not split.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +33,10 @@ from .generation.stats import PEagleGenerationStats
 
 METHODS = ("greedy", "peagle", "eagle3", "pld")
 HEAD_METHODS = ("peagle", "eagle3")
+VLLM_METHODS = ("vllm", "vllm-peagle", "vllm-eagle3")
+"""vLLM plain and vLLM with the P-EAGLE / EAGLE-3 head (its vLLM export), when a vLLM environment is set."""
+VLLM_PYTHON_ENV = "PEAGLE_VLLM_PYTHON"
+"""The environment variable naming the Python interpreter of a vLLM environment."""
 AUTO = "-auto"
 """Suffix of a head's rows run with its default drafting rule (cost-aware unless the head sets a cut), e.g.
 `"peagle-auto"`; the head's plain rows draft K every round (or with the cut the benchmark is given)."""
@@ -201,6 +213,7 @@ def run_benchmark(
                         "drafter_calls": first.drafter_calls,
                         "lossless": all(r.output == reference for r in runs),
                         "stats": first.stats.to_dict() if first.stats is not None else None,
+                        **({"output": first.output} if method == "greedy" else {}),  # vLLM rows compare
                     }
                 )
                 bar.update(1)
@@ -257,15 +270,22 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "min_prompt_speedup": min(per_prompt)
                 if (per_prompt := _prompt_speedups(rs, prompt_tps))
                 else None,
-                "ms_per_round_target": 1e3 * sum(r["target_seconds"] for r in rs) / max(1, rounds),
-                "ms_per_round_drafter": 1e3 * sum(r["drafter_seconds"] for r in rs) / max(1, rounds),
-                "ms_per_round_overhead": 1e3
-                * sum(r["seconds"] - r["target_seconds"] - r["drafter_seconds"] for r in rs)
-                / max(1, rounds),
+                **_time_split(rs, rounds),
                 "lossless": all(r["lossless"] for r in rs),
             }
         )
     return out
+
+
+def _time_split(rows: list[dict[str, Any]], rounds: int) -> dict[str, float | None]:
+    """ms per target pass in the target, the drafter and the rest; None where not measured (vLLM rows)."""
+    keys = ("ms_per_round_target", "ms_per_round_drafter", "ms_per_round_overhead")
+    if any(r.get("target_seconds") is None for r in rows):
+        return dict.fromkeys(keys)
+    target = sum(r["target_seconds"] for r in rows)
+    drafter = sum(r["drafter_seconds"] for r in rows)
+    total = sum(r["seconds"] for r in rows)
+    return dict(zip(keys, (1e3 * v / max(1, rounds) for v in (target, drafter, total - target - drafter))))
 
 
 def _prompt_speedups(rows: list[dict[str, Any]], greedy: dict[tuple[str, int], float]) -> list[float]:
@@ -288,10 +308,13 @@ def format_table(summary: list[dict[str, Any]]) -> str:
     for s in summary:
         sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
         low = f"{s['min_prompt_speedup']:.2f}x" if s.get("min_prompt_speedup") is not None else "-"
+        split = " | ".join(
+            "-" if s[k] is None else f"{s[k]:.0f}"
+            for k in ("ms_per_round_target", "ms_per_round_drafter", "ms_per_round_overhead")
+        )
         lines.append(
             f"| {s['dataset']} | {s['method']} | {s['k'] or '-'} | {s['tokens_per_target_pass']:.2f} | {s['tokens_per_s']:.1f} | {sp} | {low} | "
-            f"{s['ms_per_round_target']:.0f} | {s['ms_per_round_drafter']:.0f} | {s['ms_per_round_overhead']:.0f} | "
-            f"{'yes' if s['lossless'] else 'NO'} |"
+            f"{split} | {'yes' if s['lossless'] else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -310,7 +333,7 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
             (("speedup", "speedup over greedy"), ("tokens_per_target_pass", "new tokens per target pass"))
         ):
             ax = axes[row][col]
-            for i, m in enumerate(METHODS[1:]):
+            for i, m in enumerate((*METHODS[1:], *VLLM_METHODS)):
                 color = f"C{i}"
                 pts = sorted((s["k"], s[key]) for s in summary if s["dataset"] == ds and s["method"] == m)
                 if pts:
@@ -362,7 +385,10 @@ def machine_description() -> dict[str, Any]:
 
 
 def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
-    """`(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template."""
+    """`(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template (a
+    tokenizer without one, e.g. a base model's: the text as is)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer(text, return_tensors="pt").input_ids
     enc = tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
     )
@@ -382,16 +408,151 @@ def load_prompts(
     return {name: [chat_prompt_ids(tokenizer, t) for t in EVAL_SETS[name](limit)] for name in datasets}
 
 
-def check_methods(methods: Sequence[str]) -> None:
-    """Raise a `ValueError` naming unknown benchmark methods."""
-    unknown = sorted(set(methods) - set(METHODS))
+def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> None:
+    """Raise a `ValueError` naming unknown benchmark methods, or vLLM methods without a vLLM environment."""
+    known = (*METHODS, *VLLM_METHODS)
+    unknown = sorted(set(methods) - set(known))
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; expected some of {list(METHODS)}.")
+        raise ValueError(f"unknown methods {unknown}; expected some of {list(known)}.")
+    wanted = [m for m in methods if m in VLLM_METHODS]
+    if wanted and not vllm_python:
+        raise ValueError(
+            f"methods {wanted} need a vLLM environment: set {VLLM_PYTHON_ENV} (or --vllm-python) to its Python "
+            "interpreter (tests/interop/peer_env.sh builds one)."
+        )
+
+
+# ---------------------------------------------------------------------------------------------- vLLM rows
+VLLM_RUNNER = Path(__file__).with_name("vllm_runner.py")
+
+
+def run_vllm(python: str | os.PathLike, request: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
+    """Run `vllm_runner.py` (see its docstring for `request` and the result) in a vLLM environment's
+    interpreter `python`; raises `RuntimeError` with the end of its output when it fails."""
+    with tempfile.TemporaryDirectory(prefix="peagle-vllm-") as tmp:
+        req = Path(tmp) / "request.json"
+        req.write_text(json.dumps(request))
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU backend's default reserves far more
+        proc = subprocess.run(
+            [str(python), str(VLLM_RUNNER), str(req)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp,
+            timeout=timeout,
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise RuntimeError(f"{python} {VLLM_RUNNER.name} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def vllm_head_stats(counters: dict[str, Any], new_tokens: int, k: int, mode: str) -> PEagleGenerationStats:
+    """vLLM's counters of one request as `PEagleGenerationStats` (rounds = drafts; per-depth acceptance)."""
+    rounds, accepted = int(counters["num_drafts"]), int(counters["num_accepted_tokens"])
+    per_pos = list(counters["accepted_per_pos"]) + [0] * max(0, k - len(counters["accepted_per_pos"]))
+    return PEagleGenerationStats(
+        drafting_mode=mode,
+        num_speculative_tokens=k,
+        rounds=rounds,
+        draft_tokens=int(counters["num_draft_tokens"]),
+        accepted_tokens=accepted,
+        plain_steps=max(0, new_tokens - accepted - rounds),
+        generated_tokens=new_tokens,
+        accepted_per_depth=per_pos[:k],
+        drafted_per_depth=[rounds] * k,
+        draft_policy="fixed",
+    )
+
+
+def run_vllm_rows(
+    python: str | os.PathLike,
+    target: str | os.PathLike,
+    prompts: dict[str, Sequence[torch.Tensor]],
+    head_dirs: dict[str, str | os.PathLike],
+    ks: Sequence[int] = (3,),
+    max_new_tokens: int = 128,
+    repeats: int = 1,
+    methods: Sequence[str] = VLLM_METHODS,
+    dtype: str = "float32",
+    references: dict[tuple[str, int], list[int]] | None = None,
+) -> list[dict[str, Any]]:
+    """Benchmark rows (as `run_benchmark`'s) of vLLM on the same prompts: `"vllm"` plain, and `"vllm-<head>"` at
+    each K with the head exported to vLLM's layout in `head_dirs[<head>]` (`"peagle"`: parallel drafting).
+
+    Args:
+        python: the interpreter of a vLLM environment.
+        target: the target as vLLM loads it (a folder, or a Hub id).
+        references: (dataset, prompt index) -> transformers' greedy output; a vLLM row is lossless when it
+            equals vLLM's plain output (or, without a `"vllm"` row, this reference).
+    """
+    runs: list[dict[str, Any]] = []
+    if "vllm" in methods:
+        runs.append({"name": "vllm", "k": 0, "speculative_config": None})
+    for method in methods:
+        head = method.removeprefix("vllm-")
+        if method == "vllm" or head not in head_dirs:
+            continue
+        for k in ks:
+            spec: dict[str, Any] = {
+                "method": "eagle3",
+                "model": str(head_dirs[head]),
+                "num_speculative_tokens": k,
+            }
+            if head == "peagle":
+                spec["parallel_drafting"] = True
+            runs.append({"name": method, "k": k, "speculative_config": spec})
+    flat = [(ds, i, ids) for ds, plist in prompts.items() for i, ids in enumerate(plist)]
+    longest = max(int(ids.shape[-1]) for _, _, ids in flat) + max_new_tokens + max(ks) + 8
+    request = {
+        "target": str(target),
+        "dtype": dtype,
+        "prompts": [ids[0].tolist() for _, _, ids in flat],
+        "max_tokens": max_new_tokens,
+        "max_model_len": max(512, longest),
+        "repeats": repeats,
+        "runs": [{"name": r["name"], "speculative_config": r["speculative_config"]} for r in runs],
+    }
+    result = run_vllm(python, request)
+    plain = next((r["outputs"] for r in result["runs"] if r["name"] == "vllm"), None)
+    rows = []
+    for run, res in zip(runs, result["runs"]):
+        for j, (ds, i, _) in enumerate(flat):
+            out, new = res["outputs"][j], res["new_tokens"][j]
+            counters = res["counters"][j]
+            reference = plain[j] if plain is not None else (references or {}).get((ds, i))
+            stats = None
+            if run["k"]:
+                mode = "parallel" if run["name"] == "vllm-peagle" else "autoregressive"
+                stats = vllm_head_stats(counters, new, run["k"], mode)
+            rows.append(
+                {
+                    "dataset": ds,
+                    "prompt": i,
+                    "method": run["name"],
+                    "k": run["k"],
+                    "new_tokens": new,
+                    "seconds": res["seconds"][j],
+                    "target_passes": max(1, new - int(counters["num_accepted_tokens"])),
+                    "target_seconds": None,
+                    "drafter_seconds": None,
+                    "drafter_calls": int(counters["num_drafts"]),
+                    "lossless": reference is None or out == reference,
+                    "matches_transformers": (references or {}).get((ds, i)) == out if references else None,
+                    "stats": stats.to_dict() if stats is not None else None,
+                }
+            )
+    return rows
 
 
 __all__ = [
     "AUTO",
     "METHODS",
+    "VLLM_METHODS",
+    "run_vllm",
+    "run_vllm_rows",
     "check_methods",
     "load_prompts",
     "run_benchmark",

@@ -1,12 +1,13 @@
 """Configuration of a P-EAGLE drafter head.
 
-A head is a small Llama-style decoder (default 4 layers) that reads the hidden states of three layers
+A head is a small Llama-style decoder (2 layers by default, see `for_target`) that reads the hidden states of three layers
 of a *target* model and drafts K tokens for it.  Every Llama field keeps its meaning; the fields below
 add what a drafter needs to know about its target and about parallel drafting.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -44,6 +45,8 @@ class PEagleConfig(LlamaConfig):
     - `embed_from_target`: the token embeddings are the target's (not stored with the head); only the
       mask embedding is learned and stored (`mask_embedding`).
     - `target_model_name`: name or path of the target the head was trained for.
+    - `target_model_type`: transformers' `model_type` of the target (`"llama"`, `"gemma3_text"`, ...); export
+      checks it against the families the serving engine supports (`peagle.families`).
 
     Example:
 
@@ -54,6 +57,8 @@ class PEagleConfig(LlamaConfig):
     >>> cfg = PEagleConfig.for_target(target, num_hidden_layers=2)
     >>> cfg.eagle_aux_hidden_state_layer_ids
     [2, 4, 5]
+    >>> cfg.embed_from_target, cfg.target_model_type
+    (True, 'llama')
 
     ```
     """
@@ -74,6 +79,7 @@ class PEagleConfig(LlamaConfig):
     norm_before_residual: bool = False
     embed_from_target: bool = False
     target_model_name: str | None = None
+    target_model_type: str | None = None
 
     def __post_init__(self, **kwargs):
         if self.draft_vocab_size is None:
@@ -125,58 +131,32 @@ class PEagleConfig(LlamaConfig):
         return 3
 
     @classmethod
-    def for_target(cls, target_config: Any, **overrides: Any) -> PEagleConfig:
-        """Build a config that fits `target_config` (a Llama-family config, or a model holding one).
+    def for_target(cls, target: Any, **overrides: Any) -> PEagleConfig:
+        """A config sized for `target` (a model, or its config), by the rules of `peagle.families`.
 
-        Defaults: 4 layers; width, heads, kv heads, head_dim, intermediate size, RoPE, eps and vocab from
-        the target; aux layers `(2, L//2, L-3)` for an L-layer target (`(1, L//2, L-1)` when L < 8);
-        `mask_token_id = vocab_size - 1` (pass a reserved token of your tokenizer instead when it has one).
-        Every field can be overridden by keyword.
+        From the target: widths (hidden size, heads, kv heads, head_dim, intermediate size), vocabulary, layer
+        count and aux layers `(2, L//2, L-3)` (`(1, L//2, L-1)` when L < 8), the RoPE of its global-attention
+        layers, eps, token ids.  The drafter's own: SiLU, no biases, full attention, the target's embeddings shared
+        and frozen (`embed_from_target=True`), `DEFAULT_LAYERS` (2) layers, a draft vocabulary of at most 32k, and
+        at most 10% of the target's parameters (layers and draft vocabulary shrink to fit), K = min(7, K_train).
+        `mask_token_id` defaults to `vocab_size - 1` (pass a reserved token of your tokenizer instead when it has
+        one).  Every field can be overridden by keyword.  The sizes chosen and why are logged (logger
+        `peagle.families`, level INFO); `peagle.families.plan_head` returns them.  Raises `ValueError` naming the
+        family for targets that cannot work (encoder-decoder, stateful).
         """
-        tc = getattr(target_config, "config", target_config)
-        if hasattr(tc, "get_text_config"):
-            tc = tc.get_text_config()
-        missing = [
-            k
-            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-            if not hasattr(tc, k)
-        ]
-        if missing:
-            raise ValueError(
-                f"target config {type(tc).__name__} lacks {missing}; expected a Llama-family config."
-            )
-        num_layers = int(tc.num_hidden_layers)
-        heads = int(tc.num_attention_heads)
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
-        rope = getattr(tc, "rope_parameters", None)
-        if rope is not None and isinstance(rope, dict) and "rope_type" in rope:
-            rope = dict(rope)
-        else:
-            rope = {"rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10000.0))}
-        values: dict[str, Any] = {
-            "hidden_size": tc.hidden_size,
-            "intermediate_size": getattr(tc, "intermediate_size", 4 * tc.hidden_size),
-            "num_hidden_layers": 4,
-            "num_attention_heads": heads,
-            "num_key_value_heads": getattr(tc, "num_key_value_heads", None) or heads,
-            "head_dim": head_dim,
-            "hidden_act": getattr(tc, "hidden_act", "silu"),
-            "max_position_embeddings": getattr(tc, "max_position_embeddings", 8192),
-            "rms_norm_eps": getattr(tc, "rms_norm_eps", 1e-5),
-            "rope_parameters": rope,
-            "attention_bias": False,
-            "vocab_size": tc.vocab_size,
-            "target_hidden_size": tc.hidden_size,
-            "target_num_hidden_layers": num_layers,
-            "eagle_aux_hidden_state_layer_ids": default_aux_layer_ids(num_layers),
-            "target_model_name": getattr(tc, "_name_or_path", None) or None,
-            "tie_word_embeddings": False,
-            "bos_token_id": getattr(tc, "bos_token_id", None),
-            "eos_token_id": getattr(tc, "eos_token_id", None),
-            "pad_token_id": getattr(tc, "pad_token_id", None),
-        }
-        values.update(overrides)
-        return cls(**values)
+        try:  # peagle's own module, absent when this file runs as Hub remote code (nothing builds heads there)
+            from peagle.families import plan_head
+        except ImportError as err:
+            raise ImportError(
+                "PEagleConfig.for_target needs the peagle package (pip install peagle); loading a saved head "
+                "does not."
+            ) from err
+        plan = plan_head(target, overrides)
+        log = logging.getLogger("peagle.families")
+        chosen = not {"num_hidden_layers", "draft_vocab_size", "embed_from_target"} & set(overrides)
+        over = plan.head_parameters > plan.budget and chosen  # a default that cannot fit: say so loudly
+        log.log(logging.WARNING if over else logging.INFO, plan.describe())
+        return cls(**plan.values)
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

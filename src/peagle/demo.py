@@ -1,4 +1,4 @@
-"""`peagle demo`: the embedded SmolLM2 target with and without the shipped P-EAGLE head."""
+"""`peagle demo`: a target with and without a P-EAGLE head (default: the embedded SmolLM2 and the shipped head)."""
 
 from __future__ import annotations
 
@@ -18,20 +18,42 @@ def run_demo(
     confidence_threshold: float | None = None,
     dtype: str = "float32",
     head_dtype: str | None = "bfloat16",
+    target: str | None = None,
+    head: str | None = None,
 ) -> bool:
     """Generate for a few prompts with plain greedy decoding, with the head's default drafting rule (cost-aware
     unless a cut is given), and with K drafts every round; print equality, tokens/s and speedups side by side.
 
-    `dtype` is the target's; `head_dtype` the drafter's (None: the target's).  Returns True when every
-    speculative output equals the plain greedy output.
+    `dtype` is the target's; `head_dtype` the drafter's (None: the target's).  `target` is a folder or Hub id
+    (default: the embedded SmolLM2-135M-Instruct) and `head` a head folder in any layout peagle reads (default: the
+    shipped head, which only fits the default target).  Returns True when every speculative output equals the
+    plain greedy output.
     """
     from .bench import chat_prompt_ids, timed_generate
     from .generation.stats import PEagleGenerationStats
-    from .targets import load_default_drafter, load_default_target
+    from .modeling_peagle import PEagleDrafter
+    from .targets import load_default_drafter, load_target
 
-    print("loading the embedded SmolLM2-135M-Instruct target and the default P-EAGLE head ...")
-    target, tokenizer = load_default_target(dtype=getattr(torch, dtype))
-    head = load_default_drafter(target, dtype=getattr(torch, head_dtype or dtype))
+    default_target = target is None or target == "default"
+    if not default_target and head is None:
+        raise ValueError(
+            f"a demo with target {target} needs a head trained for it (`peagle train --target {target} -o HEAD`, "
+            "then --head HEAD); the shipped head fits only the embedded SmolLM2 target."
+        )
+    print(
+        f"loading the target ({'embedded SmolLM2-135M-Instruct' if default_target else target}) and the head ..."
+    )
+    target_model, tokenizer = load_target(
+        "default" if default_target else target, dtype=getattr(torch, dtype)
+    )
+    if tokenizer is None:
+        raise ValueError(f"the target {target} has no tokenizer; the demo needs one for its prompts.")
+    if head is None:
+        head = load_default_drafter(target_model, dtype=getattr(torch, head_dtype or dtype))
+    else:
+        drafter = PEagleDrafter.from_pretrained(head, dtype=getattr(torch, head_dtype or dtype))
+        head = drafter.attach_target(target_model).to(target_model.device).eval()
+    target = target_model
     k = num_speculative_tokens or head.config.num_speculative_tokens
     default_kw = {"assistant": head}
     if num_speculative_tokens is not None:

@@ -16,11 +16,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per run; the median is kept")
     p.add_argument("--datasets", default="mtbench,humaneval")
-    p.add_argument("--methods", default="greedy,peagle,eagle3,pld")
-    add_target_argument(p)
-    p.add_argument("--head", default=None, help="P-EAGLE head folder (default: the shipped head)")
     p.add_argument(
-        "--ar-head", default=None, help="autoregressive head folder (default: the shipped EAGLE-3 head)"
+        "--methods",
+        default="greedy,peagle,eagle3,pld",
+        help="comma-separated: greedy, peagle, eagle3, pld; with a vLLM environment also vllm, vllm-peagle, "
+        "vllm-eagle3 (vLLM plain / with the head's vLLM export, same prompts and lengths)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="Python interpreter of a vLLM environment, for the vllm* methods (default: $PEAGLE_VLLM_PYTHON)",
+    )
+    add_target_argument(p)
+    p.add_argument(
+        "--head", default=None, help="P-EAGLE head folder (default: the shipped head; needed with --target)"
+    )
+    p.add_argument(
+        "--ar-head",
+        default=None,
+        help="autoregressive head folder (default: the shipped EAGLE-3 head; with --target: none, rows skipped)",
     )
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="target dtype")
     add_head_dtype_argument(p)
@@ -59,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("peagle bench: --repeats and --max-new-tokens must be >= 1")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    import os
+
     import torch
 
     from ..bench import (
+        VLLM_PYTHON_ENV,
         check_methods,
         format_table,
         load_prompts,
@@ -74,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
     from ..modeling_peagle import PEagleDrafter
     from ..targets import default_drafter_path, load_target
 
+    vllm_python = args.vllm_python or os.environ.get(VLLM_PYTHON_ENV)
     try:
-        check_methods(methods)
+        check_methods(methods, vllm_python)
     except ValueError as err:
         raise SystemExit(f"peagle bench: {err}") from err
     unknown = [d for d in datasets if d not in EVAL_SETS]
@@ -87,11 +105,22 @@ def run(args: argparse.Namespace) -> int:
             f"peagle bench: the target {args.target} has no tokenizer (needed for the chat prompts)"
         )
     heads = {}
+    default_target = args.target in (None, "default")
     for method, path in (("peagle", args.head), ("eagle3", args.ar_head)):
-        if method in methods:
-            folder = path or default_drafter_path(method)
-            head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype))
+        if method not in methods:
+            continue
+        if path is None and not default_target:  # the shipped heads fit only the embedded target
+            if method == "peagle":
+                raise SystemExit(f"peagle bench: --target {args.target} needs --head (a head trained for it)")
+            print(f"peagle bench: no --ar-head for --target {args.target}: skipping the eagle3 rows")
+            methods.remove(method)
+            continue
+        folder = path or default_drafter_path(method)
+        head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype))
+        try:
             heads[method] = head.attach_target(target).eval()
+        except ValueError as err:
+            raise SystemExit(f"peagle bench: {folder} does not fit the target: {err}") from err
     prompts = load_prompts(tokenizer, datasets, args.limit)
     timed_generate(target, prompts[datasets[0]][0], 4)  # warm-up
     for head in heads.values():  # and the heads' cost models (measured once per machine, then cached)
@@ -107,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         confidence_threshold=args.confidence_threshold,
         default_rule=args.default_rule,
     )
+    if any(m.startswith("vllm") for m in methods):
+        results = _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks)
     results["machine"] = machine_description()
     results["command"] = "peagle bench " + " ".join(
         f"--{k.replace('_', '-')} {v}"
@@ -120,3 +151,45 @@ def run(args: argparse.Namespace) -> int:
     if not lossless:
         print("WARNING: some speculative outputs differ from plain greedy (see 'lossless' column)")
     return 0 if lossless else 1
+
+
+def _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks):
+    """The vllm* methods: export the heads to vLLM's layout, run vLLM on the same prompts, re-summarize."""
+    import tempfile
+
+    import torch
+
+    from ..bench import run_vllm_rows, summarize
+    from ..formats import export
+    from ..modeling_peagle import PEagleDrafter
+    from ..targets import default_drafter_path, default_target_path
+
+    target_spec = args.target or "default"
+    target_for_vllm = default_target_path() if target_spec == "default" else target_spec
+    references = {(r["dataset"], r["prompt"]): r["output"] for r in results["runs"] if r.get("output")}
+    with tempfile.TemporaryDirectory(prefix="peagle-bench-vllm-") as tmp:
+        head_dirs = {}
+        for method, path in (("peagle", args.head), ("eagle3", args.ar_head)):
+            if f"vllm-{method}" not in methods:
+                continue
+            if path is None and target_spec != "default":
+                raise SystemExit(
+                    f"peagle bench: vllm-{method} with --target {target_spec} needs --head / --ar-head"
+                )
+            head = PEagleDrafter.from_pretrained(path or default_drafter_path(method), dtype=torch.float32)
+            head_dirs[method] = export(head, f"{tmp}/{method}", layout="vllm", target_model=target)
+        rows = run_vllm_rows(
+            vllm_python,
+            target_for_vllm,
+            prompts,
+            head_dirs,
+            ks=ks,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            methods=[m for m in methods if m.startswith("vllm")],
+            dtype=args.dtype,
+            references=references or None,
+        )
+    results["runs"].extend(rows)
+    results["summary"] = summarize(results["runs"])
+    return results

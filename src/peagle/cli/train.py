@@ -38,10 +38,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
     head = p.add_argument_group("head")
     head.add_argument("--output", "-o", required=True, help="folder for the trained head")
     head.add_argument("--mode", default="parallel", choices=["parallel", "autoregressive"])
-    head.add_argument("--num-layers", type=int, default=2)
-    head.add_argument("--draft-vocab-size", type=int, default=None)
-    head.add_argument("--embed-from-target", action="store_true", help="freeze the target's embeddings")
+    head.add_argument(
+        "--num-layers",
+        type=int,
+        default=None,
+        help="drafter layers (default: 2, or 1 when 2 exceed 10%% of the target)",
+    )
+    head.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="LM-head rows (default: the smallest covering 99.5%% of the data's response tokens, within the size rule)",
+    )
+    head.add_argument(
+        "--embed-from-target",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share the target's frozen embeddings (default); --no-embed-from-target trains the head's own table",
+    )
     head.add_argument("--mask-token-id", type=int, default=None)
+    head.add_argument(
+        "--lm-head-init",
+        default="target",
+        choices=["target", "random"],
+        help="LM head from the target's rows of the draft vocabulary (default) or random",
+    )
     tr = p.add_argument_group("training")
     tr.add_argument(
         "--num-parallel-positions",
@@ -50,6 +71,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="K_train: parallel positions (depths) per anchor",
     )
     tr.add_argument("--cod-ratio", type=float, default=0.7)
+    tr.add_argument(
+        "--calibration-examples",
+        default="auto",
+        type=_calibration_count,
+        help="hold out the last N examples and fit the head's draft calibration (cost-aware drafting) on them "
+        "after training; 'auto' (default): min(32, 10%% of the examples), none below 40; 0: none",
+    )
     tr.add_argument("--cod-min-ratio", type=float, default=0.2)
     tr.add_argument("--partitions", type=int, default=1, help="sequence partitions per example")
     tr.add_argument("--max-length", type=int, default=2048)
@@ -90,10 +118,32 @@ def _is_default(spec: str | None) -> bool:
     return spec is None or spec == "default"
 
 
+def _calibration_count(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a count >= 0, got {value!r}")
+    return count
+
+
 def run(args: argparse.Namespace) -> int:
     if args.lora and args.base_head is None and not _is_default(args.target):
         raise ValueError("--lora with --target needs --base-head (the head to adapt).")
+    import logging
+
     import torch
+
+    # the head-size decisions (peagle.families) and the draft-vocabulary choice are logged at INFO: show them
+    log = logging.getLogger("peagle")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
     from ..training.prompts import load_prompts
     from ..training.recipe import format_summary, load_head_for_training, train_head, training_arguments
@@ -164,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
         drafting_mode=args.mode,
         embed_from_target=args.embed_from_target,
         mask_token_id=args.mask_token_id,
+        lm_head_init=args.lm_head_init,
         feature_cache=args.feature_cache,
+        calibration_examples=args.calibration_examples,
         training_args=training_args,
         resume_from_checkpoint=True if args.resume == "last" else args.resume,
         head=head,

