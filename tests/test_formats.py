@@ -525,8 +525,13 @@ def test_vllm_export_matches_vllm_loader(tmp_path):
     head, target = _tiny_head(draft_vocab_size=DRAFT_V, head_dim=32, attention_bias=True,
                               rope_parameters=dict(LLAMA3_ROPE, rope_theta=5e5))  # fmt: skip
     out = peagle.export(head, tmp_path / "vllm", layout="vllm", num_speculative_tokens=7)
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"][0] in VLLM_EAGLE3_ARCHITECTURES and config["model_type"] == "llama"
+    raw = json.loads((out / "config.json").read_text())
+    # vLLM's EAGLE config: the Llama fields under `model`, the drafter's at the top level (transformers has no
+    # "eagle" model type, so AutoModel cannot build a half-random LlamaModel from it)
+    assert raw["model_type"] == "eagle" and raw["method"] == "eagle3"
+    assert raw["model"]["model_type"] == "llama" and raw["model"]["architectures"] == raw["architectures"]
+    config = {**raw["model"], **{k: v for k, v in raw.items() if k != "model"}}
+    assert config["architectures"][0] in VLLM_EAGLE3_ARCHITECTURES
     assert config["ptd_token_id"] == config["pard_token"] == 127
     assert config["draft_vocab_size"] == DRAFT_V and config["target_hidden_size"] == H
     assert (
@@ -536,14 +541,9 @@ def test_vllm_export_matches_vllm_loader(tmp_path):
     )
     assert config["num_hidden_layers"] == 2 and config["head_dim"] == 32 and config["attention_bias"] is True
     assert config["rope_theta"] == 5e5 and config["rope_scaling"]["rope_type"] == "llama3"
-    # vLLM parses config.json with transformers' LlamaConfig and reads these attributes
-    llama = LlamaConfig.from_pretrained(out)
-    assert (llama.ptd_token_id, llama.pard_token, llama.draft_vocab_size, llama.head_dim) == (
-        127,
-        127,
-        DRAFT_V,
-        32,
-    )
+    # vLLM's EAGLEConfig builds the nested dict with transformers' AutoConfig.for_model (a LlamaConfig)
+    llama = LlamaConfig(**{k: v for k, v in raw["model"].items() if k != "model_type"})
+    assert llama.head_dim == 32 and llama.num_hidden_layers == 2
     assert llama.rope_parameters["rope_type"] == "llama3" and llama.rope_parameters["factor"] == 8.0
     tensors = load_file(out / "model.safetensors")
     assert any(n.startswith("midlayer.") for n in tensors) and not any(

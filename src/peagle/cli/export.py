@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+VERIFIER_CHOICES = ("local", "hub")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -19,6 +22,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "shares the target's embeddings or lacks embed_tokens / lm_head",
     )
     p.add_argument(
+        "--verifier",
+        default=None,
+        metavar="local|hub|NAME_OR_PATH",
+        help="where the speculators layout says the target lives (speculators_config.verifier.name_or_path): "
+        "'local' (the default with --target: the target's folder, so speculators loads the export offline), "
+        "'hub' (its Hub id, for publishing), or a folder / Hub id given as is",
+    )
+    p.add_argument(
         "--num-speculative-tokens", type=int, default=None, help="K to record (default: the head's)"
     )
     p.add_argument(
@@ -26,6 +37,51 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-shard-size", default="5GB")
     return p
+
+
+def target_locations(spec: str, target=None) -> tuple[str | None, str | None]:
+    """(Hub id, local folder) of a `--target` value: `default`, a folder, or a Hub id (its local folder: the Hub
+    cache's snapshot, when one is there).  Either may be None when unknown."""
+    if spec == "default":
+        from ..targets import DEFAULT_TARGET_NAME, default_target_path
+
+        return DEFAULT_TARGET_NAME, str(default_target_path().resolve())
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        name = getattr(getattr(target, "config", None), "_name_or_path", None)
+        hub = name if name and not Path(name).expanduser().is_dir() else None
+        return hub, str(path.resolve())
+    from huggingface_hub import snapshot_download
+
+    try:
+        local = snapshot_download(spec, local_files_only=True, allow_patterns=["*.json"])
+    except Exception:  # not in the Hub cache (or not a valid id): only the id is known
+        local = None
+    return spec, local
+
+
+def resolve_verifier(choice: str | None, target_spec: str | None, target=None) -> str | None:
+    """`--verifier` as recorded: `local` / `hub` resolved through `--target`, anything else as given; None (the
+    head's own target name) without either flag."""
+    if choice is not None and choice not in VERIFIER_CHOICES:
+        return choice
+    if target_spec is None:
+        if choice is not None:
+            raise SystemExit(f"peagle export: --verifier {choice} needs --target (the target to locate)")
+        return None
+    hub, local = target_locations(target_spec, target)
+    if (choice or "local") == "local":
+        if local is None:
+            raise SystemExit(
+                f"peagle export: no local folder known for --target {target_spec} (not in the Hub cache); "
+                "give --verifier hub, or --verifier with a folder"
+            )
+        return local
+    if hub is None:
+        raise SystemExit(
+            f"peagle export: no Hub id known for --target {target_spec}; give --verifier local or a Hub id"
+        )
+    return hub
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from ..targets import load_target
 
     target = load_target(args.target)[0] if args.target else None
+    verifier = resolve_verifier(args.verifier, args.target, target)
     head = load_head(args.head, target=target, allow_pickle=args.allow_pickle)
     out = export(
         head,
@@ -44,8 +101,12 @@ def run(args: argparse.Namespace) -> int:
         target_model=target,
         num_speculative_tokens=args.num_speculative_tokens,
         max_shard_size=args.max_shard_size,
+        verifier=verifier,
     )
     print(f"wrote the {args.layout} layout of {args.head} to {out}")
+    if args.layout == "speculators":
+        where = verifier or head.config.target_model_name
+        print(f"verifier (speculators_config.verifier.name_or_path): {where}")
     if args.layout == "vllm":
         spec = speculative_config(head, out, args.num_speculative_tokens)
         print(f"serve with: vllm serve <target> --speculative-config '{json.dumps(spec)}'")

@@ -16,7 +16,9 @@ A registry of layouts, one small module each, with `detect(config, tensor_names)
 one.  Each layout module cites the upstream sources its names were checked against; `llama` holds the
 Llama-style config fields the foreign layouts share.
 
-Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`.
+Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`, and (`auto`) the
+model types of the vLLM and speculators exports with `AutoConfig`/`AutoModel`, so that
+`AutoModel.from_pretrained(<export>)` returns a `PEagleDrafter` too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from ..modeling_peagle import PEagleDrafter
 from . import eagle3, speculators, vllm
 from . import peagle as native
+from .auto import register_auto_classes
 from .checks import check_native
 from .convert import build_head
 from .io import Checkpoint, TensorSource, read_checkpoint, read_tensors, resolve_folder, weight_files
@@ -55,8 +58,8 @@ class Layout:
             that peagle cannot read.
         to_peagle: `(checkpoint, tensors) -> (PEagleConfig kwargs, peagle tensor name -> TensorSource)`;
             None for peagle's own layout, which transformers loads as is.
-        from_peagle: `(head, out_dir, *, target_model, num_speculative_tokens, max_shard_size)`, writing
-            the layout; None if peagle does not write it.
+        from_peagle: `(head, out_dir, *, target_model, num_speculative_tokens, max_shard_size, verifier)`,
+            writing the layout; None if peagle does not write it.
         tensor_name: a peagle tensor name as the layout spells it (for error messages).
     """
 
@@ -182,6 +185,7 @@ def export(
     target_model: Any = None,
     num_speculative_tokens: int | None = None,
     max_shard_size: int | str = "5GB",
+    verifier: str | Path | None = None,
 ) -> Path:
     """Write `head` in a serving layout.
 
@@ -195,6 +199,9 @@ def export(
             for `embed_from_target` heads not yet attached (the vLLM and speculators layouts store the full
             embedding table, whose mask row holds the mask vector).
         num_speculative_tokens: K recorded in the config (default `config.num_speculative_tokens`).
+        verifier: where the speculators layout says the target lives (`speculators_config.verifier.name_or_path`):
+            a Hub id, or a local folder so that speculators loads the export offline (default: the head's
+            `target_model_name`).  The other layouts do not record it.
 
     Returns:
         `out_dir` as a `Path`.  Loading it back with `PEagleDrafter.from_pretrained` gives identical logits.
@@ -202,6 +209,11 @@ def export(
     writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
     if layout not in writers:
         raise ValueError(f"layout is {layout!r}; expected one of {tuple(writers)}.")
+    if layout != native.NAME and getattr(head.config, "peagle_fp8", None):
+        raise ValueError(
+            f"this head is FP8 (config.peagle_fp8); the {layout} layout has no FP8 form in peagle yet (docs/fp8.md "
+            "section 8): export `peagle.dequantize_head(head)` instead, or save it in peagle's layout."
+        )
     if target_model is not None:  # a head written next to a target it was not built for is refused
         head.check_target(target_model)
     out = Path(out_dir)
@@ -212,11 +224,13 @@ def export(
         target_model=target_model,
         num_speculative_tokens=num_speculative_tokens,
         max_shard_size=max_shard_size,
+        verifier=str(verifier) if verifier is not None else None,
     )
     return out
 
 
 PEagleDrafter.register_checkpoint_loader(load_head)
+register_auto_classes()
 
 __all__ = [
     "Checkpoint",

