@@ -221,3 +221,21 @@ def test_collect_rounds_records_every_round(target):
     assert len(rounds) == st.rounds and sum(a for _, a in rounds) == st.accepted_tokens
     assert all(len(c) <= 4 and all(0 <= x <= 1 for x in c) for c, _ in rounds)
     assert head.round_recorder is None
+
+
+def test_overconfident_calibration_is_corrected_by_the_rounds_verified():
+    """A calibration that promises 0.9 at every depth for drafts that are never accepted (a random head): the
+    rounds verified teach the rule otherwise, and it stops verifying drafts; with the promise taken at face value
+    it would verify drafts in every round. The output stays plain greedy's."""
+    target = make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+    curve = VerifyCostModel([1.0 + 0.2 * n for n in range(8)], drafter_seconds=0.01)
+    head = _cost_head(target, model=curve)
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.9, 0.9]]}
+    ids = prompt_ids(6, 6)
+    out = greedy(target, ids, max_new_tokens=80, assistant_model=head, num_assistant_tokens=4)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=80))
+    st = head.last_generation_stats
+    assert st.accepted_tokens <= 2  # a random head: drafts (almost) never accepted
+    # about ten rejections outweigh the promise; every round would verify drafts without the correction
+    assert st.rounds < 30 and st.declined_rounds + st.skipped_drafter_rounds > 45
+    assert choose_num_drafts([0.9] * 4, curve.curve(5), 0.01) == 4  # what the uncorrected promise would pick

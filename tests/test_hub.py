@@ -365,3 +365,21 @@ def test_custom_generate_cost_rule(tmp_path, mode):
     head.cost_model = VerifyCostModel([1.0] + [100.0] * 7)
     got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=12, num_speculative_tokens=3)
     assert torch.equal(got, expected) and head.last_generation_stats.rounds == 0
+
+
+def test_custom_generate_cost_rule_learns_from_the_rounds_it_verifies(tmp_path):
+    """The recipe corrects an overconfident calibration with the rounds it verified, like generate(): a random
+    head promised 0.9 per draft stops being verified after about ten rejections (every round without it)."""
+    from peagle.generation.cost import VerifyCostModel
+
+    target = make_target(eos_token_id=None)
+    head = make_head(target, confidence_threshold=None)
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.9, 0.9]]}
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    ids = torch.randint(3, 120, (1, 6), generator=torch.Generator().manual_seed(6))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=60)
+    head.cost_model = VerifyCostModel([1.0 + 0.2 * n for n in range(8)], drafter_seconds=0.01)
+    got = recipe.generate(target, ids, peagle_head=head, max_new_tokens=60, num_speculative_tokens=4)
+    assert torch.equal(got, expected)
+    stats = head.last_generation_stats
+    assert stats.accepted_tokens <= 2 and stats.rounds < 25

@@ -24,7 +24,14 @@ from transformers.utils import ModelOutput, logging
 
 from ..configuration_peagle import default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
-from .cost import best_rate, calibrated_probabilities, choose_num_drafts, cost_model_for, expected_tokens
+from .cost import (
+    AcceptanceCorrection,
+    best_rate,
+    calibrated_probabilities,
+    choose_num_drafts,
+    cost_model_for,
+    expected_tokens,
+)
 from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)
@@ -178,6 +185,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self._round: dict[str, Any] | None = None  # prediction of the round under verification
         self._pays: float | None = None  # running ratio of drafting's expected rate to a plain step's
         self._confidences: list[float] = []  # the head's confidence in each draft of the last round
+        self._correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
         self._start = time.perf_counter()
         k = self.num_speculative_tokens
         self.stats = PEagleGenerationStats(
@@ -269,12 +277,17 @@ class PEagleCandidateGenerator(CandidateGenerator):
     def _one_more_pass_pays(self, confidences: list[float]) -> bool:
         """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,
         assuming the next draft is as likely to be accepted as the last one."""
-        probs = calibrated_probabilities(self.calibration, confidences)
+        probs = self._probabilities(confidences)
         curve = self.cost.curve(len(probs) + 2)
         spent = self.cost.drafter_seconds + self.cost.drafter_step_seconds * (len(probs) - 1)
         # one more pass only raises the best rate if the rule would verify the extra draft as well
         more = best_rate(probs + probs[-1:], curve, spent + self.cost.drafter_step_seconds)
         return more > best_rate(probs, curve, spent)
+
+    def _probabilities(self, confidences: list[float]) -> list[float]:
+        """Acceptance probabilities of a round's drafts: the head's calibration, corrected by the rounds this
+        generation verified so far."""
+        return self._correction.apply(calibrated_probabilities(self.calibration, confidences))
 
     # ------------------------------------------------------------------ one round
     def _observe_verify(self, now: float) -> None:
@@ -297,12 +310,13 @@ class PEagleCandidateGenerator(CandidateGenerator):
     def _choose(self, confidences: list[float], drafter_seconds: float, steps: int) -> int:
         """Cost rule: how many of the round's drafts to verify (and whether the next rounds skip the drafter)."""
         self.cost.observe_drafter(drafter_seconds, steps)
-        probs = calibrated_probabilities(self.calibration, confidences)
+        probs = self._probabilities(confidences)
         curve = self.cost.curve(len(probs) + 1)
         k = choose_num_drafts(probs, curve, self.cost.drafter_seconds)
         predicted = expected_tokens(probs, k)
         self.stats.chosen_k_histogram[k] += 1
         self._round = {
+            "probs": probs[:k],
             "tokens": predicted,
             "seconds": curve[k] + drafter_seconds,
             "drafter_seconds": drafter_seconds,
@@ -410,6 +424,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
             if self._round is not None:
                 stats.predicted_tokens += self._round["tokens"]
                 stats.realised_tokens += matches + 1
+                self._correction.observe(self._round["probs"], matches)
         else:
             stats.plain_steps += 1
             self._round = None

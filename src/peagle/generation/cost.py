@@ -123,6 +123,44 @@ def calibrated_probabilities(calibration: dict[str, Any] | None, confidences: Se
     return [calibrated_probability(calibration, d, c) for d, c in enumerate(confidences)]
 
 
+@dataclass
+class AcceptanceCorrection:
+    """Per-depth correction of the calibrated probabilities from the rounds one generation has verified.
+
+    The calibration describes the head on its calibration text; the prompt at hand may be easier (code) or
+    harder, and the rule verifies deep drafts exactly when their predicted probabilities are high, where any
+    calibration error counts most.  Each verified round tells, for every depth up to the first rejection, the
+    predicted probability and whether the draft was accepted; depth d's probabilities are multiplied by
+    ``(accepted_d + prior) / (predicted_d + prior)`` (1 until evidence accumulates; capped at 1 overall).
+
+    >>> c = AcceptanceCorrection(prior=1.0)
+    >>> c.observe([0.8, 0.5], accepted=0)  # the first draft was rejected
+    >>> [round(p, 4) for p in c.apply([0.8, 0.5])]
+    [0.4444, 0.5]
+    """
+
+    prior: float = 2.0
+    predicted: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def factor(self, depth: int) -> float:
+        if depth >= len(self.predicted):
+            return 1.0
+        return (self.accepted[depth] + self.prior) / (self.predicted[depth] + self.prior)
+
+    def apply(self, probs: Sequence[float]) -> list[float]:
+        return [min(1.0, p * self.factor(d)) for d, p in enumerate(probs)]
+
+    def observe(self, probs: Sequence[float], accepted: int) -> None:
+        """One verified round: `probs` of the drafts it verified (as predicted), `accepted` of them kept."""
+        for d in range(min(len(probs), accepted + 1)):  # depths past the first rejection were not tested
+            while d >= len(self.predicted):
+                self.predicted.append(0.0)
+                self.accepted.append(0.0)
+            self.predicted[d] += float(probs[d])
+            self.accepted[d] += 1.0 if d < accepted else 0.0
+
+
 # ---------------------------------------------------------------------------------------------- cost model
 @dataclass
 class VerifyCostModel:
@@ -408,6 +446,7 @@ def forget_cost_models() -> None:
 
 
 __all__ = [
+    "AcceptanceCorrection",
     "VerifyCostModel",
     "calibrated_probabilities",
     "calibrated_probability",

@@ -137,21 +137,40 @@ def _draft(head, tokens, feats, cache, k, cut=0.0, choose=None):
     return drafts, round_.speculative_slots
 
 
+class _CostRule:
+    """peagle's cost-aware choice of how many drafts to verify: `rule(confidences) -> k`, and `rule.observe(n)`
+    after verification (n drafts accepted) so the head's calibration is corrected by the rounds this generation
+    verified, as in peagle's generate()."""
+
+    def __init__(self, model, head, k, cost_mod):
+        self.cost_mod = cost_mod
+        self.cost = cost_mod.cost_model_for(model, head, k + 1)
+        self.calibration = getattr(head.config, "draft_calibration", None)
+        correction = getattr(cost_mod, "AcceptanceCorrection", None)  # older peagle: none
+        self.correction = correction() if correction is not None else None
+        self.verified = []
+
+    def __call__(self, confidences):
+        probs = self.cost_mod.calibrated_probabilities(self.calibration, confidences)
+        if self.correction is not None:
+            probs = self.correction.apply(probs)
+        k = self.cost_mod.choose_num_drafts(probs, self.cost.curve(len(probs) + 1), self.cost.drafter_seconds)
+        self.verified = probs[:k]
+        return k
+
+    def observe(self, accepted):
+        if self.correction is not None and self.verified:
+            self.correction.observe(self.verified, accepted)
+
+
 def _cost_rule(model, head, k):
-    """peagle's cost-aware choice of how many drafts to verify (`confidences -> k`), or None without peagle."""
+    """peagle's cost-aware rule (a `_CostRule`), or None without peagle."""
     try:
-        from peagle.generation.cost import calibrated_probabilities, choose_num_drafts, cost_model_for
+        from peagle.generation import cost as cost_mod
     except ImportError:
         logger.warning("custom_generate: cost-aware drafting needs peagle installed; drafting K every round.")
         return None
-    cost = cost_model_for(model, head, k + 1)
-    calibration = getattr(head.config, "draft_calibration", None)
-
-    def choose(confidences):
-        probs = calibrated_probabilities(calibration, confidences)
-        return choose_num_drafts(probs, cost.curve(len(probs) + 1), cost.drafter_seconds)
-
-    return choose
+    return _CostRule(model, head, k, cost_mod)
 
 
 @torch.no_grad()
@@ -177,6 +196,8 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose=None):
         )
         choice = out.logits.argmax(-1)  # (1, m + 1)
         n = int((drafts == choice[:, :m]).int().cumprod(dim=-1).sum())
+        if choose is not None and m:
+            choose.observe(n)
         tokens = torch.cat([drafts[:, :n], choice[:, n : n + 1]], dim=1)
         _drop(cache, m - n)  # the rejected drafts
         feats = _features(out.hidden_states, layer_ids)[:, : n + 1]
