@@ -16,7 +16,17 @@ from transformers import AutoModelForCausalLM
 
 from helpers import Oracle, make_args, make_target, random_examples
 from peagle import PEagleConfig, PEagleDrafter, export, families
-from peagle.families import FAMILIES, HEAD_BUDGET, VOCAB_CAP, head_parameters, plan_head
+from peagle.families import (
+    FAMILIES,
+    HEAD_BUDGET,
+    ROUND_BUDGET,
+    SLOT_COST,
+    VOCAB_CAP,
+    head_parameters,
+    plan_head,
+    round_cost,
+    target_step_cost,
+)
 from peagle.training import PEagleTrainer, build_head
 
 WINDOW = 8  # sliding window of the tiny targets that have one: generation runs past it, so rollbacks cross it
@@ -240,9 +250,33 @@ def test_save_load_and_vllm_export(family, target, tmp_path):
         back = PEagleDrafter.from_pretrained(out, target_model=target)
         torch.testing.assert_close(back(ids, feats).logits, ref)
     else:
-        with pytest.raises(ValueError, match=rf"{re.escape(FAMILIES[family].name)}.*EAGLE3 interface"):
-            export(head, tmp_path / "vllm", layout="vllm", target_model=target)
-        assert not (tmp_path / "vllm" / "config.json").exists()
+        for layout in ("vllm", "speculators"):  # both go through vLLM's EAGLE-3 path
+            with pytest.raises(
+                ValueError, match=rf"{layout} layout.*{re.escape(FAMILIES[family].name)}.*EAGLE3"
+            ):
+                export(head, tmp_path / layout, layout=layout, target_model=target)
+            assert not (tmp_path / layout).exists(), "a refused export creates no folder"
+            with pytest.raises(ValueError, match="EAGLE3 interface"):  # the family recorded by for_target
+                export(head, tmp_path / layout, layout=layout)
+            assert not (tmp_path / layout).exists()
+        assert export(head, tmp_path / "own", layout="peagle").is_dir()  # transformers serves every family
+
+
+def test_head_refuses_a_target_of_another_family(tmp_path):
+    """A Llama head fits a same-shaped Qwen3 target in every width, but not in family."""
+    llama, qwen3 = _target("llama"), _target("qwen3")
+    head = new_head(llama)
+    with pytest.raises(ValueError, match=r"model_type 'llama'.*model_type is 'qwen3'"):
+        head.attach_target(qwen3)
+    with pytest.raises(ValueError, match="'qwen3'"):
+        export(head, tmp_path / "out", layout="peagle", target_model=qwen3)
+    assert not (tmp_path / "out").exists()
+    head.attach_target(llama)  # its own family passes
+    head.config.target_model_type = None  # heads of older peagle versions record none: the check is skipped
+    head.save_pretrained(tmp_path / "old")
+    assert (
+        PEagleDrafter.from_pretrained(tmp_path / "old", target_model=llama).config.target_model_type is None
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the size rule
@@ -265,13 +299,80 @@ def test_default_head_for_a_262k_vocabulary_target_is_small():
     assert plan.head_parameters <= 0.15 * plan.target_parameters
     assert plan.head_parameters <= HEAD_BUDGET * plan.target_parameters
     cfg = PEagleConfig.for_target(gemma3_270m_config())
-    assert cfg.embed_from_target and cfg.draft_vocab_size <= VOCAB_CAP and cfg.num_hidden_layers == 2
+    assert cfg.embed_from_target and cfg.draft_vocab_size <= VOCAB_CAP and cfg.num_hidden_layers == 1
     with torch.device("meta"):  # the head's real parameter count, without allocating 262k embedding rows
         head = PEagleDrafter(cfg)
     own = sum(p.numel() for n, p in head.named_parameters() if n != "embed_tokens.weight")
     assert own == plan.head_parameters == head_parameters(cfg.to_dict())
+    # and a drafting round costs at most 20% of a target step (modeled)
+    assert plan.round_fraction <= ROUND_BUDGET
     # a drafting pass reads the head's weights once and a target step the target's: a small fraction
     assert own / plan.target_parameters < 0.15
+
+
+def smollm2_135m_config():
+    return transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
+    )  # fmt: skip
+
+
+def test_round_and_step_costs():
+    cfg = PEagleConfig.for_target(target_config("llama"), num_hidden_layers=2, draft_vocab_size=100)
+    values = cfg.to_dict()
+    k, h = cfg.num_speculative_tokens, cfg.hidden_size
+    lm = 100 * h
+    layers = head_parameters(values) - lm - h  # fc, mask_hidden, layers, norms (not the mask embedding)
+    expected = layers * (1 + SLOT_COST * (2 + k - 2)) + lm * (1 + SLOT_COST * (k - 1))
+    assert round_cost(values) == pytest.approx(expected)
+    auto = {**values, "drafting_mode": "autoregressive"}
+    assert round_cost(auto) == pytest.approx(layers * (1 + SLOT_COST + k - 1) + lm * k)
+    # a target step multiplies every weight once: not the untied input table, the tied one as its LM head
+    untied = _target("llama")
+    emb = untied.get_input_embeddings().weight.numel()
+    assert target_step_cost(untied, untied) == sum(p.numel() for p in untied.parameters()) - emb
+    tied = AutoModelForCausalLM.from_config(target_config("gemma3_text"))
+    assert target_step_cost(tied, tied) == sum(p.numel() for p in tied.parameters())
+    moe = _target("qwen3_moe")  # 2 of 4 experts active: half the expert weights
+    experts = sum(p.numel() for n, p in moe.named_parameters() if ".experts." in n)
+    dense = sum(p.numel() for p in moe.parameters()) - moe.get_input_embeddings().weight.numel()
+    assert target_step_cost(moe, moe) == pytest.approx(dense - experts / 2)
+
+
+def gemma3_shape(layers: int):
+    """The Gemma-3-270M shape with another depth (every sixth layer global)."""
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * (layers // 6 + 1)
+    return transformers.Gemma3TextConfig(
+        **{**gemma3_270m_config().to_dict(), "num_hidden_layers": layers, "layer_types": types[:layers]}
+    )
+
+
+def test_round_budget_keeps_the_vocabulary_then_the_layers(caplog):
+    gemma = plan_head(
+        gemma3_270m_config()
+    )  # 2 layers at 8 slots leave < 8k ids: a layer goes, not the vocabulary
+    assert gemma.values["num_hidden_layers"] == 1 and gemma.round_fraction <= ROUND_BUDGET
+    assert gemma.vocab_range[0] == 8192 <= gemma.values["draft_vocab_size"] < 20480
+    assert any("a layer is dropped before the vocabulary" in n for n in gemma.notes) and not gemma.over_budget
+    old = plan_head(
+        gemma3_270m_config(), {"num_hidden_layers": 2, "draft_vocab_size": 20480}
+    )  # before this rule
+    assert old.round_fraction > ROUND_BUDGET and any("over the round budget" in n for n in old.notes)
+    deep = plan_head(gemma3_shape(36))  # a deeper target's step affords two layers and more than the floor
+    assert deep.values["num_hidden_layers"] == 2 and deep.vocab_range[1] > 8192 and not deep.over_budget
+    wants = plan_head(gemma3_shape(36), needed_vocab=20000)  # data needing 20k ids: a layer goes first
+    assert wants.values["num_hidden_layers"] == 1 and wants.vocab_range[1] >= 20000 and not wants.over_budget
+    given = PEagleConfig.for_target(gemma3_shape(36), draft_vocab_size=20480)  # build_head's second call
+    assert given.num_hidden_layers == 1
+    smol = plan_head(smollm2_135m_config())  # narrow: one layer and the 8k floor already cost 22% (modeled)
+    assert smol.values["num_hidden_layers"] == 1 and smol.vocab_range == (8192, 8192)
+    assert smol.head_parameters <= smol.budget and ROUND_BUDGET < smol.round_fraction < 0.25
+    assert any("the vocabulary floor is kept" in n for n in smol.notes)
+    with caplog.at_level("INFO", logger="peagle.families"):
+        PEagleConfig.for_target(smollm2_135m_config())
+    assert [r.levelname for r in caplog.records] == ["INFO"]  # a deliberate rule, not a warning
+    shipped = plan_head(smollm2_135m_config(), {"num_hidden_layers": 2, "draft_vocab_size": 8192})
+    assert shipped.values["num_hidden_layers"] == 2 and shipped.over_budget  # kept as given, said so
 
 
 def test_budget_shrinks_vocabulary_then_layers():

@@ -103,16 +103,3 @@ def test_cli_verifier_choices(tmp_path):
     with pytest.raises(SystemExit, match="no local folder known"):
         resolve_verifier("local", "org/not-cached-anywhere")
     assert resolve_verifier("hub", "org/not-cached-anywhere") == "org/not-cached-anywhere"
-
-
-@pytest.mark.parametrize("layout", ["vllm", "speculators"])
-def test_fp8_heads_are_not_exported_to_foreign_layouts(tmp_path, layout):
-    """Their FP8 tensors would land without a quantization_config, which the peers would read as plain weights."""
-    from peagle.fp8 import dequantize_head, quantize_head
-
-    head, _ = _head()
-    fp8 = quantize_head(head, granularity="row")
-    with pytest.raises(ValueError, match="FP8.*dequantize_head"):
-        peagle.export(fp8, tmp_path / layout, layout=layout)
-    out = peagle.export(dequantize_head(fp8), tmp_path / layout, layout=layout)
-    assert peagle.load_head(out).config.drafting_mode == "parallel"

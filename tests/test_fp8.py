@@ -294,7 +294,7 @@ def test_quantized_head_forward_is_close(tiny_target, granularity):
 
 @pytest.mark.parametrize(
     "granularity,block,lm_head",
-    [("row", None, False), ("block", (32, 32), True), ("block", (128, 128), False)],
+    [("row", None, False), ("block", (32, 32), True), ("block", (32, 64), False)],
 )
 def test_save_and_load_round_trip(tiny_target, tmp_path, granularity, block, lm_head):
     head = make_head(tiny_target)
@@ -302,8 +302,12 @@ def test_save_and_load_round_trip(tiny_target, tmp_path, granularity, block, lm_
     fp8.set_fp8_fallback(head, "dequantize")
     head.save_pretrained(tmp_path)
 
-    record = json.loads((tmp_path / "config.json").read_text())["peagle_fp8"]
-    assert record == head.config.peagle_fp8
+    saved = json.loads((tmp_path / "config.json").read_text())
+    record = head.config.peagle_fp8
+    assert "peagle_fp8" not in saved and not (tmp_path / "fp8.py").exists()  # the ecosystem's format only
+    dense = ["lm_head"] if not lm_head else []
+    assert saved["quantization_config"] == fp8.quantization_config(record, dense)
+    assert saved["auto_map"]["AutoModel"] == "modeling_peagle.PEagleDrafter"
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
         for name in record["modules"]:
@@ -318,7 +322,10 @@ def test_save_and_load_round_trip(tiny_target, tmp_path, granularity, block, lm_
         AutoModel.from_pretrained(tmp_path),
     ):
         mods, orig = fp8.fp8_modules(loaded), fp8.fp8_modules(head)
-        assert set(mods) == set(orig)
+        assert set(mods) == set(orig) and loaded.config.peagle_fp8["modules"] == record["modules"]
+        assert not hasattr(
+            loaded.config, "quantization_config"
+        )  # peagle's layers, not transformers' quantizer
         for name, m in mods.items():
             assert m.weight.dtype == torch.float8_e4m3fn and m.weight_scale.dtype == torch.float32
             assert m.block_size == orig[name].block_size
@@ -458,35 +465,6 @@ def test_gpu_quantized_head_drafts_losslessly(granularity):
     assert not fp8.linear._WARNED  # no fallback ran: the drafts came from the FP8 kernels
 
 
-_REMOTE_CODE_WITHOUT_PEAGLE = """
-import importlib.abc, sys
-
-class _BlockPeagle(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "peagle" or name.startswith("peagle."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
-        return None
-
-sys.meta_path.insert(0, _BlockPeagle())
-import torch
-from transformers import AutoModel
-
-torch.set_num_threads(1)  # the reference logits were computed with the suite's single thread
-
-folder, ref_file = sys.argv[1:3]
-ref = torch.load(ref_file)
-head = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-assert type(head).__module__.startswith("transformers_modules"), type(head).__module__
-fp8_layers = [m for m in head.modules() if type(m).__name__ == "FP8Linear"]
-assert len(fp8_layers) == 15 and fp8_layers[0].weight.dtype == torch.float8_e4m3fn
-with torch.no_grad():
-    logits = head(ref["ids"], target_hidden_states=ref["feats"]).logits
-assert torch.equal(logits, ref["logits"])
-assert "peagle" not in sys.modules
-print("OK")
-"""
-
-
 _LAZY_FP8 = """
 import sys
 
@@ -520,26 +498,189 @@ def test_head_without_fp8_builder_is_refused(tiny_head, monkeypatch):
         peagle.PEagleDrafter(tiny_head.config)
 
 
+# ---------------------------------------------------------------------------------------------- checkpoint format
+def _fp8_head(target, granularity="row", block=None):
+    head = make_head(target)
+    return fp8.quantize_head(head, granularity, block or fp8.DEFAULT_BLOCK_SIZE, fallback="dequantize")
+
+
+def _same_fp8_layers(loaded, head):
+    mods, orig = fp8.fp8_modules(loaded), fp8.fp8_modules(head)
+    assert set(mods) == set(orig) and mods
+    for name, m in mods.items():
+        assert m.block_size == orig[name].block_size, name
+        assert torch.equal(m.weight.view(torch.uint8), orig[name].weight.view(torch.uint8)), name
+        assert torch.equal(m.weight_scale, orig[name].weight_scale), name
+
+
+def test_heads_in_the_earlier_peagle_layout_still_load(tiny_target, tmp_path):
+    """Heads saved before the compressed-tensors format: `peagle_fp8` in config.json, no quantization_config."""
+    head = _fp8_head(tiny_target, "block", (32, 32))
+    head.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["quantization_config"]
+    config["peagle_fp8"] = head.config.peagle_fp8
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = peagle.PEagleDrafter.from_pretrained(tmp_path)
+    _same_fp8_layers(loaded, head)
+    assert loaded.config.peagle_fp8 == head.config.peagle_fp8
+
+
+@pytest.mark.parametrize("granularity,block", [("row", None), ("block", [32, 64])])
+def test_quantization_config_is_read_back_as_the_record(granularity, block):
+    record = {"granularity": granularity, "block_size": block}
+    qc = fp8.quantization_config(record, ["lm_head", "layers.1.mlp.down_proj"])
+    group = qc["config_groups"]["group_0"]
+    assert (qc["quant_method"], qc["format"], group["targets"]) == (
+        "compressed-tensors",
+        "float-quantized",
+        ["Linear"],
+    )
+    assert group["weights"]["strategy"] == ("channel" if block is None else "block")
+    assert group["input_activations"]["dynamic"] is True
+    back = fp8.fp8_record(qc, {"layers.1.mlp.down_proj": "renamed"})
+    assert (back["granularity"], back["block_size"]) == (granularity, block)
+    assert back["ignore"] == ["lm_head", "renamed"] and back["targets"] == ["Linear"]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda qc: qc["config_groups"].update(group_1={}), "2 config groups"),
+        (lambda qc: qc["config_groups"]["group_0"]["weights"].update(type="int"), "weights are 'int' 8-bit"),
+        (lambda qc: qc["config_groups"]["group_0"]["weights"].update(strategy="tensor"), "strategy 'tensor'"),
+        (
+            lambda qc: qc["config_groups"]["group_0"]["input_activations"].update(dynamic=False),
+            "input_activations",
+        ),
+        (
+            lambda qc: qc["config_groups"]["group_0"].update(format="pack-quantized"),
+            "format 'pack-quantized'",
+        ),
+    ],
+)
+def test_other_compressed_tensors_schemes_are_refused_by_field(tiny_target, tmp_path, change, message):
+    head = _fp8_head(tiny_target)
+    head.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    change(config["quantization_config"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"config\.json: quantization_config .*{message}"):
+        peagle.PEagleDrafter.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="quant_method 'fp8'"):  # transformers' own method: not this reader's
+        fp8.fp8_record({**config["quantization_config"], "quant_method": "fp8"})
+
+
+def test_ignore_patterns_keep_layers_dense(tiny_head):
+    """llm-compressor writes `re:` patterns in `ignore`; every other linear layer is FP8 (`targets: Linear`)."""
+    config = tiny_head.config
+    config.peagle_fp8 = fp8.fp8_record(
+        fp8.quantization_config({"granularity": "row"}, ["re:.*lm_head", r"re:layers\.1\..*", "fc"])
+    )
+    head = peagle.PEagleDrafter(config)
+    names = sorted(fp8.fp8_modules(head))
+    assert names == [f"layers.0.{n}" for n in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj")] + [
+        f"layers.0.self_attn.{n}_proj" for n in "koqv"
+    ]
+    assert head.config.peagle_fp8["modules"] == names and "ignore" not in head.config.peagle_fp8
+
+
+@pytest.mark.parametrize("layout,layer0", [("vllm", "midlayer."), ("speculators", "layers.0.")])
+def test_fp8_heads_export_with_their_quantization_config(tiny_target, tmp_path, layout, layer0):
+    """vLLM and speculators exports carry the FP8 tensors and the compressed-tensors config vLLM reads."""
+    head = _fp8_head(tiny_target)
+    out = peagle.export(head, tmp_path / layout, layout=layout, target_model=tiny_target)
+    config = json.loads((out / "config.json").read_text())
+    dense = ["lm_head"] + (["verifier_lm_head"] if layout == "speculators" else [])
+    assert config["quantization_config"] == fp8.quantization_config(head.config.peagle_fp8, dense)
+    assert "peagle_fp8" not in config and config["torch_dtype"] == "float32"  # not the e4m3 storage dtype
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_slice(f"{layer0}self_attn.q_proj.weight").get_dtype() == "F8_E4M3"
+        assert f.get_slice(f"{layer0}self_attn.q_proj.weight_scale").get_dtype() == "F32"
+        assert f.get_slice("lm_head.weight").get_dtype() == "F32"
+    loaded = fp8.set_fp8_fallback(peagle.load_head(out), "dequantize")
+    _same_fp8_layers(loaded, head)
+    ids, feats = _inputs(head)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(
+            loaded(ids, target_hidden_states=feats).logits, head(ids, target_hidden_states=feats).logits
+        )
+
+
+_TRANSFORMERS_LOAD_WITHOUT_PEAGLE = """
+import importlib.abc, sys
+
+class _BlockPeagle(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "peagle" or name.startswith("peagle."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
+        return None
+
+sys.meta_path.insert(0, _BlockPeagle())
+import torch
+from transformers import AutoModel, CompressedTensorsConfig
+
+torch.set_num_threads(1)  # the reference logits were computed with the suite's single thread
+folder, ref_file = sys.argv[1:3]
+ref = torch.load(ref_file)
+dense = CompressedTensorsConfig(dequantize=True)
+for name, kwargs in (("dequantized", {"quantization_config": dense}), ("compressed", {})):
+    head = AutoModel.from_pretrained(folder, trust_remote_code=True, **kwargs).eval()
+    assert type(head).__module__.startswith("transformers_modules"), type(head).__module__
+    for layer, weight in ref["weights"].items():
+        got = head.get_submodule(layer).weight
+        if name == "dequantized":
+            assert got.dtype == torch.float32 and torch.equal(got, weight), layer
+        else:  # kept in e4m3 with its scale; compressed-tensors quantizes activations on the fly
+            assert got.dtype == torch.float8_e4m3fn and hasattr(head.get_submodule(layer), "weight_scale"), layer
+    with torch.no_grad():
+        logits = head(ref["ids"], target_hidden_states=ref["feats"]).logits
+    torch.testing.assert_close(logits, ref[name], rtol=1e-4, atol=1e-5)
+assert "peagle" not in sys.modules
+print("OK")
+"""
+
+
 @pytest.mark.slow
-def test_fp8_head_loads_as_remote_code_without_peagle(tiny_head, tmp_path):
-    """The saved folder carries fp8.py next to modeling_peagle.py, so an FP8 head loads through
-    `trust_remote_code` without peagle installed (fallback chosen through the environment here)."""
-    fp8.quantize_head(tiny_head, fallback="dequantize")
-    tiny_head.save_pretrained(tmp_path / "head")
-    assert (tmp_path / "head" / "fp8.py").is_file()
-    ids, feats = _inputs(tiny_head)
-    with torch.no_grad(), pytest.warns(RuntimeWarning):
-        logits = tiny_head(ids, target_hidden_states=feats).logits
-    torch.save({"ids": ids, "feats": feats, "logits": logits}, tmp_path / "ref.pt")
-    script = tmp_path / "remote.py"
-    script.write_text(_REMOTE_CODE_WITHOUT_PEAGLE)
-    env = {**os.environ, fp8.FALLBACK_ENV: "dequantize", "HF_HUB_OFFLINE": "1"}
+@pytest.mark.parametrize("granularity,block", [("row", None), ("block", (32, 32))])
+def test_transformers_loads_a_saved_fp8_head(tiny_target, tmp_path, granularity, block):
+    """transformers' compressed-tensors quantizer loads the saved head (remote code, peagle not importable):
+    `dequantize=True` gives peagle's dequantized weights and logits; the default keeps e4m3 weights and
+    fake-quantizes activations, which is peagle's `emulate` fallback."""
+    pytest.importorskip(
+        "compressed_tensors", reason="transformers reads this format through compressed-tensors"
+    )
+    head = _fp8_head(tiny_target, granularity, block)
+    head.save_pretrained(tmp_path / "head")
+    ids, feats = _inputs(head)
+    ref = {"ids": ids, "feats": feats, "weights": {}}
+    for name, module in fp8.fp8_modules(head).items():
+        ref["weights"][name] = module.dequantized_weight(torch.float32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for mode, key in (("dequantize", "dequantized"), ("emulate", "compressed")):
+            ref[key] = fp8.set_fp8_fallback(head, mode)(ids, target_hidden_states=feats).logits
+    torch.save(ref, tmp_path / "ref.pt")
+    script = tmp_path / "load.py"
+    script.write_text(_TRANSFORMERS_LOAD_WITHOUT_PEAGLE)
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "head"), str(tmp_path / "ref.pt")],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
         cwd=tmp_path,
         timeout=300,
     )
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_partial_block_tiles_warn_on_save_and_are_not_exported(tiny_target, tmp_path):
+    """compressed-tensors and vLLM read block scales only when the block divides every layer (64 / 128 here)."""
+    head = _fp8_head(tiny_target, "block", (48, 32))
+    with pytest.warns(UserWarning, match=r"fc \(64 x 192, block \(48, 32\)\), .*partial block tiles"):
+        head.save_pretrained(tmp_path / "head")
+    _same_fp8_layers(peagle.PEagleDrafter.from_pretrained(tmp_path / "head"), head)  # peagle still reads it
+    with pytest.raises(ValueError, match="partial block tiles.*granularity='row'"):
+        peagle.export(head, tmp_path / "vllm", layout="vllm", target_model=tiny_target)
+    assert not (tmp_path / "vllm").exists()  # refused before anything was written

@@ -137,8 +137,10 @@ class PEagleConfig(LlamaConfig):
         From the target: widths (hidden size, heads, kv heads, head_dim, intermediate size), vocabulary, layer
         count and aux layers `(2, L//2, L-3)` (`(1, L//2, L-1)` when L < 8), the RoPE of its global-attention
         layers, eps, token ids.  The drafter's own: SiLU, no biases, full attention, the target's embeddings shared
-        and frozen (`embed_from_target=True`), `DEFAULT_LAYERS` (2) layers, a draft vocabulary of at most 32k, and
-        at most 10% of the target's parameters (layers and draft vocabulary shrink to fit), K = min(7, K_train).
+        and frozen (`embed_from_target=True`), a draft vocabulary of 8k-32k, at most 10% of the target's parameters,
+        and a drafting round that costs at most 20% of a target step (modeled: `peagle.families.round_cost`); the
+        vocabulary is kept first, then `DEFAULT_LAYERS` (2) layers if the budgets still allow, else 1;
+        K = min(7, K_train).
         `mask_token_id` defaults to `vocab_size - 1` (pass a reserved token of your tokenizer instead when it has
         one).  Every field can be overridden by keyword.  The sizes chosen and why are logged (logger
         `peagle.families`, level INFO); `peagle.families.plan_head` returns them.  Raises `ValueError` naming the

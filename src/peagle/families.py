@@ -7,12 +7,18 @@ module is the two rules `for_target` applies:
 - **Reading a target** ([`target_fields`]): which head fields come from the target (widths, vocabulary, layer
   count, RoPE of the global-attention layers, token ids) and which are the drafter's own (activation, biases,
   no sliding window, no soft-capping, no embedding scaling, its own LM head), whatever the family calls them.
-- **Sizing a head** ([`plan_head`]): the head's own parameters stay within `HEAD_BUDGET` (10%) of the target's.
-  The target's embeddings are shared and frozen (not counted: the head does not store them); layers default
-  to `DEFAULT_LAYERS` and drop to 1 when two do not fit; the draft vocabulary fills what is left of the budget,
-  in steps of `VOCAB_STEP`, between `min(V, VOCAB_FLOOR)` and `min(V, VOCAB_CAP)` (EAGLE-3 heads use 32k).
-  With training data, `peagle.training.vocab.choose_draft_vocab_size` then picks the smallest size in that range
-  that covers `VOCAB_COVERAGE` of the response tokens.
+- **Sizing a head** ([`plan_head`]): two budgets.  The head's own parameters stay within `HEAD_BUDGET` (10%) of
+  the target's (the target's embeddings are shared and frozen: not counted, the head does not store them), and
+  one drafting round's modeled cost stays within `ROUND_BUDGET` (20%) of one target step's ([`round_cost`],
+  [`target_step_cost`]: each weight matrix costs its size times `1 + SLOT_COST * (rows - 1)`, the layers at
+  the round's `ROUND_REAL_SLOTS + K - 1` slots, the LM head at K slots, the target's weights at one row).
+  The draft vocabulary comes first: the rule keeps the vocabulary the data needs (the smallest covering
+  `VOCAB_COVERAGE` of the response tokens, never below `min(V, VOCAB_FLOOR)`; without data the floor) and gives
+  the head `DEFAULT_LAYERS` (2) layers if the budgets then still afford that vocabulary, else 1 (with the
+  floor kept even when one layer and the floor exceed the round budget: narrow or wide-and-shallow targets).  The draft
+  vocabulary may then fill what the budgets leave, in steps of `VOCAB_STEP`, up to `min(V, VOCAB_CAP)` (EAGLE-3
+  heads use 32k); with training data `peagle.training.vocab.choose_draft_vocab_size` picks the smallest size in
+  that range covering `VOCAB_COVERAGE`.
 
 Importing this module is cheap: torch and transformers are imported inside the functions that need them.
 """
@@ -30,8 +36,19 @@ logger = logging.getLogger(__name__)
 
 HEAD_BUDGET = 0.10
 """Most parameters a default head holds, as a fraction of its target's (shared embeddings not counted)."""
+ROUND_BUDGET = 0.20
+"""Most modeled cost of one drafting round of a default head, as a fraction of one target step's ([`round_cost`]),
+unless one layer and the vocabulary floor already exceed it (the floor is kept).  On this project's CPU the model
+is 10-70% above the measured time ratio for a Gemma-3-270M shape and about 2x above it for SmolLM2-135M
+(docs/families.md section 4)."""
+SLOT_COST = 0.3
+"""Cost of one more row (slot) through a weight matrix, relative to the first: a matrix applied to n rows costs
+`size * (1 + SLOT_COST * (n - 1))`.  0 is the memory-bound limit (a GPU at small batch), 1 counts FLOPs; 0.3 is
+this project's CPU in fp32 on one thread (measured 0.26-0.32 for the drafter's matrices at 1-8 rows)."""
+ROUND_REAL_SLOTS = 2
+"""Real slots a parallel round feeds the drafter, as the rule counts it (accepted drafts plus the bonus token)."""
 DEFAULT_LAYERS = 2
-"""Drafter decoder layers by default (the fused layer counts as one); 1 when two exceed the budget."""
+"""Drafter decoder layers by default (the fused layer counts as one); 1 when two leave too small a vocabulary."""
 VOCAB_CAP = 32768
 """Largest default draft vocabulary (EAGLE-3 heads use 32k)."""
 VOCAB_FLOOR = 8192
@@ -345,6 +362,72 @@ def target_parameters(target: Any) -> tuple[int, Any]:
     return sum({id(p): p.numel() for p in model.parameters()}.values()), model
 
 
+def _layer_weights(values: Mapping[str, Any]) -> int:
+    """Weights a head applies at every slot of a round: `fc`, `mask_hidden`, the layers and norms (no LM head)."""
+    h = int(values["hidden_size"])
+    return head_parameters({**values, "draft_vocab_size": 0, "embed_from_target": True}) - h
+
+
+def round_cost(values: Mapping[str, Any], real_slots: int = ROUND_REAL_SLOTS) -> float:
+    """Modeled cost of one drafting round of a head with these `PEagleConfig` fields, in weight units.
+
+    A weight matrix of size P applied to n rows costs `P * (1 + SLOT_COST * (n - 1))`.  A parallel round runs the
+    layers (with `fc`) over `real_slots + K - 1` slots and the LM head (`draft_vocab_size x hidden_size`) over K
+    slots, in one pass.  An autoregressive round runs them over `real_slots` slots, then K - 1 single-slot passes.
+    Attention over the context and per-layer overheads are not counted (on either side, see [`target_step_cost`]).
+    """
+    k = int(values.get("num_speculative_tokens") or DEFAULT_NUM_SPECULATIVE_TOKENS)
+    layers = _layer_weights(values)
+    vocab = int(values["vocab_size"])
+    draft = vocab if values.get("draft_vocab_size") is None else int(values["draft_vocab_size"])
+    lm_head = draft * int(values["hidden_size"])
+
+    def rows(n: int) -> float:
+        return 1 + SLOT_COST * (max(n, 1) - 1)
+
+    if values.get("drafting_mode", "parallel") == "autoregressive":
+        return layers * (rows(real_slots) + (k - 1)) + lm_head * k
+    return layers * rows(real_slots + k - 1) + lm_head * rows(k)
+
+
+def target_step_cost(target: Any, model: Any = None) -> float:
+    """Modeled cost of one target step (one new token), in the weight units of [`round_cost`]: the weights the
+    target multiplies per token, each applied to one row.
+
+    That is its parameters minus the embedding tables it only looks up (the input table counts when it is tied to
+    the LM head), with the experts of a mixture-of-experts layer counted at the active share `k / E`.  `model` is
+    the target or a meta-device instance of its class ([`target_parameters`]); without one the cost is estimated
+    from the config's widths.
+    """
+    import torch
+
+    tc = text_config(target)
+    experts = (
+        getattr(tc, "num_experts", None)
+        or getattr(tc, "num_local_experts", None)
+        or getattr(tc, "n_routed_experts", None)
+    )
+    active = getattr(tc, "num_experts_per_tok", None)
+    share = float(active) / float(experts) if experts and active else 1.0
+    if model is None or not hasattr(model, "named_parameters"):
+        h, v, n = int(tc.hidden_size), int(tc.vocab_size), int(tc.num_hidden_layers)
+        inter = getattr(tc, "intermediate_size", None) or 4 * h
+        return float(v * h + n * (4 * h * h + 3 * h * int(inter)))
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out_weight = getattr(out, "weight", None)
+    lookups = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and m.weight is not out_weight
+    }
+    cost = 0.0
+    for name, p in model.named_parameters():  # tied weights once
+        if id(p) in lookups:
+            continue
+        cost += p.numel() * (share if ".experts." in f".{name}" else 1.0)
+    return cost
+
+
 @dataclasses.dataclass
 class HeadPlan:
     """What [`plan_head`] chose for a target, and why.
@@ -357,6 +440,8 @@ class HeadPlan:
         vocab_range: `(smallest, largest)` draft vocabulary the rule allows; training data chooses within it.
         notes: one line per decision (field: value (reason)).
         model_type: the target's model type.
+        round_cost: modeled cost of one drafting round of this head ([`round_cost`]).
+        step_cost: modeled cost of one target step ([`target_step_cost`]).
     """
 
     values: dict[str, Any]
@@ -366,10 +451,21 @@ class HeadPlan:
     vocab_range: tuple[int, int]
     notes: list[str]
     model_type: str | None
+    round_cost: float = 0.0
+    step_cost: float = 0.0
 
     @property
     def fraction(self) -> float:
         return self.head_parameters / max(self.target_parameters, 1)
+
+    @property
+    def round_fraction(self) -> float:
+        """Modeled round cost / target step cost (the rule keeps default heads within `ROUND_BUDGET`)."""
+        return self.round_cost / max(self.step_cost, 1.0)
+
+    @property
+    def over_budget(self) -> bool:
+        return self.head_parameters > self.budget or self.round_fraction > ROUND_BUDGET + 1e-9
 
     def describe(self) -> str:
         """A few lines for logs and `peagle train`: sizes, fraction of the target, and every decision's reason."""
@@ -378,7 +474,8 @@ class HeadPlan:
             f"head for {family_name(self.model_type)} target ({self.target_parameters / 1e6:.1f}M parameters): "
             f"{v['num_hidden_layers']} layers, width {v['hidden_size']}, draft vocabulary {v['draft_vocab_size']} "
             f"of {v['vocab_size']}, {self.head_parameters / 1e6:.2f}M own parameters = {100 * self.fraction:.1f}% "
-            f"of the target (budget {100 * HEAD_BUDGET:.0f}%)"
+            f"of the target (budget {100 * HEAD_BUDGET:.0f}%); a drafting round costs {100 * self.round_fraction:.0f}% "
+            f"of a target step (modeled, budget {100 * ROUND_BUDGET:.0f}%)"
         )
         return "\n".join([head, *("  " + n for n in self.notes)])
 
@@ -387,11 +484,20 @@ def _round_down(x: float, step: int) -> int:
     return int(max(x, 0) // step) * step
 
 
-def plan_head(target: Any, overrides: Mapping[str, Any] | None = None) -> HeadPlan:
+def plan_head(
+    target: Any, overrides: Mapping[str, Any] | None = None, needed_vocab: int | None = None
+) -> HeadPlan:
     """Choose a head's config for `target` (a model or a config): the rule of the module docstring.
 
-    Fields given in `overrides` are kept as given (and reported when the head then exceeds the budget); the
-    others follow the rule.  Raises `ValueError` for targets that cannot work ([`check_target_family`]).
+    Args:
+        target: the target model or its config.
+        overrides: `PEagleConfig` fields kept as given (and reported when the head then exceeds a budget); the
+            others follow the rule.
+        needed_vocab: the draft vocabulary the training data needs (`peagle.training.vocab.coverage_vocab_size`:
+            the smallest covering `VOCAB_COVERAGE` of its response tokens); None: `min(V, VOCAB_FLOOR)`.  The
+            rule drops a layer rather than the vocabulary below this (or below the floor).
+
+    Raises `ValueError` for targets that cannot work ([`check_target_family`]).
     """
     overrides = dict(overrides or {})
     num_params, model = target_parameters(target)
@@ -410,32 +516,79 @@ def plan_head(target: Any, overrides: Mapping[str, Any] | None = None) -> HeadPl
             f"family {kind!r} is not in peagle's tested matrix (docs/families.md); the generic rules apply"
         )
     values.update({k: v for k, v in overrides.items() if k not in ("num_hidden_layers", "draft_vocab_size")})
+    k_train = int(values["num_parallel_positions"])
+    if "num_speculative_tokens" not in overrides:
+        k = DEFAULT_NUM_SPECULATIVE_TOKENS
+        if values["drafting_mode"] == "parallel" and k > k_train:
+            k = k_train
+            notes.append(f"num_speculative_tokens: {k} (K never above K_train = {k_train})")
+        values["num_speculative_tokens"] = k
     vocab, hidden = int(values["vocab_size"]), int(values["hidden_size"])
     budget = HEAD_BUDGET * num_params
+    step_cost = target_step_cost(target, model)
+    round_budget = ROUND_BUDGET * step_cost
     floor = min(vocab, VOCAB_FLOOR)
 
     def size(layers: int, draft: int) -> int:
         return head_parameters({**values, "num_hidden_layers": layers, "draft_vocab_size": draft})
 
+    def cost(layers: int, draft: int) -> float:
+        return round_cost({**values, "num_hidden_layers": layers, "draft_vocab_size": draft})
+
+    def fits(layers: int, draft: int) -> bool:
+        return size(layers, draft) <= budget and cost(layers, draft) <= round_budget
+
+    def room(layers: int) -> int:
+        """The largest draft vocabulary both budgets afford with `layers` layers (may be below the floor)."""
+        if vocab <= VOCAB_CAP and fits(layers, vocab):
+            return vocab
+        by_params = (budget - size(layers, 0)) / hidden
+        lm_rows = cost(layers, 1) - cost(layers, 0)  # cost of one LM-head row at K slots
+        by_round = (round_budget - cost(layers, 0)) / lm_rows
+        return min(_round_down(min(by_params, by_round), VOCAB_STEP), VOCAB_CAP, vocab)
+
+    given_draft = overrides.get("draft_vocab_size")
+    needed = max(floor, min(int(needed_vocab or floor), vocab, VOCAB_CAP))
+    why_needed = (
+        f"the {needed} ids covering {100 * VOCAB_COVERAGE:.1f}% of the data's response tokens"
+        if needed_vocab is not None and needed > floor
+        else f"the floor of {floor} ids"
+    )
     if overrides.get("num_hidden_layers") is not None:
         layers = int(overrides["num_hidden_layers"])
         notes.append(f"num_hidden_layers: {layers} (given)")
+    elif given_draft is not None:
+        layers = DEFAULT_LAYERS
+        while layers > 1 and not fits(layers, int(given_draft)):
+            layers -= 1
+        why = (
+            "default"
+            if layers == DEFAULT_LAYERS
+            else f"{DEFAULT_LAYERS} exceed a budget with the given vocabulary"
+        )
+        notes.append(f"num_hidden_layers: {layers} ({why})")
     else:
         layers = DEFAULT_LAYERS
-        while layers > 1 and size(layers, floor) > budget:
+        while layers > 1 and room(layers) < needed:
+            notes.append(
+                f"num_hidden_layers: not {layers} (with {layers} layers the budgets leave {max(room(layers), 0)} "
+                f"draft ids, fewer than {why_needed}: a layer is dropped before the vocabulary)"
+            )
             layers -= 1
-        why = "default" if layers == DEFAULT_LAYERS else f"{DEFAULT_LAYERS} exceed the budget"
-        notes.append(f"num_hidden_layers: {layers} ({why})")
-    room = _round_down((budget - size(layers, 0)) / hidden, VOCAB_STEP)
-    cap = vocab if vocab <= VOCAB_CAP and size(layers, vocab) <= budget else max(floor, min(VOCAB_CAP, room))
-    cap = min(cap, vocab)
-    if overrides.get("draft_vocab_size") is not None:
-        draft = int(overrides["draft_vocab_size"])
+        why = "default" if layers == DEFAULT_LAYERS else "the most that keep the draft vocabulary"
+        notes.append(
+            f"num_hidden_layers: {layers} ({why}; the budgets leave {max(room(layers), 0)} draft ids)"
+        )
+    cap = max(floor, room(layers))
+    if given_draft is not None:
+        draft = int(given_draft)
         notes.append(f"draft_vocab_size: {draft} (given)")
     else:
         draft = cap
         why = "the whole vocabulary" if draft == vocab else (
-            f"cap {VOCAB_CAP}" if draft == VOCAB_CAP else "what the budget leaves for the LM head"
+            f"cap {VOCAB_CAP}" if draft == VOCAB_CAP else (
+                f"the floor {floor}" if room(layers) < floor else "what the budgets leave for the LM head"
+            )
         )  # fmt: skip
         notes.append(
             f"draft_vocab_size: {draft} ({why}; with training data the smallest size in [{min(floor, cap)}, {cap}] "
@@ -447,31 +600,45 @@ def plan_head(target: Any, overrides: Mapping[str, Any] | None = None) -> HeadPl
             f"draft ids: 0..{draft - 1} until chosen from data (`peagle.training.build_head(target, examples)`, or "
             "head.set_draft_vocab(select_draft_vocab(...)))"
         )
-    k_train = int(values["num_parallel_positions"])
-    if "num_speculative_tokens" not in overrides:
-        k = DEFAULT_NUM_SPECULATIVE_TOKENS
-        if values["drafting_mode"] == "parallel" and k > k_train:
-            k = k_train
-            notes.append(f"num_speculative_tokens: {k} (K never above K_train = {k_train})")
-        values["num_speculative_tokens"] = k
     total = size(layers, draft)
-    plan = HeadPlan(values, total, num_params, budget, (min(floor, cap), cap), notes, kind)
-    if total > budget:
+    plan = HeadPlan(
+        values, total, num_params, budget, (min(floor, cap), cap), notes, kind, cost(layers, draft), step_cost
+    )
+    if plan.over_budget:
         given = [k for k in ("num_hidden_layers", "draft_vocab_size", "embed_from_target") if k in overrides]
         reason = f"given {given}" if given else "even the smallest default head does not fit"
-        notes.append(
-            f"over budget: {total / 1e6:.2f}M > {HEAD_BUDGET:.0%} of {num_params / 1e6:.2f}M ({reason})"
-        )
+        if total > budget:
+            notes.append(
+                f"over budget: {total / 1e6:.2f}M > {HEAD_BUDGET:.0%} of {num_params / 1e6:.2f}M ({reason})"
+            )
+        if plan.round_fraction > ROUND_BUDGET + 1e-9:
+            kept = "the vocabulary floor is kept" if not given and draft <= floor else reason
+            notes.append(
+                f"over the round budget: a round costs {plan.round_fraction:.0%} of a target step (modeled) > "
+                f"{ROUND_BUDGET:.0%} ({kept})"
+            )
     return plan
 
 
 # ---------------------------------------------------------------------------------------------- serving
-def check_vllm_target(head: Any, target_model: Any = None) -> None:
+VLLM_SERVED_LAYOUTS = ("vllm", "speculators")
+"""Export layouts that vLLM serves through its EAGLE-3 path (`method: "eagle3"`), so [`check_vllm_target`]
+applies to them: peagle's `vllm` layout and the speculators layout (vLLM's `speculators` config type)."""
+
+
+def check_export_target(head: Any, layout: str, target_model: Any = None) -> None:
+    """The family check of `peagle.export`: [`check_vllm_target`] for the layouts vLLM serves
+    (`VLLM_SERVED_LAYOUTS`); nothing for peagle's own layout, which transformers serves for every family."""
+    if layout in VLLM_SERVED_LAYOUTS:
+        check_vllm_target(head, target_model, layout=layout)
+
+
+def check_vllm_target(head: Any, target_model: Any = None, layout: str = "vllm") -> None:
     """Raise `ValueError` when vLLM 0.32's EAGLE-3 path cannot serve `head` next to its target.
 
     The target family comes from `target_model` when given, else from `head.config.target_model_type` (recorded
     by `for_target`).  A head that records no family (built by an older peagle, or converted from another
-    layout) passes with a warning.
+    layout) passes with a warning.  `layout` names the export layout in the message.
     """
     kind = target_model_type(target_model) if target_model is not None else None
     kind = kind or getattr(head.config, "target_model_type", None)
@@ -484,7 +651,8 @@ def check_vllm_target(head: Any, target_model: Any = None) -> None:
     if kind not in VLLM_EAGLE3_MODEL_TYPES:
         served = ", ".join(FAMILIES[m].name for m in FAMILIES if FAMILIES[m].vllm_eagle3)
         raise ValueError(
-            f"vLLM 0.32 cannot serve this head: its target family {family_name(kind)} (model_type {kind!r}) has no "
+            f"cannot export to the {layout} layout, which vLLM serves through its EAGLE-3 path: vLLM 0.32 cannot "
+            f"serve this head: its target family {family_name(kind)} (model_type {kind!r}) has no "
             'EAGLE-3 interface in vLLM (SupportsEagle3), which refuses it with "Model does not support EAGLE3 '
             'interface but aux_hidden_state_outputs was requested". Tested families vLLM serves: '
             f"{served} (docs/families.md). Use the head with transformers' generate() instead, or keep the "
@@ -497,19 +665,26 @@ __all__ = [
     "FAMILIES",
     "VLLM_EAGLE3_MODEL_TYPES",
     "HEAD_BUDGET",
+    "ROUND_BUDGET",
+    "SLOT_COST",
+    "ROUND_REAL_SLOTS",
     "DEFAULT_LAYERS",
     "VOCAB_CAP",
     "VOCAB_FLOOR",
     "VOCAB_STEP",
     "VOCAB_COVERAGE",
     "HeadPlan",
+    "VLLM_SERVED_LAYOUTS",
+    "check_export_target",
     "check_target_family",
     "check_vllm_target",
     "family_name",
     "head_parameters",
     "plan_head",
+    "round_cost",
     "target_fields",
     "target_model_type",
     "target_parameters",
+    "target_step_cost",
     "text_config",
 ]

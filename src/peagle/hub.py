@@ -3,7 +3,7 @@
 `prepare_upload_folder(head, folder, ...)` writes everything a Hub repository of a head needs:
 
 - `config.json` (with `auto_map`) and `model*.safetensors` in peagle's layout;
-- the remote-code files `configuration_peagle.py` and `modeling_peagle.py` (and `fp8.py` for an FP8 head),
+- the remote-code files `configuration_peagle.py` and `modeling_peagle.py`,
   so `AutoModel.from_pretrained(repo, trust_remote_code=True)` works without peagle installed;
 - `custom_generate/generate.py` (+ `requirements.txt`), so `target.generate(..., custom_generate=repo,
   trust_remote_code=True)` runs greedy speculative decoding with the head without peagle installed;

@@ -370,6 +370,13 @@ class PEagleDrafter(PEaglePreTrainedModel):
         if hasattr(tc, "get_text_config"):
             tc = tc.get_text_config()
         cfg = self.config
+        kind, theirs = getattr(cfg, "target_model_type", None), getattr(tc, "model_type", None)
+        if kind and theirs and kind != theirs:  # heads without a recorded family (older, converted) skip this
+            raise ValueError(
+                f"head was built for a target of model_type {kind!r} (config.target_model_type); this target's "
+                f"model_type is {theirs!r}. Another family's hidden states differ even when the shapes match: train "
+                "a head for this target (`peagle train --target ...`)."
+            )
         if getattr(tc, "hidden_size", cfg.target_hidden_size) != cfg.target_hidden_size:
             raise ValueError(
                 f"head was trained for target hidden size {cfg.target_hidden_size}, target has {tc.hidden_size}."

@@ -42,7 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--num-layers",
         type=int,
         default=None,
-        help="drafter layers (default: 2, or 1 when 2 exceed 10%% of the target)",
+        help="drafter layers (default: 2, or 1 when the size rule's budgets leave 2 too small a draft vocabulary)",
     )
     head.add_argument(
         "--draft-vocab-size",

@@ -132,6 +132,12 @@ def load_converted(
             f"{checkpoint.path}: the {layout.name} layout is loaded by transformers, not converted."
         )
     config_kwargs, state = layout.to_peagle(checkpoint, read_tensors(checkpoint.files))
+    qc = checkpoint.config.get("quantization_config")
+    if qc is not None:  # an FP8 export: peagle's FP8 layers take the tensors (docs/fp8.md section 3)
+        from ..fp8 import fp8_record
+
+        renamed = {layout.tensor_name(n).removesuffix(".weight"): n.removesuffix(".weight") for n in state}
+        config_kwargs["peagle_fp8"] = fp8_record(qc, renamed, str(checkpoint.path / "config.json"))
     return build_head(
         checkpoint,
         config_kwargs,
@@ -170,7 +176,9 @@ def load_head(
     if checkpoint.layout != native.NAME:
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         return load_converted(checkpoint, cls=cls, target_model=target, dtype=dtype)
-    native.prepare(checkpoint, cls, config=kwargs.get("config"))
+    config = native.prepare(checkpoint, cls, config=kwargs.get("config"))
+    if config is not None:
+        kwargs["config"] = config
     model = cls.from_pretrained_native(checkpoint.path, *model_args, **kwargs)
     if target is not None:
         model.attach_target(target)
@@ -205,17 +213,29 @@ def export(
 
     Returns:
         `out_dir` as a `Path`.  Loading it back with `PEagleDrafter.from_pretrained` gives identical logits.
+
+    Raises:
+        ValueError: before anything is written or created, when the head does not fit `target_model`
+            (`check_target`: family, widths, layers) or, for the layouts vLLM serves through its EAGLE-3 path
+            (`vllm`, `speculators`), when vLLM does not serve the target family (`peagle.families.check_export_target`).
     """
     writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
     if layout not in writers:
         raise ValueError(f"layout is {layout!r}; expected one of {tuple(writers)}.")
-    if layout != native.NAME and getattr(head.config, "peagle_fp8", None):
-        raise ValueError(
-            f"this head is FP8 (config.peagle_fp8); the {layout} layout has no FP8 form in peagle yet (docs/fp8.md "
-            "section 8): export `peagle.dequantize_head(head)` instead, or save it in peagle's layout."
-        )
     if target_model is not None:  # a head written next to a target it was not built for is refused
         head.check_target(target_model)
+    from ..families import check_export_target
+
+    check_export_target(head, layout, target_model)  # vLLM's EAGLE-3 families; before anything is created
+    quantization = None
+    if layout != native.NAME and getattr(head.config, "peagle_fp8", None):
+        # FP8 heads: the compressed-tensors `quantization_config` vLLM reads, under the layout's tensor names
+        # (peagle's own layout gets it from save_pretrained); refused here, before writing, if the peers cannot
+        # read its block scales (docs/fp8.md section 3)
+        from ..fp8.checkpoint import checked_quantization_config
+
+        dense = speculators.DENSE_LINEARS if layout == speculators.NAME else ()
+        quantization = checked_quantization_config(head, LAYOUTS[layout].tensor_name, dense, strict=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writers[layout](
@@ -226,6 +246,10 @@ def export(
         max_shard_size=max_shard_size,
         verifier=str(verifier) if verifier is not None else None,
     )
+    if quantization is not None:
+        from ..fp8.checkpoint import write_quantization_config
+
+        write_quantization_config(out, quantization)
     return out
 
 

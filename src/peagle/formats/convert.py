@@ -116,7 +116,7 @@ def build_head(
     skip = {"embed_tokens.weight"} if config.embed_from_target else set()
     check_converted(state, cls, config, checkpoint, tensor_name, skip)
 
-    dtype = _resolve_dtype(dtype, state["fc.weight"].tensor.dtype)
+    dtype = _resolve_dtype(dtype, state["norm.weight"].tensor.dtype)  # not fc.weight: FP8 heads store e4m3
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # older transformers

@@ -241,5 +241,6 @@ def peagle_metadata(config: PEagleConfig, num_speculative_tokens: int) -> dict[s
 
 
 def dtype_name(head: Any) -> str:
-    """The head's weight dtype as config.json spells it (`"float32"`, `"bfloat16"`)."""
-    return str(head.fc.weight.dtype).removeprefix("torch.")
+    """The head's weight dtype as config.json spells it (`"float32"`, `"bfloat16"`); for an FP8 head the dtype
+    of its dense weights (the norm's), not the float8 storage of its quantized layers."""
+    return str(head.norm.weight.dtype).removeprefix("torch.")

@@ -34,10 +34,25 @@ def import_extensions(config: Mapping[str, Any]) -> None:
             importlib.import_module(EXTENSION_MODULES[key])
 
 
-def prepare(checkpoint: Checkpoint, cls: type = PEagleDrafter, config: PEagleConfig | None = None) -> None:
-    """Make a peagle-layout checkpoint ready for transformers: extensions imported, tensors checked."""
+def prepare(
+    checkpoint: Checkpoint, cls: type = PEagleDrafter, config: PEagleConfig | None = None
+) -> PEagleConfig | None:
+    """Make a peagle-layout checkpoint ready for transformers: extensions imported, tensors checked.
+
+    An FP8 head's compressed-tensors `quantization_config` becomes `peagle_fp8` on the returned config (pass it
+    to `from_pretrained_native`: peagle's FP8 layers load the tensors, not transformers' quantizer); otherwise
+    `config` is returned as given.
+    """
     import_extensions(checkpoint.config)
+    qc = checkpoint.config.get("quantization_config")
+    if isinstance(qc, Mapping) and qc.get("quant_method") == "compressed-tensors":
+        from ..fp8 import from_disk_config
+
+        if not isinstance(config, PEagleConfig):
+            config = cls.config_class.from_pretrained(checkpoint.path)
+        from_disk_config(config, where=str(checkpoint.path / "config.json"))
     check_native(checkpoint, cls, config=config)
+    return config
 
 
 def from_peagle(

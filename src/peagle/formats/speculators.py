@@ -38,6 +38,9 @@ MODEL_TYPE = "speculators"
 """The `model_type` written on export: vLLM's config type for speculators checkpoints (unknown to transformers)."""
 KINDS = ("peagle", "eagle3")
 """The `speculators_model_type` values peagle reads and writes."""
+DENSE_LINEARS = ("verifier_lm_head",)
+"""Linear layers of speculators' draft models that the file does not hold (the verifier's lm_head, loaded from the
+target): an FP8 export's `quantization_config` lists them in `ignore`, so they stay dense (tests/interop)."""
 
 
 def detect(config: Mapping[str, Any], tensor_names: Collection[str]) -> bool:

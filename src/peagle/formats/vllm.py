@@ -202,10 +202,8 @@ def from_peagle(
     """Write `head` into `out` in this layout (served by vLLM >= 0.16 with `speculative_config`); vLLM takes
     the target from its command line, so `verifier` is not recorded.
 
-    Refuses heads whose target family vLLM's EAGLE-3 path does not serve (`peagle.families.check_vllm_target`).
+    `peagle.export` first refuses heads whose target family vLLM's EAGLE-3 path does not serve
+    (`peagle.families.check_export_target`).
     """
-    from ..families import check_vllm_target
-
-    check_vllm_target(head, target_model)
     config = vllm_config(head, num_speculative_tokens)
     write_checkpoint(out, config, export_tensors(head, tensor_name, target_model), max_shard_size)

@@ -11,8 +11,10 @@ Weights are stored as `torch.float8_e4m3fn` with float32 scales, activations are
 
 In both cases `dequantized = float(fp8) * scale` broadcast over the scale's tile, with
 `scale = amax / 448` (448 = largest e4m3 value).  The checkpoint layout is plain safetensors: `<layer>.weight`
-(F8_E4M3) next to `<layer>.weight_scale` (F32), and the config records what was quantized in
-`config.peagle_fp8`; `PEagleDrafter.from_pretrained` rebuilds the `FP8Linear` modules from that record.
+(F8_E4M3) next to `<layer>.weight_scale` (F32), the names and numerics of compressed-tensors' float8 format,
+and `config.json` carries a compressed-tensors `quantization_config` (`checkpoint.py`), which vLLM and
+transformers read; in memory the head records what was quantized in `config.peagle_fp8`, and
+`PEagleDrafter.from_pretrained` rebuilds the `FP8Linear` modules from either.
 
 Modules:
 
@@ -20,11 +22,12 @@ Modules:
     kernels.py    device support, the kernels (rowwise, tensorwise, blockwise, chunked, emulate,
                   dequantize) and `fp8_matmul`; each kernel is verified once per device before use
     linear.py     `FP8Linear` and the model operations (swap, rebuild from the config, fallbacks, summary)
-    head.py       `quantize_head` / `dequantize_head` and the `fp8.py` remote code of a saved FP8 head
+    checkpoint.py the compressed-tensors `quantization_config` <-> the `config.peagle_fp8` record
+    head.py       `quantize_head` / `dequantize_head`, and writing a saved FP8 head's config
 
 Importing this package registers FP8 heads with `PEagleDrafter` (`head.register_fp8_heads`): the model
 itself imports nothing from here (docs/DESIGN.md section 5).  `peagle.formats` imports it on demand when a
-checkpoint's config has `peagle_fp8`.
+checkpoint's config has a compressed-tensors `quantization_config` or (the earlier layout) `peagle_fp8`.
 
 Devices without FP8 matmuls (the CPU, CUDA capability < 8.9, ROCm): `forward` raises a `RuntimeError` naming
 the device, unless a fallback is chosen explicitly (`fallback="dequantize"` or `"emulate"`, per module via
@@ -40,7 +43,8 @@ quantizer falls back to dequantizing to bf16 at load time.
 """
 
 from ..modeling_peagle import PEagleDrafter
-from .head import dequantize_head, quantize_head, register_fp8_heads, remote_code_source, save_remote_code
+from .checkpoint import fp8_record, from_disk_config, head_quantization_config, quantization_config
+from .head import dequantize_head, quantize_head, register_fp8_heads, save_fp8_config
 from .kernels import (
     KERNELS,
     MIN_CAPABILITY,
@@ -106,6 +110,9 @@ __all__ = [
     "set_fp8_kernel",
     "fp8_summary",
     "register_fp8_heads",
-    "remote_code_source",
-    "save_remote_code",
+    "save_fp8_config",
+    "quantization_config",
+    "head_quantization_config",
+    "fp8_record",
+    "from_disk_config",
 ]

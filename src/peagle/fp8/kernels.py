@@ -13,7 +13,7 @@ before `kernel="auto"` picks it (`kernel_available`, `auto_kernel`):
     emulate       any          fp32 matmul of the quantize-dequantized operands (same numerics, no FP8 math)
     dequantize    any          F.linear with the weight dequantized to the activation dtype (weight-only)
 
-Torch only: ships inside the `fp8.py` of every saved FP8 head (see `peagle.fp8.head`).
+Torch only (heads saved in the earlier peagle-only layout ship it inside their `fp8.py`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """`FP8Linear`, the FP8 layer, and the model operations that swap, rebuild and configure FP8 layers.
 
-A checkpoint stores `<layer>.weight` (F8_E4M3) next to `<layer>.weight_scale` (F32); the config records
-what was quantized in `config.peagle_fp8` (`CONFIG_KEY`), and `apply_fp8_config` rebuilds the empty FP8
-layers from that record before the weights load.  Torch only: ships inside the `fp8.py` of every saved FP8
-head (see `peagle.fp8.head`).
+A checkpoint stores `<layer>.weight` (F8_E4M3) next to `<layer>.weight_scale` (F32); in memory the config
+records what was quantized in `config.peagle_fp8` (`CONFIG_KEY`; on disk a compressed-tensors
+`quantization_config`, see `checkpoint.py`), and `apply_fp8_config` rebuilds the empty FP8 layers from that
+record before the weights load.  Torch only (heads saved in the earlier peagle-only layout ship it inside
+their `fp8.py`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -321,6 +323,9 @@ def quantize_linears(
 def apply_fp8_config(model: nn.Module, record: dict[str, Any]) -> None:
     """Rebuild the FP8 layers listed in a `config.peagle_fp8` record (empty, ready for a state dict).
 
+    A record read from a compressed-tensors checkpoint names `targets` and `ignore` instead of `modules`; they
+    are resolved here, on the model, into `modules`.
+
     Called by `PEagleDrafter.__init__`, so `from_pretrained` loads e4m3 weights and scales into them.
     """
     if not isinstance(record, dict):
@@ -334,6 +339,16 @@ def apply_fp8_config(model: nn.Module, record: dict[str, Any]) -> None:
             f"config.{CONFIG_KEY}['granularity'] is {granularity!r}; expected one of {GRANULARITIES}."
         )
     block = record.get("block_size") or DEFAULT_BLOCK_SIZE
+    if "modules" not in record and record.get("targets") == ["Linear"]:
+        # read from a compressed-tensors `quantization_config` (`peagle.fp8.checkpoint.fp8_record`): every
+        # linear layer not in `ignore` (exact names, or `re:` patterns as llm-compressor writes them)
+        ignore = list(record.get("ignore") or [])
+        record["modules"] = sorted(
+            name
+            for name, module in model.named_modules()
+            if type(module) is nn.Linear and not _ignored(name, ignore)
+        )
+        del record["targets"], record["ignore"]
     for name in record.get("modules", []):
         try:
             module = model.get_submodule(name)
@@ -358,6 +373,15 @@ def apply_fp8_config(model: nn.Module, record: dict[str, Any]) -> None:
         )
         fp8.name = name
         _set_submodule(model, name, fp8)
+
+
+def _ignored(name: str, ignore: Sequence[str]) -> bool:
+    return any(
+        re.fullmatch(p[3:], name) or re.fullmatch(p[3:], name + ".weight")
+        if p.startswith("re:")
+        else p == name
+        for p in ignore
+    )
 
 
 def set_fp8_fallback(model: nn.Module, fallback: str | None) -> nn.Module:

@@ -1,8 +1,8 @@
 """FP8 (e4m3) quantization arithmetic: weights per output row or per tile, activations per token.
 
 `dequantized = float(fp8) * scale`, broadcast over the scale's row or tile, with `scale = amax / 448`
-(448 = the largest e4m3 value; an all-zero row or tile gets scale 1).  Torch only: this module ships, with
-`kernels.py` and `linear.py`, inside the `fp8.py` of every saved FP8 head (see `peagle.fp8.head`).
+(448 = the largest e4m3 value; an all-zero row or tile gets scale 1).  Torch only (heads saved in the earlier
+peagle-only layout ship it, with `kernels.py` and `linear.py`, inside their `fp8.py`).
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def build_head(
     from ..configuration_peagle import PEagleConfig
     from ..families import plan_head
     from ..modeling_peagle import PEagleDrafter
-    from .vocab import choose_draft_vocab_size, select_draft_vocab
+    from .vocab import coverage_vocab_size, select_draft_vocab
 
     if lm_head_init not in ("target", "random"):
         raise ValueError(f"lm_head_init is {lm_head_init!r}; expected 'target' or 'random'.")
@@ -155,15 +155,19 @@ def build_head(
     values.update(config_overrides)
     vocab_size = int(target.config.get_text_config().vocab_size)
     if draft_vocab_size is None:
-        plan = plan_head(target, values)
+        needed = coverage_vocab_size(examples, vocab_size) if examples is not None else None
+        plan = plan_head(target, values, needed_vocab=needed)  # keeps `needed` ids before a second layer
         smallest, largest = plan.vocab_range
-        if examples is not None and largest < vocab_size:
-            draft_vocab_size = choose_draft_vocab_size(examples, vocab_size, smallest, largest)
+        if needed is not None and largest < vocab_size:
+            draft_vocab_size = max(smallest, min(largest, needed))
             logger.info(
-                "draft vocabulary: %d ids (smallest in [%d, %d] covering the examples' response tokens)",
+                "draft vocabulary: %d ids (the examples need %d to cover 99.5%% of their response tokens; the size "
+                "rule allows [%d, %d] with %d layers)",
                 draft_vocab_size,
+                needed,
                 smallest,
                 largest,
+                plan.values["num_hidden_layers"],
             )
         else:
             draft_vocab_size = largest

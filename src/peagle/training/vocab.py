@@ -2,8 +2,9 @@
 
 [`token_counts`] counts ids on response and on all tokens; [`select_draft_vocab`] keeps the most frequent ones;
 [`draft_vocab_coverage`] tells which share of response tokens a vocabulary of each size covers, and
-[`choose_draft_vocab_size`] picks the smallest size in the range `peagle.families.plan_head` allows that covers
-`VOCAB_COVERAGE` (99.5%) of them (docs/families.md has the measurements behind these defaults).
+[`coverage_vocab_size`] gives the smallest size that covers `VOCAB_COVERAGE` (99.5%) of them (the size rule keeps
+that many ids before a second layer), and [`choose_draft_vocab_size`] the smallest in the range
+`peagle.families.plan_head` allows (docs/families.md has the measurements behind these defaults).
 """
 
 from __future__ import annotations
@@ -86,6 +87,36 @@ def draft_vocab_coverage(
     return {int(n): round(float(covered[min(int(n), vocab_size) - 1]) / total, 6) for n in sizes}
 
 
+def coverage_vocab_size(
+    examples: Sequence[dict[str, Any]],
+    vocab_size: int,
+    coverage: float | None = None,
+    step: int | None = None,
+) -> int | None:
+    """The smallest draft vocabulary (a multiple of `step`, at most `vocab_size`) whose [`select_draft_vocab`]
+    choice covers `coverage` (default `VOCAB_COVERAGE`, 99.5%) of the examples' response tokens; None when they
+    have none.  `peagle.families.plan_head(..., needed_vocab=...)` keeps a vocabulary this large before it keeps
+    a second layer.
+
+    Example:
+
+        >>> ex = [{"input_ids": list(range(40)) + [3] * 400, "loss_mask": [1] * 440}]
+        >>> coverage_vocab_size(ex, 100, step=8)
+        40
+    """
+    from ..families import VOCAB_COVERAGE, VOCAB_STEP
+
+    coverage = VOCAB_COVERAGE if coverage is None else float(coverage)
+    step = VOCAB_STEP if step is None else int(step)
+    resp, allc = token_counts(examples, vocab_size)
+    total = int(resp.sum())
+    if total == 0:
+        return None
+    covered = resp[_ranking(resp, allc)].cumsum(0).double() / total
+    needed = int(torch.searchsorted(covered, torch.tensor([coverage], dtype=covered.dtype))[0]) + 1
+    return min(-(-needed // step) * step, vocab_size)
+
+
 def choose_draft_vocab_size(
     examples: Sequence[dict[str, Any]],
     vocab_size: int,
@@ -106,21 +137,13 @@ def choose_draft_vocab_size(
         >>> choose_draft_vocab_size(ex, 100, smallest=8, largest=64, step=8)
         40
     """
-    from ..families import VOCAB_COVERAGE, VOCAB_STEP
-
-    coverage = VOCAB_COVERAGE if coverage is None else float(coverage)
-    step = VOCAB_STEP if step is None else int(step)
     if not 0 < smallest <= largest <= vocab_size:
         raise ValueError(
             f"expected 0 < smallest <= largest <= vocab_size, got {smallest}, {largest}, {vocab_size}."
         )
-    resp, allc = token_counts(examples, vocab_size)
-    total = int(resp.sum())
-    if total == 0:
+    size = coverage_vocab_size(examples, vocab_size, coverage, step)
+    if size is None:
         return largest
-    covered = resp[_ranking(resp, allc)].cumsum(0).double() / total
-    needed = int(torch.searchsorted(covered, torch.tensor([coverage], dtype=covered.dtype))[0]) + 1
-    size = -(-needed // step) * step
     return max(smallest, min(largest, size))
 
 
@@ -129,4 +152,5 @@ __all__ = [
     "token_counts",
     "draft_vocab_coverage",
     "choose_draft_vocab_size",
+    "coverage_vocab_size",
 ]
