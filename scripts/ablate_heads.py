@@ -104,6 +104,7 @@ def main() -> None:
     ]
     for name in names:
         kind, overrides, _ = VARIANTS[name]
+        arguments = merged(overrides)
         folder = root / name
         report = folder / "eval.json"
         if report.exists():
@@ -131,7 +132,7 @@ def main() -> None:
             "100",
             "--threads",
             "1",
-            *merged(overrides),
+            *arguments,
         ]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
@@ -142,7 +143,7 @@ def main() -> None:
                 key=lambda p: int(p.rsplit("-", 1)[1]),
             )
             heads = [h for h in heads if not h.endswith(f"-{args.steps}")] + [str(folder / "head")]
-        k = min(7, int(merged(overrides)[merged(overrides).index("--num-parallel-positions") + 1]))
+        k = min(7, int(arguments[arguments.index("--num-parallel-positions") + 1]))
         subprocess.run(
             [
                 sys.executable,

@@ -11,6 +11,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import peagle
 from peagle.training.trainer import PEagleTrainingArguments
 
+BLOCK_PEAGLE = """\
+import importlib.abc, sys
+
+class _BlockPeagle(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "peagle" or name.startswith("peagle."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
+        return None
+
+sys.meta_path.insert(0, _BlockPeagle())
+"""
+"""First lines of a script run in a fresh interpreter where `import peagle` must fail (remote-code tests)."""
+
 
 def tiny_target_config(**overrides) -> LlamaConfig:
     values = dict(

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoModel
 
 import peagle
-from helpers import make_head, make_target
+from helpers import BLOCK_PEAGLE, make_head, make_target
 from peagle import fp8
 
 E4M3_HALF_ULP = 2.0**-4  # round-to-nearest with 3 mantissa bits: |x - q| <= 2^-4 |x| for normal numbers
@@ -608,16 +608,9 @@ def test_fp8_heads_export_with_their_quantization_config(tiny_target, tmp_path, 
         )
 
 
-_TRANSFORMERS_LOAD_WITHOUT_PEAGLE = """
-import importlib.abc, sys
-
-class _BlockPeagle(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "peagle" or name.startswith("peagle."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
-        return None
-
-sys.meta_path.insert(0, _BlockPeagle())
+_TRANSFORMERS_LOAD_WITHOUT_PEAGLE = (
+    BLOCK_PEAGLE
+    + """
 import torch
 from transformers import AutoModel, CompressedTensorsConfig
 
@@ -640,6 +633,7 @@ for name, kwargs in (("dequantized", {"quantization_config": dense}), ("compress
 assert "peagle" not in sys.modules
 print("OK")
 """
+)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 from huggingface_hub import ModelCard
 
 import peagle
-from helpers import make_head, make_target
+from helpers import BLOCK_PEAGLE, make_head, make_target
 from peagle import PEagleDrafter
 from peagle.bench import summarize
 from peagle.hub import DEFAULT_TAGS, prepare_upload_folder, render_model_card
@@ -256,17 +256,8 @@ def test_cli_push_prepare_only(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------ without peagle
-_NO_PEAGLE = textwrap.dedent(
+_NO_PEAGLE = BLOCK_PEAGLE + textwrap.dedent(
     """
-    import importlib.abc, sys
-
-    class _BlockPeagle(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "peagle" or name.startswith("peagle."):
-                raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
-            return None
-
-    sys.meta_path.insert(0, _BlockPeagle())
     try:
         import peagle  # noqa: F401
     except ImportError:
