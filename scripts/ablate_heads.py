@@ -52,6 +52,11 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "lr-constant": ("peagle", ["--lr-scheduler", "constant"], "constant learning rate"),
     "lr-3e-4": ("peagle", ["--lr", "3e-4"], "learning rate 3e-4"),
     "lmhead-target": ("peagle", ["--lm-head-init", "target"], "LM head initialised from the target's rows"),
+    "layers-target": (
+        "peagle",
+        ["--layers-init", "target"],
+        "drafter layers from the target's last 2 layers",
+    ),
 }
 
 

@@ -58,6 +58,12 @@ def main() -> None:
         default=None,
         help="LM head of a new head (build_head's)",
     )
+    ap.add_argument(
+        "--layers-init",
+        choices=["random", "target"],
+        default=None,
+        help="decoder layers of a new head: random (build_head's default) or the target's last layers",
+    )
     ap.add_argument("--loss-type", choices=["kl", "ce"], default="kl")
     ap.add_argument("--cod-ratio", type=float, default=0.7, help="COD keep ratio per depth")
     ap.add_argument(
@@ -86,9 +92,15 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.init_from and (
-        args.layers is not None or args.draft_vocab is not None or args.lm_head_init is not None
+        args.layers is not None
+        or args.draft_vocab is not None
+        or args.lm_head_init is not None
+        or args.layers_init is not None
     ):
-        ap.error("--layers and --draft-vocab shape a new head; --init-from continues a head with its own")
+        ap.error(
+            "--layers, --draft-vocab, --lm-head-init and --layers-init shape a new head; --init-from continues a "
+            "head with its own"
+        )
     if args.out is None and not args.cache_only:
         ap.error("--out is required unless --cache-only")
     if args.cache_only and args.feature_cache is None:
@@ -124,6 +136,7 @@ def main() -> None:
             mask_token_id=MASK_TOKEN_ID,
             target_model_name=DEFAULT_TARGET_NAME,
             **({"lm_head_init": args.lm_head_init} if args.lm_head_init else {}),
+            **({"layers_init": args.layers_init} if args.layers_init else {}),
         )
     out = Path(args.out)
     run_dir = Path(args.run_dir or Path("runs") / out.name)

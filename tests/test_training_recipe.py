@@ -8,7 +8,7 @@ import torch
 from helpers import make_target, tiny_tokenizer
 from peagle import evalsets
 from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
-from peagle.training.recipe import format_summary
+from peagle.training.recipe import format_summary, init_layers_from_target
 
 
 def test_training_arguments_recipe_defaults_and_overrides(tmp_path):
@@ -122,3 +122,29 @@ def test_training_budget_sums_the_stage_chain():
         "stages": 2, "response_tokens_trained": 800, "optimizer_steps": 15, "cpu_hours": 2.5, "estimated": True,
     }  # fmt: skip
     assert training_budget(old | {"response_tokens_trained_estimated": False})["estimated"] is False
+
+
+def test_build_head_layers_from_the_targets_last_layers():
+    target = make_target()
+    head = build_head(target, num_hidden_layers=2, layers_init="target")
+    source = target.model.layers[-2:]
+    hidden = head.config.hidden_size
+    fused, plain = head.layers
+    for name in ("q_proj", "k_proj", "v_proj"):  # the hidden-state columns of the fused projections
+        ours = getattr(fused.self_attn, name).weight
+        assert torch.equal(ours[:, hidden:], getattr(source[0].self_attn, name).weight)
+        assert not torch.equal(ours[:, :hidden], getattr(source[0].self_attn, name).weight)
+    assert torch.equal(fused.self_attn.o_proj.weight, source[0].self_attn.o_proj.weight)
+    assert torch.equal(fused.mlp.down_proj.weight, source[0].mlp.down_proj.weight)
+    assert torch.equal(fused.hidden_norm.weight, source[0].input_layernorm.weight)
+    for (name, ours), theirs in zip(plain.state_dict().items(), source[1].state_dict().values()):
+        assert torch.equal(ours, theirs), name
+    random = build_head(target, num_hidden_layers=2)
+    assert not torch.equal(random.layers[1].mlp.up_proj.weight, source[1].mlp.up_proj.weight)
+    with pytest.raises(ValueError, match="decoder layers"):
+        build_head(make_target(num_hidden_layers=1), num_hidden_layers=2, layers_init="target")
+    with pytest.raises(ValueError, match="layers_init"):
+        build_head(target, layers_init="copy")
+    target.model.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(8))  # another layer family
+    with pytest.raises(ValueError, match="shares no weight"):
+        init_layers_from_target(random, target)

@@ -63,6 +63,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         choices=["target", "random"],
         help="LM head from the target's rows of the draft vocabulary (default) or random",
     )
+    head.add_argument(
+        "--layers-init",
+        default="random",
+        choices=["random", "target"],
+        help="decoder layers random (default) or copied from the target's last layers",
+    )
     tr = p.add_argument_group("training")
     tr.add_argument(
         "--num-parallel-positions",
@@ -215,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         embed_from_target=args.embed_from_target,
         mask_token_id=args.mask_token_id,
         lm_head_init=args.lm_head_init,
+        layers_init=args.layers_init,
         feature_cache=args.feature_cache,
         calibration_examples=args.calibration_examples,
         training_args=training_args,

@@ -109,6 +109,7 @@ def build_head(
     mask_token_id: int | None = None,
     target_model_name: str | None = None,
     lm_head_init: str = "target",
+    layers_init: str = "random",
     dtype: torch.dtype | None = None,
     **config_overrides: Any,
 ) -> PEagleDrafter:
@@ -131,6 +132,8 @@ def build_head(
         target_model_name: recorded in the config (default: the target config's name).
         lm_head_init: `"target"` (the default): the LM head starts as the target's output-embedding rows of the
             draft vocabulary ([`init_lm_head_from_target`]); `"random"`: transformers' initialisation.
+        layers_init: `"random"` (the default): transformers' initialisation of the decoder layers; `"target"`: the
+            drafter's layers start as the target's last layers ([`init_layers_from_target`]).
         dtype: parameter dtype (default float32, the training dtype).
         config_overrides: any other `PEagleConfig` field (e.g. `attn_implementation="sdpa"`).
     """
@@ -141,8 +144,9 @@ def build_head(
     from ..modeling_peagle import PEagleDrafter
     from .vocab import coverage_vocab_size, select_draft_vocab
 
-    if lm_head_init not in ("target", "random"):
-        raise ValueError(f"lm_head_init is {lm_head_init!r}; expected 'target' or 'random'.")
+    for name, value in (("lm_head_init", lm_head_init), ("layers_init", layers_init)):
+        if value not in ("target", "random"):
+            raise ValueError(f"{name} is {value!r}; expected 'target' or 'random'.")
     values: dict[str, Any] = {"drafting_mode": drafting_mode, "embed_from_target": embed_from_target}
     optional = {
         "num_hidden_layers": num_hidden_layers,
@@ -184,7 +188,55 @@ def build_head(
         head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, vocab_size, extra))
     if lm_head_init == "target":
         init_lm_head_from_target(head, target)
+    if layers_init == "target":
+        init_layers_from_target(head, target)
     return head
+
+
+def init_layers_from_target(head: PEagleDrafter, target) -> None:
+    """Start the drafter's n decoder layers as the target's last n layers (drafter layer i from target layer
+    `L - n + i`), copying every weight whose name and shape match.
+
+    Layer 0 is the fused layer: its q/k/v projections read `[input_layernorm(embeds), hidden_norm(h)]`, so the
+    target's projection goes into the columns that read the hidden state (the embedding columns keep their
+    initialisation), and `hidden_norm` takes the target layer's `input_layernorm`.  Attention output, MLP and
+    post-attention norm copy as they are.  Layers 1.. are plain Llama layers and copy whole.
+
+    Raises:
+        ValueError: the target has fewer layers than the head, or a layer shares no weight of the head's Llama
+            layout (another layer family, or other widths).
+    """
+    import torch
+
+    decoder = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+    source = list(getattr(decoder, "layers", []))
+    n = len(head.layers)
+    if len(source) < n:
+        raise ValueError(f"the target has {len(source)} decoder layers; the head needs {n} to start from.")
+    hidden = head.config.hidden_size
+    with torch.no_grad():
+        for i, (mine, theirs) in enumerate(zip(head.layers, source[len(source) - n :])):
+            params = dict(mine.named_parameters())
+            copied = 0
+            for name, weight in theirs.state_dict().items():
+                if i == 0 and name == "input_layernorm.weight":
+                    name = "hidden_norm.weight"
+                ours = params.get(name)
+                if ours is None:
+                    continue
+                weight = weight.to(ours.device, ours.dtype)
+                fused = i == 0 and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj") and ours.dim() == 2
+                if fused and tuple(weight.shape) == (ours.shape[0], hidden) and ours.shape[1] == 2 * hidden:
+                    ours[:, hidden:].copy_(weight)
+                    copied += 1
+                elif tuple(weight.shape) == tuple(ours.shape):
+                    ours.copy_(weight)
+                    copied += 1
+            if not copied:
+                raise ValueError(
+                    f"target layer {len(source) - n + i} shares no weight with drafter layer {i} (names and "
+                    f"shapes of a Llama layer of hidden size {hidden}); use layers_init='random'."
+                )
 
 
 def init_lm_head_from_target(head: PEagleDrafter, target) -> None:
@@ -245,6 +297,7 @@ def train_head(
     embed_from_target: bool = True,
     mask_token_id: int | None = None,
     lm_head_init: str = "target",
+    layers_init: str = "random",
     feature_cache: str | os.PathLike | None = None,
     calibration_examples: int | str = 0,
     training_args: PEagleTrainingArguments | Mapping[str, Any] | None = None,
@@ -265,7 +318,7 @@ def train_head(
         num_code_prompts: coding prompts from Python's standard library, added to `prompts`.
         max_new_tokens, generation_batch_size, do_sample, temperature: self-distillation decoding.
         head: a head to continue training; default [`build_head`] on the examples with `num_hidden_layers`,
-            `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init` (each
+            `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init`, `layers_init` (each
             defaulting to the size rule of `peagle.families`: the draft vocabulary is chosen from the examples) and
             the arguments' K_train.
         feature_cache: directory of a [`FeatureCache`] (built or reused) instead of online feature capture.
@@ -358,6 +411,7 @@ def train_head(
             mask_token_id=mask_token_id,
             target_model_name=name or None,
             lm_head_init=lm_head_init,
+            layers_init=layers_init,
         )
 
     dataset: Any = examples
@@ -484,6 +538,7 @@ def training_budget(summary: dict[str, Any]) -> dict[str, Any]:
 __all__ = [
     "training_arguments",
     "build_head",
+    "init_layers_from_target",
     "init_lm_head_from_target",
     "load_head_for_training",
     "train_head",
