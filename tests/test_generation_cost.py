@@ -239,3 +239,22 @@ def test_overconfident_calibration_is_corrected_by_the_rounds_verified():
     # about ten rejections outweigh the promise; every round would verify drafts without the correction
     assert st.rounds < 30 and st.declined_rounds + st.skipped_drafter_rounds > 45
     assert choose_num_drafts([0.9] * 4, curve.curve(5), 0.01) == 4  # what the uncorrected promise would pick
+
+
+def test_correction_learns_the_acceptance_the_rounds_show():
+    """A calibration that promises 0.9 per depth for drafts accepted half the time (oracle, p = 0.5): under a flat
+    cost curve every round verifies K drafts, and the corrected prediction must come to match what the rounds
+    realise.  Fed its own corrected predictions, the correction would settle at the square root of the right
+    factor (0.75 instead of 0.56 at each depth) and keep overpromising by about a third."""
+    target = make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+    head = _cost_head(target, model=VerifyCostModel.flat(16, drafter_seconds=0.0))
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.9, 0.9]]}
+    ids = prompt_ids(3, 6)
+    ref = greedy(target, ids, max_new_tokens=400)
+    oracle = Oracle(head, ref, p=0.5, seed=0)
+    out = greedy(target, ids, max_new_tokens=400, assistant_model=head, num_assistant_tokens=4)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert st.rounds > 150 and st.declined_rounds + st.skipped_drafter_rounds == 0
+    assert st.predicted_tokens / st.realised_tokens < 1.12, (st.predicted_tokens, st.realised_tokens)

@@ -374,3 +374,26 @@ def test_custom_generate_cost_rule_learns_from_the_rounds_it_verifies(tmp_path):
     assert torch.equal(got, expected)
     stats = head.last_generation_stats
     assert stats.accepted_tokens <= 2 and stats.rounds < 25
+
+
+def test_custom_generate_correction_learns_from_uncorrected_predictions(tmp_path):
+    """The recipe's correction compares the calibration's own predictions with the outcomes: drafts promised
+    0.9 and accepted half the time end at a factor near 0.5 / 0.9 (fed its corrected predictions, it would settle
+    at the square root, about 0.75)."""
+    import random
+
+    from peagle.generation import cost as cost_mod
+
+    target = make_target()
+    head = make_head(target, confidence_threshold=None)
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.9, 0.9]]}
+    head.cost_model = cost_mod.VerifyCostModel.flat(max_tokens=8)
+    recipe = _load_recipe(prepare_upload_folder(head, tmp_path / "up"))
+    rule, rng = recipe._CostRule(target, head, 4, cost_mod), random.Random(0)
+    for _ in range(400):
+        assert rule([0.5] * 4) == 4  # a flat curve verifies every draft
+        accepted = 0
+        while accepted < 4 and rng.random() < 0.5:
+            accepted += 1
+        rule.observe(accepted)
+    assert abs(rule.correction.factor(0) - 0.5 / 0.9) < 0.06, rule.correction.factor(0)

@@ -310,13 +310,14 @@ class PEagleCandidateGenerator(CandidateGenerator):
     def _choose(self, confidences: list[float], drafter_seconds: float, steps: int) -> int:
         """Cost rule: how many of the round's drafts to verify (and whether the next rounds skip the drafter)."""
         self.cost.observe_drafter(drafter_seconds, steps)
-        probs = self._probabilities(confidences)
+        calibrated = calibrated_probabilities(self.calibration, confidences)
+        probs = self._correction.apply(calibrated)
         curve = self.cost.curve(len(probs) + 1)
         k = choose_num_drafts(probs, curve, self.cost.drafter_seconds)
         predicted = expected_tokens(probs, k)
         self.stats.chosen_k_histogram[k] += 1
         self._round = {
-            "probs": probs[:k],
+            "calibrated": calibrated[:k],  # what the correction learns from: the uncorrected prediction
             "tokens": predicted,
             "seconds": curve[k] + drafter_seconds,
             "drafter_seconds": drafter_seconds,
@@ -424,7 +425,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
             if self._round is not None:
                 stats.predicted_tokens += self._round["tokens"]
                 stats.realised_tokens += matches + 1
-                self._correction.observe(self._round["probs"], matches)
+                self._correction.observe(self._round["calibrated"], matches)
         else:
             stats.plain_steps += 1
             self._round = None

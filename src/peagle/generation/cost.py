@@ -152,7 +152,9 @@ class AcceptanceCorrection:
         return [min(1.0, p * self.factor(d)) for d, p in enumerate(probs)]
 
     def observe(self, probs: Sequence[float], accepted: int) -> None:
-        """One verified round: `probs` of the drafts it verified (as predicted), `accepted` of them kept."""
+        """One verified round: `probs` of the drafts it verified, as predicted *before* this correction (the
+        factor compares the uncorrected predictions with the outcomes; fed corrected ones, it would settle at
+        the square root of the right factor), and `accepted` of them kept."""
         for d in range(min(len(probs), accepted + 1)):  # depths past the first rejection were not tested
             while d >= len(self.predicted):
                 self.predicted.append(0.0)

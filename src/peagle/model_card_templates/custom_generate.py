@@ -151,11 +151,10 @@ class _CostRule:
         self.verified = []
 
     def __call__(self, confidences):
-        probs = self.cost_mod.calibrated_probabilities(self.calibration, confidences)
-        if self.correction is not None:
-            probs = self.correction.apply(probs)
+        calibrated = self.cost_mod.calibrated_probabilities(self.calibration, confidences)
+        probs = self.correction.apply(calibrated) if self.correction is not None else calibrated
         k = self.cost_mod.choose_num_drafts(probs, self.cost.curve(len(probs) + 1), self.cost.drafter_seconds)
-        self.verified = probs[:k]
+        self.verified = calibrated[:k]  # the correction learns from the uncorrected prediction
         return k
 
     def observe(self, accepted):
