@@ -220,14 +220,27 @@ def plot(results: dict, path: Path) -> None:
 
     names = list(results)
     k4 = [results[n]["tokens_per_target_pass_k4"] for n in names]
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(names) + 1.2))
+    seconds = [results[n]["seconds"] or 0.0 for n in names]
+    fig, (ax, cost) = plt.subplots(
+        1, 2, figsize=(11, 0.35 * len(names) + 1.4), sharey=True, gridspec_kw={"width_ratios": [3, 1.3]}
+    )
     colors = ["tab:gray" if n == "base" else "tab:blue" for n in names]
     ax.barh(names[::-1], k4[::-1], color=colors[::-1])
     if "base" in results:
         ax.axvline(results["base"]["tokens_per_target_pass_k4"], color="k", lw=0.8, ls="--")
+        curve = [c["tokens_per_target_pass_k7"] for c in results["base"].get("curve") or []]
+        if len(curve) > 1:  # how much the base recipe moves between its last checkpoints: the noise floor
+            spread = abs(curve[-1] - curve[-2])
+            base = results["base"]["tokens_per_target_pass_k4"]
+            ax.axvspan(
+                base - spread, base + spread, color="0.85", zorder=0, label="base: last checkpoints' spread"
+            )
+            ax.legend(loc="lower right", fontsize=8)
     ax.set_xlim(1.0, max(k4) * 1.03)
     ax.set_xlabel("held-out new tokens per target pass at K=4 (teacher-forced)")
     ax.set_title("Head recipe ablations at one fixed budget")
+    cost.barh(names[::-1], seconds[::-1], color=colors[::-1])
+    cost.set_xlabel("training seconds (one thread)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
