@@ -7,7 +7,12 @@ prompts, then answers every prompt greedily with the same system prompt (self-di
 loses at most one cycle; the library's evaluation-set guard keeps MT-Bench/HumanEval prompts out.
 `scripts/pack_shards.py` turns OUT into the compact token-id shards kept in git.
 
+With `--engine vllm` the target is served by vLLM (`peagle.training.VLLMEngine`) in the environment that
+`--vllm-python` or `$PEAGLE_VLLM_PYTHON` names, with continuous batching; same prompts, seeds and row format.
+
 Usage:  OMP_NUM_THREADS=1 python scripts/grow_data.py --out data/grow/rows.jsonl --cycles 1000
+        VLLM_CPU_OMP_THREADS_BIND=0 python scripts/grow_data.py --out data/grow/rows.jsonl --engine vllm \
+            --vllm-python "$(bash tests/interop/peer_env.sh)"
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from pathlib import Path
 
 import torch
 
-from peagle.targets import load_default_target
+from peagle.targets import default_target_path, load_default_target
 from peagle.training.distill import self_distill, synthesize_prompts
 from peagle.training.prompts import stdlib_code_prompts
 from peagle.training.shards import packed_cycles
+from peagle.training.vllm_engine import VLLMEngine
 
 SYSTEM_PROMPTS = [
     None,  # the template's own default system prompt
@@ -52,12 +58,17 @@ SYSTEM_PROMPTS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--cycles", type=int, default=1000)
+    ap.add_argument("--cycles", type=int, default=1000, help="generate cycles [--first-cycle, --cycles)")
+    ap.add_argument(
+        "--first-cycle", type=int, default=0, help="first cycle: runs side by side take disjoint ranges"
+    )
     ap.add_argument("--magpie-per-cycle", type=int, default=96)
     ap.add_argument("--code-per-cycle", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    ap.add_argument("--vllm-python", help="the vLLM environment's interpreter (default $PEAGLE_VLLM_PYTHON)")
     ap.add_argument(
         "--packed",
         nargs="*",
@@ -77,8 +88,11 @@ def main() -> None:
         if Path(folder, "manifest.json").is_file():
             done_cycles |= packed_cycles(folder)
     target, tokenizer = load_default_target(dtype=torch.bfloat16)
+    if args.engine == "vllm":  # the same target in vLLM; the transformers copy only supplies the tokenizer
+        del target
+        target = VLLMEngine(default_target_path(), python=args.vllm_python, dtype="bfloat16")
     code_pool = stdlib_code_prompts(100_000, seed=args.seed)
-    for cycle in range(args.cycles):
+    for cycle in range(args.first_cycle, args.cycles):
         if cycle in done_cycles:
             continue
         rng = random.Random(args.seed * 100_003 + cycle)
@@ -123,10 +137,11 @@ def main() -> None:
         resp = sum(sum(r["loss_mask"]) for r in rows)
         with open(out, "a") as fh:
             for r in rows:
-                fh.write(json.dumps(dict(r, cycle=cycle, system=system, temperature=temperature)) + "\n")
+                row = dict(r, cycle=cycle, system=system, temperature=temperature, engine=args.engine)
+                fh.write(json.dumps(row) + "\n")
         dt = time.time() - t0
         print(
-            f"cycle {cycle}: {len(rows)} rows, {resp} response tokens, prompts {t1 - t0:.0f} s, "
+            f"cycle {cycle} ({args.engine}): {len(rows)} rows, {resp} response tokens, prompts {t1 - t0:.0f} s, "
             f"total {dt:.0f} s ({resp / dt:.1f} resp tok/s)",
             flush=True,
         )

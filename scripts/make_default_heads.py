@@ -37,7 +37,7 @@ from peagle.training.recipe import (
     training_arguments,
     training_budget,
 )
-from peagle.training.shards import load_examples
+from peagle.training.shards import load_examples, read_shards
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>": a reserved special token that never occurs in chat
 
@@ -77,6 +77,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--feature-cache", default=None)
+    ap.add_argument(
+        "--min-cycle",
+        type=int,
+        default=None,
+        help="with a shard folder as --examples: only its shards of grow_data.py cycles >= this one",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--run-dir", default=None, help="checkpoints and logs (default: runs/<name of --out>)")
     ap.add_argument("--save-steps", type=int, default=100000, help="checkpoint every N optimizer steps")
@@ -108,7 +114,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    examples = load_examples(args.examples)
+    if (
+        args.min_cycle is not None
+    ):  # the shards added since an earlier stage (a shard folder's manifest cycles)
+        examples = read_shards(args.examples, min_cycle=args.min_cycle)
+    else:
+        examples = load_examples(args.examples)
     target, tokenizer = load_default_target(dtype=torch.bfloat16)
     if args.cache_only:  # the target layers every new head reads (PEagleConfig.for_target's default)
         aux = PEagleConfig.for_target(target.config).eagle_aux_hidden_state_layer_ids

@@ -90,6 +90,7 @@ def pack(
     stop = start + len(lines)
     by_source: dict[str, list[dict]] = defaultdict(list)
     cycles: dict[str, list[int]] = defaultdict(list)
+    engines: dict[str, set[str]] = defaultdict(set)  # what generated the rows (grow_data.py --engine)
     for line in lines:
         if not line.strip():
             continue
@@ -100,6 +101,8 @@ def pack(
         by_source[source].append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
         if "cycle" in row:
             cycles[source].append(int(row["cycle"]))
+        if row.get("engine"):
+            engines[source].add(str(row["engine"]))
     entries = []
     for source, examples in sorted(by_source.items()):
         chunk: list[dict] = []
@@ -111,6 +114,8 @@ def pack(
                 extra = {"rows_file": rows_file, "rows_head": head, "rows": [start, stop]}
                 if cycles[source]:
                     extra["cycles"] = [min(cycles[source]), max(cycles[source])]
+                if engines[source]:
+                    extra["engine"] = "+".join(sorted(engines[source]))
                 entries.append(
                     write_shard(
                         chunk, folder, source=source, target_name=target_name, dtype=dtype, extra=extra

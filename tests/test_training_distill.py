@@ -144,3 +144,19 @@ def test_real_smollm2_magpie_prefix_and_self_distillation():
     for ex in examples:
         resp = [t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if m]
         assert 1 <= len(resp) <= 8 and tok.decode(ex["input_ids"]).count("<|im_start|>assistant") == 1
+
+
+def test_vllm_engine_needs_an_environment_and_a_model_folder(tmp_path, monkeypatch):
+    from peagle.training import VLLMEngine
+    from peagle.vllm_process import VLLM_PYTHON_ENV, vllm_python
+
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    with pytest.raises(ValueError, match=VLLM_PYTHON_ENV):
+        vllm_python()
+    with pytest.raises(ValueError, match="not a file"):
+        vllm_python(tmp_path / "missing-python")
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "missing-python"))
+    with pytest.raises(ValueError, match="not a file"):
+        vllm_python()
+    with pytest.raises(ValueError, match="config.json"):
+        VLLMEngine(tmp_path)

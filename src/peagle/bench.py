@@ -30,13 +30,12 @@ import torch
 from tqdm.auto import tqdm
 
 from .generation.stats import PEagleGenerationStats
+from .vllm_process import VLLM_PYTHON_ENV, VLLM_RUNNER, vllm_environ
 
 METHODS = ("greedy", "peagle", "eagle3", "pld")
 HEAD_METHODS = ("peagle", "eagle3")
 VLLM_METHODS = ("vllm", "vllm-peagle", "vllm-eagle3")
 """vLLM plain and vLLM with the P-EAGLE / EAGLE-3 head (its vLLM export), when a vLLM environment is set."""
-VLLM_PYTHON_ENV = "PEAGLE_VLLM_PYTHON"
-"""The environment variable naming the Python interpreter of a vLLM environment."""
 AUTO = "-auto"
 """Suffix of a head's rows run with its default drafting rule (cost-aware unless the head sets a cut), e.g.
 `"peagle-auto"`; the head's plain rows draft K every round (or with the cut the benchmark is given)."""
@@ -423,17 +422,13 @@ def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> Non
 
 
 # ---------------------------------------------------------------------------------------------- vLLM rows
-VLLM_RUNNER = Path(__file__).with_name("vllm_runner.py")
-
-
 def run_vllm(python: str | os.PathLike, request: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
     """Run `vllm_runner.py` (see its docstring for `request` and the result) in a vLLM environment's
     interpreter `python`; raises `RuntimeError` with the end of its output when it fails."""
     with tempfile.TemporaryDirectory(prefix="peagle-vllm-") as tmp:
         req = Path(tmp) / "request.json"
         req.write_text(json.dumps(request))
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU backend's default reserves far more
+        env = vllm_environ()
         proc = subprocess.run(
             [str(python), str(VLLM_RUNNER), str(req)],
             capture_output=True,

@@ -13,6 +13,16 @@ median over `repeats`), `new_tokens` (per prompt), and the speculative counters 
 (`vllm:spec_decode_*`) of each prompt's first repeat, `counters`: `num_drafts`, `num_draft_tokens`,
 `num_accepted_tokens`, `accepted_per_pos`.  Requests run one at a time (concurrency 1, like `generate()`), after
 one warm-up request.
+
+With `--serve` it is instead a generation server for self-distillation (`peagle.training.vllm_engine`): the first
+line of stdin sets up the engine, `{"target": folder, "dtype": "bfloat16", "max_model_len": 2048}`, and it
+answers `READY`; every further line is a batch,
+
+    {"prompts": [[token ids], ...], "max_tokens": 256, "temperature": 0.0, "top_p": 1.0,
+     "seeds": [int per prompt] or null, "stop_token_ids": [ids]}
+
+run with continuous batching and answered by one line `RESULT {"outputs": [[new ids], ...]}` (each ending at and
+including its stop token when it stopped on one).  End of input shuts the engine down.
 """
 
 from __future__ import annotations
@@ -100,6 +110,52 @@ def run_one(req: dict, run: dict) -> dict:
         gc.collect()
 
 
+def serve(stdin, stdout) -> None:
+    """The `--serve` loop (see the module docstring): one engine, one batch per input line."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    setup = json.loads(stdin.readline())
+    llm = LLM(
+        model=setup["target"],
+        dtype=setup.get("dtype", "bfloat16"),
+        enforce_eager=True,
+        max_model_len=int(setup.get("max_model_len", 2048)),
+        seed=0,
+    )
+    print("READY", file=stdout, flush=True)
+    try:
+        for line in stdin:
+            if not line.strip():
+                continue
+            req = json.loads(line)
+            stops = [int(t) for t in req.get("stop_token_ids") or []]
+            seeds = req.get("seeds") or [None] * len(req["prompts"])
+            params = [
+                SamplingParams(
+                    temperature=float(req.get("temperature", 0.0)),
+                    top_p=float(req.get("top_p", 1.0)),
+                    max_tokens=int(req["max_tokens"]),
+                    seed=seed,
+                    stop_token_ids=stops,
+                )
+                for seed in seeds
+            ]
+            prompts = [TokensPrompt(prompt_token_ids=ids) for ids in req["prompts"]]
+            results = llm.generate(prompts, params, use_tqdm=False)
+            outputs = []
+            for r in results:
+                out = r.outputs[0]
+                ids = list(out.token_ids)
+                # a stop id that ended the sequence is reported as the stop reason, not always as a token
+                if isinstance(out.stop_reason, int) and (not ids or ids[-1] != out.stop_reason):
+                    ids.append(out.stop_reason)
+                outputs.append(ids)
+            print("RESULT " + json.dumps({"outputs": outputs}), file=stdout, flush=True)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def main(request_file: str) -> None:
     with open(request_file) as f:
         req = json.load(f)
@@ -108,4 +164,7 @@ def main(request_file: str) -> None:
 
 
 if __name__ == "__main__":  # vLLM starts worker processes: the guard keeps them from re-running this
-    main(sys.argv[1])
+    if sys.argv[1:] == ["--serve"]:
+        serve(sys.stdin, sys.stdout)
+    else:
+        main(sys.argv[1])

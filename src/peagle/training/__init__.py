@@ -44,6 +44,7 @@ _EXPORTS = {
         "default_prompt_set",
     ],
     "distill": ["generate_responses", "self_distill", "synthesize_prompts"],
+    "vllm_engine": ["VLLMEngine"],
     "features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
     "vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
     "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
@@ -73,6 +74,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .recipe import build_head, train_head, training_arguments  # noqa: F401
     from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
     from .trainer import PEagleTrainer, PEagleTrainingArguments  # noqa: F401
+    from .vllm_engine import VLLMEngine  # noqa: F401
     from .vocab import choose_draft_vocab_size, draft_vocab_coverage, select_draft_vocab  # noqa: F401
 
 

@@ -147,13 +147,18 @@ def write_shard(
 
 
 def read_shards(
-    folder: str | os.PathLike, *, sources: Iterable[str] | None = None
+    folder: str | os.PathLike,
+    *,
+    sources: Iterable[str] | None = None,
+    min_cycle: int | None = None,
 ) -> list[dict[str, list[int]]]:
     """Examples of every shard listed in the manifest (manifest order), each checked against its entry.
 
     Args:
         folder: the shard folder.
         sources: only the shards of these sources (default: all).
+        min_cycle: only the shards whose rows all come from `grow_data.py` cycles >= `min_cycle` (their manifest
+            entry's `cycles`), e.g. the data added since a head last trained; shards without cycles are left out.
 
     Returns:
         Examples `{"input_ids": [...], "loss_mask": [...]}` (lists of `T_i` ints).
@@ -170,6 +175,8 @@ def read_shards(
     examples: list[dict[str, list[int]]] = []
     for entry in read_manifest(folder)["shards"]:
         if wanted is not None and entry["source"] not in wanted:
+            continue
+        if min_cycle is not None and ("cycles" not in entry or entry["cycles"][0] < min_cycle):
             continue
         path = os.path.join(folder, entry["file"])
         if not os.path.isfile(path):
