@@ -78,6 +78,12 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--feature-cache", default=None)
     ap.add_argument(
+        "--resume-from-checkpoint",
+        default=None,
+        help="a checkpoint of --run-dir to resume (optimizer, schedule, data order, budget count); the other "
+        "arguments must be the run's own, except --max-steps, which may shorten or lengthen the schedule",
+    )
+    ap.add_argument(
         "--min-cycle",
         type=int,
         default=None,
@@ -175,6 +181,7 @@ def main() -> None:
         head=head,
         feature_cache=args.feature_cache,
         training_args=training_args,
+        resume_from_checkpoint=args.resume_from_checkpoint,
     )
     if args.init_from and (Path(args.init_from) / "train_summary.json").is_file():
         summary["previous_stage"] = json.loads((Path(args.init_from) / "train_summary.json").read_text())

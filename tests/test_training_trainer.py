@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -238,6 +239,38 @@ def test_resume_from_checkpoint_continues_identically(tmp_path):
     trainer_c.train(resume_from_checkpoint=os.path.join(args_b.output_dir, "checkpoint-2"))
     for (k, a), (_, c) in zip(head_a.named_parameters(), head_c.named_parameters()):
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6, msg=k)
+    # the budget count resumes too: the resumed run counts every token-pass of the whole run, exactly
+    assert trainer_c.response_tokens_trained() == trainer_b.response_tokens_trained() > 0
+    assert not trainer_c.budget_estimated
+
+
+def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path):
+    from peagle.training.trainer import BUDGET_FILE
+
+    target = make_target()
+    data = random_examples(8, seed=5)
+    args = make_args(
+        tmp_path, save_strategy="steps", save_steps=2, per_device_train_batch_size=2, max_steps=4
+    )
+    trainer = PEagleTrainer(
+        model=make_head(target).float(), target_model=target, args=args, train_dataset=data
+    )
+    trainer.train()
+    record = os.path.join(args.output_dir, "checkpoint-2", BUDGET_FILE.format(0))
+    with open(record) as fh:
+        first_half = json.load(fh)["response_tokens_trained"]
+    os.remove(record)  # as older peagle wrote it
+    resumed = PEagleTrainer(
+        model=make_head(target).float(), target_model=target, args=args, train_dataset=data
+    )
+    resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-2"))
+    # checkpoint 2 is half an epoch (8 examples, 2 per step): half the data's response tokens, then counted exactly
+    per_epoch = sum(sum(e["loss_mask"]) for e in data)
+    assert resumed.budget_estimated
+    assert (
+        resumed.response_tokens_trained()
+        == round(0.5 * per_epoch) + trainer.response_tokens_trained() - first_half
+    )
 
 
 def test_logs_per_depth_accuracy_and_evaluates(tmp_path):

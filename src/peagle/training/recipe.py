@@ -444,6 +444,7 @@ def train_head(
         "response_tokens": int(sum(sum(e["loss_mask"]) for e in examples)),
         "optimizer_steps": trainer.state.global_step,
         "response_tokens_trained": trainer.response_tokens_trained(),
+        **({"response_tokens_trained_estimated": True} if trainer.budget_estimated else {}),
         "threads": torch.get_num_threads() if args.device.type == "cpu" else None,
         "first_loss": history[0]["loss"] if history else None,
         "train_loss": result.training_loss,

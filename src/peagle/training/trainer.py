@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.cache_utils import DynamicCache
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from .features import PEagleDataCollator, capture_features
@@ -193,6 +194,8 @@ class PEagleTrainer(Trainer):
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
         self._elements: list[torch.Tensor] | None = None  # per-element records while evaluating acceptance
         self._response_tokens = 0  # response tokens of the micro-batches trained by this process
+        self._budget_estimated = False  # resumed from a checkpoint that did not record the count
+        self.add_callback(_BudgetCheckpointCallback(self))
 
     # ----------------------------------------------------------------------------------------- helpers
     def _head(self):
@@ -478,9 +481,13 @@ class PEagleTrainer(Trainer):
             )
         return total
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """`Trainer.train`, with denormal floats flushed to zero on the CPU for its duration when
-        `args.flush_denormal` (restored afterwards)."""
+        `args.flush_denormal` (restored afterwards).  Resuming from a checkpoint also resumes its budget count
+        (`response_tokens_trained`)."""
+        if resume_from_checkpoint:
+            self._resume_budget(resume_from_checkpoint)
+        kwargs["resume_from_checkpoint"] = resume_from_checkpoint
         if not self.args.flush_denormal:
             return super().train(*args, **kwargs)
         flushed = torch.set_flush_denormal(True)
@@ -504,6 +511,44 @@ class PEagleTrainer(Trainer):
                 self._record(split, stats)
         loss = loss / max(float(denom), 1.0)
         return (loss, None) if return_outputs else loss
+
+    def _resume_budget(self, checkpoint: str | bool) -> None:
+        """Set the budget count from the checkpoint's record (`BUDGET_FILE`, this process's count), or estimate it
+        from the epochs trained and the dataset's response tokens when the checkpoint has none (flagged)."""
+        import json
+        import os
+
+        from transformers.trainer_utils import get_last_checkpoint
+
+        folder = get_last_checkpoint(self.args.output_dir) if checkpoint is True else os.fspath(checkpoint)
+        if folder is None:
+            return  # Trainer.train raises its own error
+        path = os.path.join(folder, BUDGET_FILE.format(self.accelerator.process_index))
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                self._response_tokens = int(json.load(fh)["response_tokens_trained"])
+            return
+        with open(os.path.join(folder, "trainer_state.json"), encoding="utf-8") as fh:
+            epoch = float(json.load(fh).get("epoch") or 0.0)
+        per_epoch = (
+            sum(int(sum(ex["loss_mask"])) for ex in self.train_dataset.examples)
+            if hasattr(self.train_dataset, "examples")
+            else sum(int(sum(self.train_dataset[i]["loss_mask"])) for i in range(len(self.train_dataset)))
+        )
+        self._response_tokens = round(epoch * per_epoch / self.accelerator.num_processes)
+        self._budget_estimated = True
+        logger.warning(
+            "%s records no budget count (an older peagle saved it); estimated %d response tokens trained from its "
+            "epoch %.3f",
+            folder,
+            self._response_tokens,
+            epoch,
+        )
+
+    @property
+    def budget_estimated(self) -> bool:
+        """Whether `response_tokens_trained` includes an estimate (resumed from a checkpoint without a count)."""
+        return self._budget_estimated
 
     def response_tokens_trained(self) -> int:
         """Response tokens of every micro-batch trained so far, over all processes (a token seen in two epochs
@@ -617,6 +662,28 @@ class PEagleTrainer(Trainer):
         """Top-1 agreement per depth since the last log (None where nothing was supervised)."""
         s = self._stats[split]
         return [float(c) / float(t) if t > 0 else None for c, t in zip(s["correct"], s["total"])]
+
+
+BUDGET_FILE = "peagle_budget_{}.json"
+"""Per-process record of the response tokens trained, written into every checkpoint (read back on resume)."""
+
+
+class _BudgetCheckpointCallback(TrainerCallback):
+    """Writes the trainer's budget count into each checkpoint, so a resumed run counts from where it stopped."""
+
+    def __init__(self, trainer: PEagleTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        import json
+        import os
+
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if os.path.isdir(folder):
+            path = os.path.join(folder, BUDGET_FILE.format(self.trainer.accelerator.process_index))
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump({"response_tokens_trained": self.trainer._response_tokens}, fh)
+        return control
 
 
 __all__ = ["PEagleTrainingArguments", "PEagleTrainer"]
