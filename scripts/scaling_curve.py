@@ -58,7 +58,20 @@ def main() -> None:
     ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--feature-cache", default="runs/cache-heldout-scaling")
     ap.add_argument("--out", default="docs/results/scaling.json")
+    ap.add_argument(
+        "--reuse",
+        default=None,
+        help="an earlier result JSON measured with the same settings: its points are kept, not evaluated again",
+    )
     args = ap.parse_args()
+    kept: list[dict] = []
+    if args.reuse:
+        earlier = json.loads(Path(args.reuse).read_text())
+        same = ("heldout", "skip", "limit", "num_speculative_tokens", "head_dtype")
+        differ = [k for k in same if earlier["settings"].get(k) != getattr(args, k)]
+        if differ:
+            ap.error(f"--reuse {args.reuse} was measured with other settings: {', '.join(differ)}")
+        kept = earlier["points"]
 
     folders, budgets = [], {}
     for head in args.heads:
@@ -100,6 +113,8 @@ def main() -> None:
                 "acceptance_by_depth": r["acceptance_by_depth"],
             }
         )
+    done = {p["head"] for p in points}
+    points += [p for p in kept if p["head"] not in done]
     points.sort(key=lambda p: p["token_passes"])
     scratch = {}
     if args.ablations and Path(args.ablations).exists():
