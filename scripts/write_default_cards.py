@@ -28,11 +28,15 @@ def main() -> None:
         budget = training_budget(summary)
         data = (
             "self-distilled: SmolLM2-135M-Instruct answering chat, Magpie (prompts the target wrote itself under "
-            "varied system prompts) and Python-stdlib coding prompts, greedy, up to 256 tokens; no MT-Bench or "
+            "varied system prompts) and Python-stdlib coding prompts, greedy, up to 256 tokens (320 from stage 3 on, "
+            "generated with transformers or the vLLM engine); no MT-Bench or "
             "HumanEval prompts"
         )
         if summary.get("examples") != stages[0].get("examples"):
-            data += f"; the last stage on training_data/smollm2-135m-instruct/train ({summary.get('examples')} examples)"
+            data += (
+                f"; the last stage on {summary.get('examples')} examples of "
+                "training_data/smollm2-135m-instruct/train (heads/README.md)"
+            )
         training = {
             "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.py; stages in heads/README.md)",
             "data": data,
