@@ -64,19 +64,25 @@ def difference(after: dict, before: dict) -> dict:
     return out
 
 
+def make_llm(spec: dict, dtype: str, **extra):
+    """vLLM's `LLM` for `spec` (`target`, optional `dtype` and `max_model_len`): eager, seeded, offline folder."""
+    from vllm import LLM
+
+    return LLM(
+        model=spec["target"],
+        dtype=spec.get("dtype", dtype),
+        enforce_eager=True,
+        max_model_len=int(spec.get("max_model_len", 2048)),
+        seed=0,
+        **extra,
+    )
+
+
 def run_one(req: dict, run: dict) -> dict:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=req["target"],
-        dtype=req.get("dtype", "float32"),
-        enforce_eager=True,
-        max_model_len=int(req.get("max_model_len", 2048)),
-        seed=0,
-        disable_log_stats=False,
-        speculative_config=run.get("speculative_config"),
-    )
+    llm = make_llm(req, "float32", disable_log_stats=False, speculative_config=run.get("speculative_config"))
     try:
         params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]))
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in req["prompts"]]
@@ -112,17 +118,11 @@ def run_one(req: dict, run: dict) -> dict:
 
 def serve(stdin, stdout) -> None:
     """The `--serve` loop (see the module docstring): one engine, one batch per input line."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     setup = json.loads(stdin.readline())
-    llm = LLM(
-        model=setup["target"],
-        dtype=setup.get("dtype", "bfloat16"),
-        enforce_eager=True,
-        max_model_len=int(setup.get("max_model_len", 2048)),
-        seed=0,
-    )
+    llm = make_llm(setup, "bfloat16")
     print("READY", file=stdout, flush=True)
     try:
         for line in stdin:
