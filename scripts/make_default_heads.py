@@ -120,9 +120,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    if (
-        args.min_cycle is not None
-    ):  # the shards added since an earlier stage (a shard folder's manifest cycles)
+    # --min-cycle: the shards added since an earlier stage (by the cycles in the shard folder's manifest)
+    if args.min_cycle is not None:
         examples = read_shards(args.examples, min_cycle=args.min_cycle)
     else:
         examples = load_examples(args.examples)

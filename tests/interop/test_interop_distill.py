@@ -56,3 +56,7 @@ def test_engine_refuses_a_prompt_longer_than_its_window(engine):
     assert engine.max_model_len == 8192, "the target's window (max_position_embeddings), capped at 8192"
     with pytest.raises(ValueError, match="max_model_len"):
         engine.generate([[1] * (engine.max_model_len - 10)], max_new_tokens=100, progress=False)
+    # checked before anything is generated: the long prompt is named even behind a full chunk of good ones
+    batch = [[1, 2, 3]] * engine.chunk_size + [[1] * engine.max_model_len]
+    with pytest.raises(ValueError, match=f"prompt {engine.chunk_size} "):
+        engine.generate(batch, max_new_tokens=8, progress=False)

@@ -42,6 +42,12 @@ def eos_token_ids(target, eos_token_id: int | Sequence[int] | None = None) -> li
     return [int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])]
 
 
+def through_first_stop(ids: Sequence[int], stops: Sequence[int]) -> list[int]:
+    """`ids` up to and including the first stop id (all of them when none occurs)."""
+    cut = next((j + 1 for j, t in enumerate(ids) if t in stops), len(ids))
+    return list(ids[:cut])
+
+
 @torch.no_grad()
 def generate_responses(
     target,
@@ -124,9 +130,8 @@ def generate_responses(
             )
             for r, i in enumerate(chunk):
                 new = out[r, width:].tolist()
-                cut = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
-                results[i] = new[:cut]
-                made += cut
+                results[i] = through_first_stop(new, eos)
+                made += len(results[i])
             bar.update(len(chunk))
             bar.set_postfix(tokens=made)
     bar.close()

@@ -22,13 +22,15 @@ step d of an unroll whose slot ``(a, d)`` reads token ``x_{a+d+1}`` and the draf
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.cache_utils import DynamicCache
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging
 
 from .features import PEagleDataCollator, capture_features
@@ -487,12 +489,11 @@ class PEagleTrainer(Trainer):
         (`response_tokens_trained`)."""
         if resume_from_checkpoint:
             self._resume_budget(resume_from_checkpoint)
-        kwargs["resume_from_checkpoint"] = resume_from_checkpoint
         if not self.args.flush_denormal:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         flushed = torch.set_flush_denormal(True)
         try:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             if flushed:
                 torch.set_flush_denormal(False)
@@ -515,11 +516,6 @@ class PEagleTrainer(Trainer):
     def _resume_budget(self, checkpoint: str | bool) -> None:
         """Set the budget count from the checkpoint's record (`BUDGET_FILE`, this process's count), or estimate it
         from the epochs trained and the dataset's response tokens when the checkpoint has none (flagged)."""
-        import json
-        import os
-
-        from transformers.trainer_utils import get_last_checkpoint
-
         folder = get_last_checkpoint(self.args.output_dir) if checkpoint is True else os.fspath(checkpoint)
         if folder is None:
             return  # Trainer.train raises its own error
@@ -675,9 +671,6 @@ class _BudgetCheckpointCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_save(self, args, state, control, **kwargs):
-        import json
-        import os
-
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(folder):
             path = os.path.join(folder, BUDGET_FILE.format(self.trainer.accelerator.process_index))

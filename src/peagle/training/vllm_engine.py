@@ -143,20 +143,23 @@ class VLLMEngine:
         """
         from tqdm.auto import tqdm
 
+        from .distill import through_first_stop
+
         stops = [int(t) for t in stop_token_ids]
+        prompts = [list(map(int, p)) for p in prompts]
+        for i, p in enumerate(prompts):  # every prompt is checked before any is generated
+            if not p:
+                raise ValueError(f"prompt {i} is empty.")
+            if len(p) + max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} ({len(p)} tokens) + max_new_tokens {max_new_tokens} exceeds the "
+                    f"engine's max_model_len {self.max_model_len}."
+                )
         outputs: list[list[int]] = []
         bar = tqdm(total=len(prompts), desc=f"{desc} (vLLM)", unit="prompt", disable=not progress)
         made = 0
         for start in range(0, len(prompts), self.chunk_size):
-            chunk = [list(map(int, p)) for p in prompts[start : start + self.chunk_size]]
-            for i, p in enumerate(chunk):
-                if not p:
-                    raise ValueError(f"prompt {start + i} is empty.")
-                if len(p) + max_new_tokens > self.max_model_len:
-                    raise ValueError(
-                        f"prompt {start + i} ({len(p)} tokens) + max_new_tokens {max_new_tokens} exceeds the "
-                        f"engine's max_model_len {self.max_model_len}."
-                    )
+            chunk = prompts[start : start + self.chunk_size]
             request = {
                 "prompts": chunk,
                 "max_tokens": int(max_new_tokens),
@@ -166,9 +169,8 @@ class VLLMEngine:
                 "stop_token_ids": stops,
             }
             for new in json.loads(self._send(request))["outputs"]:
-                cut = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
-                outputs.append(new[:cut])
-                made += cut
+                outputs.append(through_first_stop(new, stops))
+                made += len(outputs[-1])
             bar.update(len(chunk))
             bar.set_postfix(tokens=made)
         bar.close()
