@@ -7,6 +7,12 @@ prompts, then answers every prompt greedily with the same system prompt (self-di
 loses at most one cycle; the library's evaluation-set guard keeps MT-Bench/HumanEval prompts out.
 `scripts/pack_shards.py` turns OUT into the compact token-id shards kept in git.
 
+`--prompt-set 2` (the default; cycles up to 512 used set 1) broadens the kinds of prompt: system prompts for
+role-play, reasoning puzzles, extraction, STEM, humanities and completing code stubs join the list, and half
+of each cycle's code slice becomes stdlib function stubs to complete (`stdlib_stub_prompts`), the kind of
+request HumanEval makes, on functions that are not HumanEval's.  A cycle's data is fixed by its number, the
+seed and the prompt set.
+
 With `--engine vllm` the target is served by vLLM (`peagle.training.VLLMEngine`) in the environment that
 `--vllm-python` or `$PEAGLE_VLLM_PYTHON` names, with continuous batching; same prompts, seeds and row format.
 
@@ -24,10 +30,16 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from peagle.targets import default_target_path, load_default_target
 from peagle.training.distill import self_distill, synthesize_prompts
-from peagle.training.prompts import stdlib_code_prompts
+from peagle.training.prompts import (
+    DEFAULT_SET_MODULES,
+    STDLIB_MODULES,
+    stdlib_code_prompts,
+    stdlib_stub_prompts,
+)
 from peagle.training.shards import packed_cycles
 from peagle.training.vllm_engine import VLLMEngine
 
@@ -54,6 +66,21 @@ SYSTEM_PROMPTS = [
     "You are a health and fitness assistant. You give general advice, not medical diagnoses.",
 ]
 
+# prompt set 2: the kinds of request chat and code benchmarks make that set 1 lacks (never their prompts)
+SYSTEM_PROMPTS_2 = SYSTEM_PROMPTS + [
+    "You are a role-play partner. Users ask you to act as a character or a professional and stay in role.",
+    "You are a logical reasoning assistant. Users give you riddles and logic puzzles; reason step by step.",
+    "You are an assistant that extracts names, dates, numbers and facts from text the user pastes, "
+    "answering in JSON or a table.",
+    "You are a physics, chemistry and engineering tutor.",
+    "You are a tutor in philosophy, literature, economics and the social sciences.",
+    "You are a writing assistant. Users ask for blog posts, stories, poems and persuasive essays.",
+    "You are a maths assistant. Users ask about probability, geometry, algebra and number theory.",
+    "You are a Python assistant. Users paste a function signature with a docstring and ask you to "
+    "complete the function.",
+]
+PROMPT_SETS = {1: SYSTEM_PROMPTS, 2: SYSTEM_PROMPTS_2}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,6 +94,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--prompt-set", type=int, choices=sorted(PROMPT_SETS), default=2)
     ap.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     ap.add_argument("--vllm-python", help="the vLLM environment's interpreter (default $PEAGLE_VLLM_PYTHON)")
     ap.add_argument(
@@ -87,16 +115,22 @@ def main() -> None:
     for folder in args.packed:  # cycles already in git: never generated again (same seed -> same data)
         if Path(folder, "manifest.json").is_file():
             done_cycles |= packed_cycles(folder)
-    target, tokenizer = load_default_target(dtype=torch.bfloat16)
-    if args.engine == "vllm":  # the same target in vLLM; the transformers copy only supplies the tokenizer
-        del target
+    if args.engine == "vllm":  # the same target served by vLLM; transformers only tokenizes
+        tokenizer = AutoTokenizer.from_pretrained(default_target_path())
         target = VLLMEngine(default_target_path(), python=args.vllm_python, dtype="bfloat16")
+    else:
+        target, tokenizer = load_default_target(dtype=torch.bfloat16)
+    system_prompts = PROMPT_SETS[args.prompt_set]
     code_pool = stdlib_code_prompts(100_000, seed=args.seed)
+    stub_pool = stdlib_stub_prompts(
+        100_000, seed=args.seed, modules=sorted({*STDLIB_MODULES, *DEFAULT_SET_MODULES})
+    )
+    num_stubs = args.code_per_cycle // 2 if args.prompt_set >= 2 else 0
     for cycle in range(args.first_cycle, args.cycles):
         if cycle in done_cycles:
             continue
         rng = random.Random(args.seed * 100_003 + cycle)
-        system = rng.choice(SYSTEM_PROMPTS)
+        system = rng.choice(system_prompts)
         temperature = rng.choice([0.7, 0.85, 1.0, 1.1])
         t0 = time.time()
         # Magpie: the library drops user turns that are evaluation prompts (and logs how many)
@@ -112,8 +146,8 @@ def main() -> None:
             max_rounds=2,
             progress=False,
         )
-        start = (cycle * args.code_per_cycle) % max(len(code_pool), 1)
-        code = code_pool[start : start + args.code_per_cycle]
+        code = pool_slice(code_pool, cycle, args.code_per_cycle - num_stubs)
+        stubs = pool_slice(stub_pool, cycle, num_stubs)
         t1 = time.time()
         rows = self_distill(
             target,
@@ -126,18 +160,26 @@ def main() -> None:
         rows = [dict(r, source="magpie") for r in rows]
         code_rows = self_distill(
             target,
-            code,
+            code + stubs,
             tokenizer=tokenizer,
             system=system,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             progress=False,
         )
-        rows += [dict(r, source="stdlib-code") for r in code_rows]
+        rows += [dict(r, source="stdlib-code") for r in code_rows[: len(code)]]
+        rows += [dict(r, source="stdlib-stub") for r in code_rows[len(code) :]]
         resp = sum(sum(r["loss_mask"]) for r in rows)
         with open(out, "a") as fh:
             for r in rows:
-                row = dict(r, cycle=cycle, system=system, temperature=temperature, engine=args.engine)
+                row = dict(
+                    r,
+                    cycle=cycle,
+                    system=system,
+                    temperature=temperature,
+                    engine=args.engine,
+                    prompt_set=args.prompt_set,
+                )
                 fh.write(json.dumps(row) + "\n")
         dt = time.time() - t0
         print(
@@ -145,6 +187,14 @@ def main() -> None:
             f"total {dt:.0f} s ({resp / dt:.1f} resp tok/s)",
             flush=True,
         )
+
+
+def pool_slice(pool: list[str], cycle: int, n: int) -> list[str]:
+    """Cycle `cycle`'s `n` prompts of `pool`, taken in turn (short at the pool's end, as set 1 always was)."""
+    if n <= 0 or not pool:
+        return []
+    start = (cycle * n) % len(pool)
+    return pool[start : start + n]
 
 
 if __name__ == "__main__":

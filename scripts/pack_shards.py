@@ -67,6 +67,10 @@ def sibling_cycles(folder: str) -> set[int]:
     return cycles
 
 
+RECORDED_FIELDS = ("engine", "prompt_set")
+"""Row fields copied into each shard's manifest entry (all values of the shard's rows, joined by `+`)."""
+
+
 def pack(
     rows_path: str,
     folder: str,
@@ -90,7 +94,8 @@ def pack(
     stop = start + len(lines)
     by_source: dict[str, list[dict]] = defaultdict(list)
     cycles: dict[str, list[int]] = defaultdict(list)
-    engines: dict[str, set[str]] = defaultdict(set)  # what generated the rows (grow_data.py --engine)
+    # how the rows were made (grow_data.py --engine, --prompt-set), recorded per shard
+    recorded: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for line in lines:
         if not line.strip():
             continue
@@ -101,8 +106,9 @@ def pack(
         by_source[source].append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
         if "cycle" in row:
             cycles[source].append(int(row["cycle"]))
-        if row.get("engine"):
-            engines[source].add(str(row["engine"]))
+        for field in RECORDED_FIELDS:
+            if row.get(field) is not None:
+                recorded[source][field].add(str(row[field]))
     entries = []
     for source, examples in sorted(by_source.items()):
         chunk: list[dict] = []
@@ -114,8 +120,8 @@ def pack(
                 extra = {"rows_file": rows_file, "rows_head": head, "rows": [start, stop]}
                 if cycles[source]:
                     extra["cycles"] = [min(cycles[source]), max(cycles[source])]
-                if engines[source]:
-                    extra["engine"] = "+".join(sorted(engines[source]))
+                for field, values in sorted(recorded[source].items()):
+                    extra[field] = "+".join(sorted(values))
                 entries.append(
                     write_shard(
                         chunk, folder, source=source, target_name=target_name, dtype=dtype, extra=extra

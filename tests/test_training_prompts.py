@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
@@ -14,7 +15,9 @@ from peagle.training import (
     drop_evaluation_prompts,
     load_prompts,
     stdlib_code_prompts,
+    stdlib_stub_prompts,
 )
+from peagle.training.prompts import STUB_INSTRUCTIONS
 
 
 # ---------------------------------------------------------------------------------------------------- sources
@@ -65,6 +68,28 @@ def test_stdlib_code_prompts_are_deterministic():
     a = stdlib_code_prompts(20, seed=0)
     assert len(a) == 20 and a == stdlib_code_prompts(20, seed=0) and a != stdlib_code_prompts(20, seed=1)
     assert all(p.startswith("Write a Python function `") for p in a)
+
+
+def test_stdlib_stub_prompts_ask_to_complete_a_documented_stub():
+    a = stdlib_stub_prompts(40, seed=0)
+    assert len(a) == 40 and a == stdlib_stub_prompts(40, seed=0) and a != stdlib_stub_prompts(40, seed=1)
+    assert {p.split("```")[0] for p in stdlib_stub_prompts(10_000)} == {
+        i.split("```")[0] for i in STUB_INSTRUCTIONS
+    }
+    for p in a:
+        code = p.split("```python\n", 1)[1].rsplit("```", 1)[0]
+        tree = ast.parse(code)  # a stub that parses: one function whose body is its docstring
+        (func,) = tree.body
+        assert isinstance(func, ast.FunctionDef) and ast.get_docstring(func)
+        assert len(func.body) == 1 and not evalsets.is_evaluation_prompt(p)
+
+
+def test_stub_prompts_never_include_evaluation_prompts(monkeypatch):
+    everything = stdlib_stub_prompts(10_000)
+    banned = " ".join(everything[3].lower().split())[:120]
+    monkeypatch.setattr(evalsets, "_evaluation_fingerprints", lambda: frozenset({banned}))
+    kept = stdlib_stub_prompts(10_000)
+    assert len(kept) == len(everything) - 1 and everything[3] not in kept
 
 
 def test_default_prompt_set_is_deterministic_and_mixed():

@@ -146,12 +146,15 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     # another run (or machine) regenerates cycles 0-2 under the same file name and adds cycle 3: only cycle 3 is
     # packed, the rows already in the folder never twice
     more = examples(4, seed=9)
-    again = [dict(e, source="magpie", cycle=c, engine="vllm") for e, c in zip(more, (0, 2, 3, 3))]
+    again = [
+        dict(e, source="magpie", cycle=c, engine="vllm", prompt_set=2) for e, c in zip(more, (0, 2, 3, 3))
+    ]
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in again))
     assert pack_shards.main([str(rows_path), str(folder)]) == 0
     manifest = read_manifest(folder)
     assert manifest["shards"][-1]["cycles"] == [3, 3] and manifest["shards"][-1]["examples"] == 2
     assert manifest["shards"][-1]["engine"] == "vllm", "the manifest records what generated the rows"
+    assert manifest["shards"][-1]["prompt_set"] == "2", "and with which prompt set"
     assert "engine" not in manifest["shards"][0], "rows without an engine field (older runs) record none"
     # the data added since cycle 3: only the last shard's rows
     assert read_shards(folder, min_cycle=3) == [

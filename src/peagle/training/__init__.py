@@ -41,6 +41,7 @@ _EXPORTS = {
         "drop_evaluation_prompts",
         "load_prompts",
         "stdlib_code_prompts",
+        "stdlib_stub_prompts",
         "default_prompt_set",
     ],
     "distill": ["generate_responses", "self_distill", "synthesize_prompts"],
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
         drop_evaluation_prompts,
         load_prompts,
         stdlib_code_prompts,
+        stdlib_stub_prompts,
         user_turn_template,
     )
     from .recipe import build_head, train_head, training_arguments  # noqa: F401

@@ -2,7 +2,7 @@
 
 A *prompt* is a user string, a list of chat messages, or token ids already formatted for the target (e.g. ending
 with the assistant prefix).  Sources here need no model: prompt files ([`load_prompts`]), coding prompts built
-from Python's standard library ([`stdlib_code_prompts`]) and the default heads' templated set
+from Python's standard library ([`stdlib_code_prompts`], and stubs to complete: [`stdlib_stub_prompts`]) and the default heads' templated set
 ([`default_prompt_set`]).  Prompts the target writes itself (Magpie) come from
 [`peagle.training.distill.synthesize_prompts`].
 
@@ -13,6 +13,7 @@ No source yields MT-Bench or HumanEval prompts: [`check_not_evaluation`] refuses
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import json
@@ -263,6 +264,49 @@ def stdlib_code_prompts(num_prompts: int, seed: int = 0) -> list[str]:
     return drop_evaluation_prompts(found, source="stdlib_code_prompts")[:num_prompts]
 
 
+STUB_INSTRUCTIONS = (
+    "Complete the following Python function. Reply with code only.\n\n```python\n{stub}```",
+    "Complete this Python function:\n\n```python\n{stub}```",
+    "Implement the body of this function in Python.\n\n```python\n{stub}```",
+    "Fill in the function below so that it does what its docstring says.\n\n```python\n{stub}```",
+)
+"""Instructions of [`stdlib_stub_prompts`]; `{stub}` is a signature with its docstring."""
+
+
+def stdlib_stub_prompts(
+    num_prompts: int, seed: int = 0, modules: Iterable[str] = STDLIB_MODULES
+) -> list[str]:
+    """Code-completion prompts of HumanEval's *kind* built from the standard library: a function stub.
+
+    Each prompt gives a stub (`def name(signature):` and its docstring, examples included) under one of
+    [`STUB_INSTRUCTIONS`] and asks for the body, the way HumanEval asks; the functions are the standard
+    library's, never HumanEval's, and the evaluation-set guard drops any prompt that matches one.  Returns at
+    most `num_prompts` prompts (every function whose stub parses, in every phrasing: about 1,500 for the default
+    modules),
+    shuffled by `seed`.
+    """
+    found: list[str] = []
+    for _, name, obj, sig in stdlib_functions(modules):
+        doc = inspect.getdoc(obj)
+        if not doc or not 20 <= len(doc) <= 800 or '"""' in doc:
+            continue
+        body = "\n".join(("    " + line).rstrip() for line in doc.splitlines())
+        stub = f'def {name}{sig}:\n    """\n{body}\n    """\n'
+        if not _parses(stub):  # e.g. a default shown as `<object at 0x...>`, which also varies per process
+            continue
+        found += [instruction.format(stub=stub) for instruction in STUB_INSTRUCTIONS]
+    random.Random(seed).shuffle(found)
+    return drop_evaluation_prompts(found, source="stdlib_stub_prompts")[:num_prompts]
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except SyntaxError:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------------------- the default heads' prompts
 DEFAULT_SET_MODULES = (  # noqa: SIM905 - one compact string, not one line per item
     "string textwrap difflib re json csv math statistics fractions decimal random itertools functools operator "
@@ -345,6 +389,7 @@ __all__ = [
     "load_prompts",
     "stdlib_functions",
     "stdlib_code_prompts",
+    "stdlib_stub_prompts",
     "templated_code_prompts",
     "templated_chat_prompts",
     "default_prompt_set",
