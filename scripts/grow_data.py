@@ -7,10 +7,10 @@ prompts, then answers every prompt greedily with the same system prompt (self-di
 loses at most one cycle; the library's evaluation-set guard keeps MT-Bench/HumanEval prompts out.
 `scripts/pack_shards.py` turns OUT into the compact token-id shards kept in git.
 
-`--prompt-set 2` (the default; the cycles packed before it, 1-78 and 500-512, used set 1) broadens the kinds of prompt: system prompts for
-role-play, reasoning puzzles, extraction, STEM, humanities and completing code stubs join the list, and half
-of each cycle's code slice becomes stdlib function stubs to complete (`stdlib_stub_prompts`), the kind of
-request HumanEval makes, on functions that are not HumanEval's.  A cycle's data is fixed by its number, the
+`--prompt-set 2` (the default; the cycles packed before it, 1-78 and 500-512, used set 1) broadens the kinds
+of prompt: system prompts for role-play, reasoning puzzles, extraction, STEM, humanities and completing code
+stubs join the list, and half of each cycle's code slice becomes stdlib function stubs to complete
+(`stdlib_stub_prompts`), the kind of request HumanEval makes, on functions that are not HumanEval's.  A cycle's data is fixed by its number, the
 seed and the prompt set.
 
 With `--engine vllm` the target is served by vLLM (`peagle.training.VLLMEngine`) in the environment that
