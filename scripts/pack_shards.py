@@ -67,8 +67,9 @@ def sibling_cycles(folder: str) -> set[int]:
     return cycles
 
 
-RECORDED_FIELDS = ("engine", "prompt_set")
-"""Row fields copied into each shard's manifest entry (all values of the shard's rows, joined by `+`)."""
+RECORDED_FIELDS = {"engine": "transformers", "prompt_set": "1"}
+"""Row fields copied into each shard's manifest entry (all values of the shard's rows, joined by `+`), with the
+value a row without the field had (rows of older runs); a shard none of whose rows has the field records none."""
 
 
 def pack(
@@ -106,9 +107,8 @@ def pack(
         by_source[source].append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
         if "cycle" in row:
             cycles[source].append(int(row["cycle"]))
-        for field in RECORDED_FIELDS:
-            if row.get(field) is not None:
-                recorded[source][field].add(str(row[field]))
+        for field, default in RECORDED_FIELDS.items():
+            recorded[source][field].add(str(row[field]) if row.get(field) is not None else f"({default})")
     entries = []
     for source, examples in sorted(by_source.items()):
         chunk: list[dict] = []
@@ -121,7 +121,8 @@ def pack(
                 if cycles[source]:
                     extra["cycles"] = [min(cycles[source]), max(cycles[source])]
                 for field, values in sorted(recorded[source].items()):
-                    extra[field] = "+".join(sorted(values))
+                    if any(not v.startswith("(") for v in values):  # some row has the field
+                        extra[field] = "+".join(sorted(v.strip("()") for v in values))
                 entries.append(
                     write_shard(
                         chunk, folder, source=source, target_name=target_name, dtype=dtype, extra=extra

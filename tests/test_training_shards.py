@@ -149,12 +149,13 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     again = [
         dict(e, source="magpie", cycle=c, engine="vllm", prompt_set=2) for e, c in zip(more, (0, 2, 3, 3))
     ]
+    del again[2]["prompt_set"]  # a row of an older run in the same shard: it used the first prompt set
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in again))
     assert pack_shards.main([str(rows_path), str(folder)]) == 0
     manifest = read_manifest(folder)
     assert manifest["shards"][-1]["cycles"] == [3, 3] and manifest["shards"][-1]["examples"] == 2
     assert manifest["shards"][-1]["engine"] == "vllm", "the manifest records what generated the rows"
-    assert manifest["shards"][-1]["prompt_set"] == "2", "and with which prompt set"
+    assert manifest["shards"][-1]["prompt_set"] == "1+2", "and with which prompt sets"
     assert "engine" not in manifest["shards"][0], "rows without an engine field (older runs) record none"
     # the data added since cycle 3: only the last shard's rows
     assert read_shards(folder, min_cycle=3) == [
