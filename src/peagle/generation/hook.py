@@ -27,6 +27,8 @@ from ..modeling_peagle import PEagleDrafter
 from .candidates import PEagleCandidateGenerator, text_config
 
 MIN_TRANSFORMERS_VERSION = "5.23"
+# 5.24 renames `past_key_values` to `cache` in model outputs and forward arguments; peagle is not ported yet
+SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.24"
 """Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
 
 _HOOKED_METHODS = ("_validate_generation_mode", "_get_candidate_generator")
@@ -76,7 +78,7 @@ def _raise_if_incompatible() -> None:
     if problem is not None:
         raise RuntimeError(
             f"peagle cannot draft inside generate() with transformers {transformers.__version__}: {problem}. "
-            f"Install transformers>={MIN_TRANSFORMERS_VERSION},<6 (the versions peagle's generation hook was written for)."
+            f"Install transformers{SUPPORTED_TRANSFORMERS} (the versions peagle's generation hook was written for)."
         )
 
 
@@ -232,7 +234,7 @@ def install_generate_hook() -> bool:
         if current is None:
             warnings.warn(
                 f"transformers {transformers.__version__} has no GenerationMixin.{name}; peagle heads cannot draft "
-                f"inside generate() (needs transformers>={MIN_TRANSFORMERS_VERSION},<6).",
+                f"inside generate() (needs transformers{SUPPORTED_TRANSFORMERS}).",
                 stacklevel=2,
             )
             installed = False
