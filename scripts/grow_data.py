@@ -10,8 +10,8 @@ loses at most one cycle; the library's evaluation-set guard keeps MT-Bench/Human
 `--prompt-set 2` (the default; the cycles packed before it, 1-78 and 500-512, used set 1) broadens the kinds
 of prompt: system prompts for role-play, reasoning puzzles, extraction, STEM, humanities and completing code
 stubs join the list, and half of each cycle's code slice becomes stdlib function stubs to complete
-(`stdlib_stub_prompts`), the kind of request HumanEval makes, on functions that are not HumanEval's.  A cycle's data is fixed by its number, the
-seed and the prompt set.
+(`stdlib_stub_prompts`), the kind of request HumanEval makes, on functions that are not HumanEval's.  A
+cycle's data is fixed by its number, the seed and the prompt set.
 
 With `--engine vllm` the target is served by vLLM (`peagle.training.VLLMEngine`) in the environment that
 `--vllm-python` or `$PEAGLE_VLLM_PYTHON` names, with continuous batching; same prompts, seeds and row format.

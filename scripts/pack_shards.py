@@ -95,8 +95,9 @@ def pack(
     stop = start + len(lines)
     by_source: dict[str, list[dict]] = defaultdict(list)
     cycles: dict[str, list[int]] = defaultdict(list)
-    # how the rows were made (grow_data.py --engine, --prompt-set), recorded per shard
+    # how the rows were made (grow_data.py --engine, --prompt-set), recorded per shard for the fields its rows name
     recorded: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    named: dict[str, set[str]] = defaultdict(set)
     for line in lines:
         if not line.strip():
             continue
@@ -108,7 +109,10 @@ def pack(
         if "cycle" in row:
             cycles[source].append(int(row["cycle"]))
         for field, default in RECORDED_FIELDS.items():
-            recorded[source][field].add(str(row[field]) if row.get(field) is not None else f"({default})")
+            value = row.get(field)
+            if value is not None:
+                named[source].add(field)
+            recorded[source][field].add(str(default if value is None else value))
     entries = []
     for source, examples in sorted(by_source.items()):
         chunk: list[dict] = []
@@ -120,9 +124,8 @@ def pack(
                 extra = {"rows_file": rows_file, "rows_head": head, "rows": [start, stop]}
                 if cycles[source]:
                     extra["cycles"] = [min(cycles[source]), max(cycles[source])]
-                for field, values in sorted(recorded[source].items()):
-                    if any(not v.startswith("(") for v in values):  # some row has the field
-                        extra[field] = "+".join(sorted(v.strip("()") for v in values))
+                for field in sorted(named[source]):
+                    extra[field] = "+".join(sorted(recorded[source][field]))
                 entries.append(
                     write_shard(
                         chunk, folder, source=source, target_name=target_name, dtype=dtype, extra=extra

@@ -27,9 +27,10 @@ from ..modeling_peagle import PEagleDrafter
 from .candidates import PEagleCandidateGenerator, text_config
 
 MIN_TRANSFORMERS_VERSION = "5.23"
-# 5.24 renames `past_key_values` to `cache` in model outputs and forward arguments; peagle is not ported yet
-SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.24"
 """Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
+SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.24"
+"""The range `pyproject.toml` declares: 5.24 renames `past_key_values` to `cache` in model outputs and forward
+arguments, which peagle has not followed yet."""
 
 _HOOKED_METHODS = ("_validate_generation_mode", "_get_candidate_generator")
 _DISPATCH_PARAMETERS = {

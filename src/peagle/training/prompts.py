@@ -2,8 +2,8 @@
 
 A *prompt* is a user string, a list of chat messages, or token ids already formatted for the target (e.g. ending
 with the assistant prefix).  Sources here need no model: prompt files ([`load_prompts`]), coding prompts built
-from Python's standard library ([`stdlib_code_prompts`], and stubs to complete: [`stdlib_stub_prompts`]) and the default heads' templated set
-([`default_prompt_set`]).  Prompts the target writes itself (Magpie) come from
+from Python's standard library ([`stdlib_code_prompts`], and stubs to complete: [`stdlib_stub_prompts`]) and
+the default heads' templated set ([`default_prompt_set`]).  Prompts the target writes itself (Magpie) come from
 [`peagle.training.distill.synthesize_prompts`].
 
 No source yields MT-Bench or HumanEval prompts: [`check_not_evaluation`] refuses user-given ones with a
@@ -282,8 +282,7 @@ def stdlib_stub_prompts(
     [`STUB_INSTRUCTIONS`] and asks for the body, the way HumanEval asks; the functions are the standard
     library's, never HumanEval's, and the evaluation-set guard drops any prompt that matches one.  Returns at
     most `num_prompts` prompts (every function whose stub parses, in every phrasing: about 1,500 for the default
-    modules),
-    shuffled by `seed`.
+    modules), shuffled by `seed`.
     """
     found: list[str] = []
     for _, name, obj, sig in stdlib_functions(modules):
