@@ -37,7 +37,7 @@ from peagle.training.recipe import (
     training_arguments,
     training_budget,
 )
-from peagle.training.shards import load_examples, read_shards
+from peagle.training.shards import load_examples, parse_cycle_ranges, read_shards
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>": a reserved special token that never occurs in chat
 
@@ -89,6 +89,12 @@ def main() -> None:
         default=None,
         help="with a shard folder as --examples: only its shards of grow_data.py cycles >= this one",
     )
+    ap.add_argument(
+        "--cycles",
+        default=None,
+        help="with a shard folder as --examples: only its shards whose grow_data.py cycles lie in these "
+        "ranges, e.g. 78-93,513- (N, N-M or N-, comma-separated)",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--run-dir", default=None, help="checkpoints and logs (default: runs/<name of --out>)")
     ap.add_argument("--save-steps", type=int, default=100000, help="checkpoint every N optimizer steps")
@@ -120,9 +126,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    # --min-cycle: the shards added since an earlier stage (by the cycles in the shard folder's manifest)
-    if args.min_cycle is not None:
-        examples = read_shards(args.examples, min_cycle=args.min_cycle)
+    # --min-cycle / --cycles: the shards added since an earlier stage (by the cycles in the folder's manifest)
+    if args.min_cycle is not None or args.cycles is not None:
+        if args.min_cycle is not None and args.cycles is not None:
+            ap.error("--min-cycle N is --cycles N-: give one of them")
+        cycles = [(args.min_cycle, None)] if args.cycles is None else parse_cycle_ranges(args.cycles)
+        examples = read_shards(args.examples, cycles=cycles)
     else:
         examples = load_examples(args.examples)
     target, tokenizer = load_default_target(dtype=torch.bfloat16)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from peagle.training import load_examples, read_shards, save_examples, shards, write_shard
-from peagle.training.shards import read_manifest
+from peagle.training.shards import parse_cycle_ranges, read_manifest
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
@@ -158,12 +158,23 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     assert manifest["shards"][-1]["prompt_set"] == "1+2", "and with which prompt sets"
     assert "engine" not in manifest["shards"][0], "rows without an engine field (older runs) record none"
     # the data added since cycle 3: only the last shard's rows
-    assert read_shards(folder, min_cycle=3) == [
+    assert read_shards(folder, cycles=[(3, None)]) == [
         {"input_ids": e["input_ids"], "loss_mask": e["loss_mask"]}
         for e, c in zip(more, (0, 2, 3, 3))
         if c == 3
     ]
-    assert len(read_shards(folder, min_cycle=0)) == 12 and read_shards(folder, min_cycle=4) == []
+    assert (
+        len(read_shards(folder, cycles=[(0, None)])) == 12 and read_shards(folder, cycles=[(4, None)]) == []
+    )
+    # whole shards inside a range (the first packing's shards hold cycles 0-1, the second's 1-2, the last 3);
+    # a list of ranges joins them
+    assert len(read_shards(folder, cycles=[(0, 1)])) == 6 and len(read_shards(folder, cycles=[(0, 2)])) == 10
+    assert len(read_shards(folder, cycles=[(1, 3)])) == 6 and read_shards(folder, cycles=[(2, 3)]) == [
+        {"input_ids": e["input_ids"], "loss_mask": e["loss_mask"]}
+        for e, c in zip(more, (0, 2, 3, 3))
+        if c == 3
+    ]
+    assert len(read_shards(folder, cycles=parse_cycle_ranges("3,0-1"))) == 8
     assert len(read_shards(folder)) == 12
 
 
@@ -186,3 +197,10 @@ def test_pack_shards_never_packs_a_cycle_another_folder_of_the_dataset_holds(tmp
     train = read_shards(tmp_path / "data" / "train")
     assert len(train) == 4
     assert not {tuple(e["input_ids"]) for e in train} & {tuple(r["input_ids"]) for r in rows[:2]}
+
+
+def test_parse_cycle_ranges_reads_single_closed_and_open_ranges_and_names_a_bad_part():
+    assert parse_cycle_ranges("78-93, 513-,7") == [(78, 93), (513, None), (7, 7)]
+    for bad, says in (("9-3", "ends before"), ("a-3", "is not"), ("78-93,,1", "is not")):
+        with pytest.raises(ValueError, match=says):
+            parse_cycle_ranges(bad)

@@ -150,15 +150,16 @@ def read_shards(
     folder: str | os.PathLike,
     *,
     sources: Iterable[str] | None = None,
-    min_cycle: int | None = None,
+    cycles: Iterable[tuple[int, int | None]] | None = None,
 ) -> list[dict[str, list[int]]]:
     """Examples of every shard listed in the manifest (manifest order), each checked against its entry.
 
     Args:
         folder: the shard folder.
         sources: only the shards of these sources (default: all).
-        min_cycle: only the shards whose rows all come from `grow_data.py` cycles >= `min_cycle` (their manifest
-            entry's `cycles`), e.g. the data added since a head last trained; shards without cycles are left out.
+        cycles: only the shards whose rows all come from `grow_data.py` cycles inside one of these inclusive
+            `(first, last)` ranges (`last=None`: no upper end), by the manifest entry's `cycles`; e.g. the data
+            added since a head last trained. Shards without cycles are left out. See `parse_cycle_ranges`.
 
     Returns:
         Examples `{"input_ids": [...], "loss_mask": [...]}` (lists of `T_i` ints).
@@ -172,11 +173,12 @@ def read_shards(
 
     folder = os.fspath(folder)
     wanted = None if sources is None else set(sources)
+    ranges = None if cycles is None else list(cycles)
     examples: list[dict[str, list[int]]] = []
     for entry in read_manifest(folder)["shards"]:
         if wanted is not None and entry["source"] not in wanted:
             continue
-        if min_cycle is not None and ("cycles" not in entry or entry["cycles"][0] < min_cycle):
+        if ranges is not None and not _cycles_within(entry.get("cycles"), ranges):
             continue
         path = os.path.join(folder, entry["file"])
         if not os.path.isfile(path):
@@ -189,6 +191,35 @@ def read_shards(
             raise ValueError(f"shard {path} cannot be read: {exc}") from exc
         examples += _unpack_checked(tensors, entry, path)
     return examples
+
+
+def parse_cycle_ranges(spec: str) -> list[tuple[int, int | None]]:
+    """The cycle ranges of a spec such as `"78-93,513-"`: comma-separated `N` (one cycle), `N-M` or `N-` (no end).
+
+    Example:
+
+        >>> parse_cycle_ranges("78-93,513-,7")
+        [(78, 93), (513, None), (7, 7)]
+    """
+    ranges: list[tuple[int, int | None]] = []
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            lo = int(first)
+            hi = None if dash and not last.strip() else int(last if dash else first)
+        except ValueError:
+            raise ValueError(f"cycle range {part!r} in {spec!r} is not N, N-M or N-") from None
+        if hi is not None and hi < lo:
+            raise ValueError(f"cycle range {part!r} in {spec!r} ends before it starts")
+        ranges.append((lo, hi))
+    return ranges
+
+
+def _cycles_within(span: Sequence[int] | None, ranges: Sequence[tuple[int, int | None]]) -> bool:
+    """Whether a shard's cycle span `[first, last]` lies inside one of `ranges` (no span: never)."""
+    if not span:
+        return False
+    return any(lo <= span[0] and (hi is None or span[1] <= hi) for lo, hi in ranges)
 
 
 def pack_examples(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
