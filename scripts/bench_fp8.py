@@ -145,7 +145,7 @@ def draft_latency(head, device: torch.device, k: int, args: argparse.Namespace) 
     new_ids = torch.randint(0, vocab, (1, args.new_slots), generator=gen).to(device)
     new_feats = torch.randn(1, args.new_slots, width, generator=gen).to(device, dtype)
     cache = DynamicCache(config=head.config)
-    head(ctx_ids, target_hidden_states=ctx_feats, past_key_values=cache, use_cache=True)
+    head(ctx_ids, target_hidden_states=ctx_feats, cache=cache, use_cache=True)
     added = args.new_slots + k - 1
     times = []
     for i in range(args.warmup + args.repeats):
@@ -156,7 +156,7 @@ def draft_latency(head, device: torch.device, k: int, args: argparse.Namespace) 
                 new_ids,
                 new_feats,
                 num_speculative_tokens=k,
-                past_key_values=cache,
+                cache=cache,
                 start_position=args.context,
             )
             end.record()
@@ -168,7 +168,7 @@ def draft_latency(head, device: torch.device, k: int, args: argparse.Namespace) 
                 new_ids,
                 new_feats,
                 num_speculative_tokens=k,
-                past_key_values=cache,
+                cache=cache,
                 start_position=args.context,
             )
             ms = 1e3 * (time.perf_counter() - t0)

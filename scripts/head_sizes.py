@@ -27,6 +27,7 @@ import transformers
 
 from peagle import PEagleConfig, PEagleDrafter
 from peagle.families import plan_head, round_cost
+from peagle.modeling_peagle import cache_kwarg
 from peagle.training.shards import load_examples
 from peagle.training.vocab import choose_draft_vocab_size, draft_vocab_coverage
 
@@ -108,10 +109,11 @@ def costs(config, context: int = 256, target=None, heads: dict | None = None) ->
         target = transformers.AutoModelForCausalLM.from_config(config).eval()
     config = target.config
     ids = torch.randint(0, config.vocab_size, (1, context + 1))
-    past = target(ids[:, :context], use_cache=True).past_key_values
+    past = transformers.DynamicCache(config=config)
+    target(ids[:, :context], use_cache=True, **cache_kwarg(past))
 
     def target_step():
-        target(ids[:, context:], past_key_values=past, use_cache=True)
+        target(ids[:, context:], use_cache=True, **cache_kwarg(past))
         past.crop(-1)  # transformers 5.23: a negative count drops that many tokens
 
     step_cost = plan_head(target).step_cost
@@ -155,7 +157,7 @@ def _round_ms(head, ids, context: int) -> float:
 
     feats = torch.randn(1, context, 3 * head.config.target_hidden_size)
     cache = DynamicCache(config=head.config)
-    head(ids[:, 1 : context - 1], feats[:, : context - 2], past_key_values=cache, use_cache=True)
+    head(ids[:, 1 : context - 1], feats[:, : context - 2], cache=cache, use_cache=True)
     k = head.config.num_speculative_tokens
 
     def draft_round():

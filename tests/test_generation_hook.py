@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 
 from helpers import LAYERS, greedy, make_head, make_target, prompt_ids
+from peagle.modeling_peagle import cache_kwarg
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,9 @@ def test_a_filled_cache_is_refused(target):
     head = make_head(target)
     ids = prompt_ids(4, 6)
     cache = DynamicCache(config=target.config)
-    target(ids[:, :-1], past_key_values=cache, use_cache=True)
-    with pytest.raises(ValueError, match="past_key_values from an earlier call"):
-        target.generate(ids, max_new_tokens=4, assistant_model=head, past_key_values=cache)
+    target(ids[:, :-1], use_cache=True, **cache_kwarg(cache))
+    with pytest.raises(ValueError, match=r"cache \(past_key_values\) from an earlier call"):
+        target.generate(ids, max_new_tokens=4, assistant_model=head, **cache_kwarg(cache))
 
 
 def test_explicit_values_equal_to_transformers_defaults_count(target):

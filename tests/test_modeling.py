@@ -95,8 +95,18 @@ def test_cached_block_equals_full_forward(tiny_head):
     ids, feats = _inputs(tiny_head, n=12)
     full = tiny_head(ids, feats).logits
     first = tiny_head(ids[:, :7], feats[:, :7], use_cache=True)
-    second = tiny_head(ids[:, 7:], feats[:, 7:], past_key_values=first.past_key_values)
+    second = tiny_head(ids[:, 7:], feats[:, 7:], cache=first.cache)
     torch.testing.assert_close(second.logits, full[:, 7:], atol=1e-5, rtol=1e-5)
+
+
+def test_the_cache_keeps_its_pre_5_24_name_as_an_alias(tiny_head):
+    """transformers 5.24 renamed `past_key_values` to `cache`; the head takes and returns it under both names."""
+    ids, feats = _inputs(tiny_head, n=12)
+    first = tiny_head(ids[:, :7], feats[:, :7], use_cache=True)
+    assert first.past_key_values is first.cache and first.cache.get_seq_length() == 7
+    with pytest.warns(FutureWarning, match="past_key_values"):
+        second = tiny_head(ids[:, 7:], feats[:, 7:], past_key_values=first.cache)
+    assert second.cache is first.cache and first.cache.get_seq_length() == 12
 
 
 def test_slot_layout_of_a_round(tiny_head):
@@ -145,7 +155,7 @@ def test_draft_is_one_forward_with_positions(tiny_head):
     assert len(calls) == 1
     assert calls[0].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
     assert draft.tokens.shape == (1, 4) and draft.logits.shape == (1, 4, 128)
-    assert draft.past_key_values.get_seq_length() == 8
+    assert draft.cache.get_seq_length() == 8
     slot_ids, _, par = tiny_head.parallel_slots(ids, 0, 4)
     full = tiny_head(slot_ids, torch.cat([feats, torch.zeros(1, 3, 192)], 1), parallel_mask=par)
     assert torch.equal(draft.tokens, full.logits[:, -4:].argmax(-1))

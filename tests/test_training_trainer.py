@@ -79,7 +79,7 @@ def naive_loss(head, target, batch, k: int, autoregressive: bool) -> tuple[float
             depths = [d for d in range(k) if a + d + 2 < length]
             if autoregressive:
                 cache = DynamicCache(config=head.config)
-                step = head(ids[:, 1 : a + 2], aux[:, : a + 1], past_key_values=cache, use_cache=True)
+                step = head(ids[:, 1 : a + 2], aux[:, : a + 1], cache=cache, use_cache=True)
                 logits, hidden = [step.logits[0, -1]], step.last_hidden_state[:, -1:]
                 for d in depths[1:]:
                     step = head(
@@ -87,7 +87,7 @@ def naive_loss(head, target, batch, k: int, autoregressive: bool) -> tuple[float
                         projected_hidden_states=hidden,
                         position_ids=torch.tensor([[a + d]]),
                         parallel_mask=torch.zeros(1, 1, dtype=torch.bool),
-                        past_key_values=cache,
+                        cache=cache,
                         use_cache=True,
                     )
                     logits.append(step.logits[0, -1])

@@ -16,6 +16,7 @@ f_0..f_{p-1}; bonus token b = x_p:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,8 +35,23 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_peagle import PEagleConfig, check_aux_layer_ids
+
+CACHE_RENAMED = "cache" in inspect.signature(create_causal_mask).parameters
+"""Whether the installed transformers calls the KV cache `cache` (5.24 and later) or `past_key_values`: in forward
+arguments (where the old name still works, with a deprecation warning), `ModelOutput` fields and generate()'s model
+kwargs. peagle's own API says `cache` on every supported release."""
+
+CACHE_KWARG = "cache" if CACHE_RENAMED else "past_key_values"
+"""The installed transformers' name for the KV cache argument, output field and generate() model kwarg."""
+
+
+def cache_kwarg(cache: Cache | None) -> dict[str, Cache | None]:
+    """`{name: cache}` under the installed transformers' name, for calls into its modules and models."""
+    return {CACHE_KWARG: cache}
+
 
 CheckpointLoader = Callable[..., Any]
 """`loader(path_or_id, *model_args, cls=..., target=..., allow_pickle=..., **kwargs) -> head`: what
@@ -61,13 +77,20 @@ class PEagleDrafterOutput(ModelOutput):
         logits: `(batch, slots, draft_vocab_size)` logits over the draft vocabulary, one row per slot.
         last_hidden_state: `(batch, slots, hidden_size)` output of the last decoder layer *before* the
             final norm (what EAGLE-3 feeds back as the next slot's hidden input).
-        past_key_values: the drafter's KV cache, updated with these slots when `use_cache`.
+        cache: the drafter's KV cache, updated with these slots when `use_cache` (also readable as
+            `past_key_values`, transformers' name before 5.24).
     """
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
-    past_key_values: Cache | None = None
+    cache: Cache | None = None
+
+    if not CACHE_RENAMED:  # transformers >= 5.24's ModelOutput has this alias itself
+
+        @property
+        def past_key_values(self) -> Cache | None:
+            return self.cache
 
 
 @dataclass
@@ -79,8 +102,8 @@ class PEagleDraft(ModelOutput):
         logits: `(batch, k, draft_vocab_size)` the drafter's logits at the k drafting slots.
         scores: `(batch, k, ...)` what the round's selector returned per depth (in `generate()`: the processed
             target-vocabulary logits each draft was drawn from), or None.
-        past_key_values: the drafter cache, holding the context slots, the new real slots and
-            `speculative_slots` speculative slots after them.
+        cache: the drafter cache, holding the context slots, the new real slots and `speculative_slots`
+            speculative slots after them.
         speculative_slots: slots after the real ones in the cache (parallel: K-1; autoregressive: one per
             draft after the first); drop them before the next round.
         forward_calls: drafter forward passes this round ran (parallel: 1).
@@ -89,7 +112,7 @@ class PEagleDraft(ModelOutput):
     tokens: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     scores: torch.Tensor | None = None
-    past_key_values: Cache | None = None
+    cache: Cache | None = None
     speculative_slots: int | None = None
     forward_calls: int | None = None
 
@@ -130,7 +153,7 @@ class PEagleFusedDecoderLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> torch.Tensor:
         normed_hidden = self.hidden_norm(hidden_states)
@@ -140,7 +163,7 @@ class PEagleFusedDecoderLayer(GradientCheckpointingLayer):
             hidden_states=fused,
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
-            past_key_values=past_key_values,
+            **cache_kwarg(cache),
             **kwargs,
         )
         hidden_states = residual + attn_out
@@ -156,7 +179,7 @@ class PEaglePreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["PEagleFusedDecoderLayer", "LlamaDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_KWARG]
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = True
@@ -422,9 +445,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
             )
         return self.fc(target_hidden_states.to(self.mask_hidden.dtype))  # not fc.weight: FP8 heads store e4m3
 
-    def _attention_mask(
-        self, attention_mask, inputs_embeds, past_key_values, position_ids
-    ) -> torch.Tensor | None:
+    def _attention_mask(self, attention_mask, inputs_embeds, cache, position_ids) -> torch.Tensor | None:
         """A 4D boolean mask (True = attend) is converted for the active attention implementation;
         anything else goes through transformers' `create_causal_mask`."""
         if (
@@ -444,16 +465,17 @@ class PEagleDrafter(PEaglePreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             position_ids=position_ids,
+            **cache_kwarg(cache),
         )
 
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor,
         target_hidden_states: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
         parallel_mask: torch.BoolTensor | None = None,
         projected_hidden_states: torch.Tensor | None = None,
@@ -468,7 +490,8 @@ class PEagleDrafter(PEaglePreTrainedModel):
             target_hidden_states: `(B, T, 3 * target_hidden_size)` concatenated target features per slot;
                 ignored at parallel slots.
             position_ids: `(B, T)` RoPE positions; default continues the cache.
-            past_key_values: drafter cache (`DynamicCache`); new slots are appended when `use_cache`.
+            cache: drafter cache (`DynamicCache`); new slots are appended when `use_cache`. `past_key_values`,
+                transformers' name before 5.24, is accepted with a deprecation warning.
             attention_mask: `None` (causal), a 2D padding mask, or a 4D `(B, 1, T, past+T)` boolean mask
                 (True = attend), e.g. the P-EAGLE training mask.
             parallel_mask: `(B, T)` True at parallel (mask) slots; default `input_ids == mask_token_id`.
@@ -501,23 +524,23 @@ class PEagleDrafter(PEaglePreTrainedModel):
             inputs_embeds = torch.where(parallel_mask[..., None], self.mask_vector.to(dtype), inputs_embeds)
 
         if use_cache is None:
-            use_cache = past_key_values is not None
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+            use_cache = cache is not None
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
         if position_ids is None:
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
             position_ids = position_ids.expand(input_ids.shape[0], -1)
 
-        mask = self._attention_mask(attention_mask, inputs_embeds, past_key_values, position_ids)
+        mask = self._attention_mask(attention_mask, inputs_embeds, cache, position_ids)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
-        cache = past_key_values if use_cache else None
+        cache = cache if use_cache else None
         hidden = self.layers[0](
             inputs_embeds,
             hidden,
             attention_mask=mask,
             position_embeddings=position_embeddings,
-            past_key_values=cache,
+            cache=cache,
             **kwargs,
         )
         for layer in self.layers[1:]:
@@ -526,12 +549,12 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 attention_mask=mask,
                 position_ids=position_ids,
                 position_embeddings=position_embeddings,
-                past_key_values=cache,
+                **cache_kwarg(cache),
                 **kwargs,
             )
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         logits = self.lm_head(self.norm(kept))
-        return PEagleDrafterOutput(logits=logits, last_hidden_state=hidden, past_key_values=cache)
+        return PEagleDrafterOutput(logits=logits, last_hidden_state=hidden, cache=cache)
 
     # ------------------------------------------------------------------ one drafting round
     def parallel_slots(
@@ -558,12 +581,13 @@ class PEagleDrafter(PEaglePreTrainedModel):
         return ids, positions.unsqueeze(0).expand(bsz, -1), par
 
     @torch.no_grad()
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def draft_round(
         self,
         input_ids: torch.LongTensor,
         target_hidden_states: torch.Tensor,
         num_speculative_tokens: int,
-        past_key_values: Cache,
+        cache: Cache,
         start_position: int,
         select: DraftSelector,
     ) -> PEagleDraft:
@@ -582,8 +606,8 @@ class PEagleDrafter(PEaglePreTrainedModel):
             input_ids: `(B, R)` tokens of the new real slots (accepted drafts, the bonus token last).
             target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
             num_speculative_tokens: K, the most drafts this round may propose.
-            past_key_values: the drafter cache holding the earlier real slots and nothing else (the caller
-                crops the previous round's `speculative_slots` first).
+            cache: the drafter cache holding the earlier real slots and nothing else (the caller crops the
+                previous round's `speculative_slots` first).
             start_position: RoPE position of the first new real slot.
             select: `select(logits (B, V_draft) float32, depth) -> (token (B,) target ids, scores, stop)` or
                 `None` to propose nothing at this depth; `stop=True` ends the round after this depth.  `scores`
@@ -616,7 +640,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
             input_ids=ids,
             target_hidden_states=feats,
             position_ids=positions,
-            past_key_values=past_key_values,
+            cache=cache,
             parallel_mask=par,
             use_cache=True,
             logits_to_keep=keep,
@@ -643,7 +667,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
                     input_ids=slot,
                     projected_hidden_states=out.last_hidden_state[:, -1:],
                     position_ids=torch.full_like(slot, position),
-                    past_key_values=past_key_values,
+                    cache=cache,
                     parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
                     use_cache=True,
                     logits_to_keep=1,
@@ -661,18 +685,19 @@ class PEagleDrafter(PEaglePreTrainedModel):
             if logits
             else out.logits.new_zeros(bsz, 0, out.logits.shape[-1]),
             scores=stacked_scores,
-            past_key_values=past_key_values,
+            cache=cache,
             speculative_slots=speculative,
             forward_calls=calls,
         )
 
     @torch.no_grad()
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def draft(
         self,
         input_ids: torch.LongTensor,
         target_hidden_states: torch.Tensor,
         num_speculative_tokens: int | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         start_position: int | None = None,
         do_sample: bool = False,
         generator: torch.Generator | None = None,
@@ -685,8 +710,8 @@ class PEagleDrafter(PEaglePreTrainedModel):
             input_ids: `(B, R)` the R new real slots' tokens (accepted drafts and the bonus token last).
             target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
             num_speculative_tokens: K (default `config.num_speculative_tokens`).
-            past_key_values: the drafter cache holding the earlier context slots (and nothing else); a new
-                cache when `None`.
+            cache: the drafter cache holding the earlier context slots (and nothing else); a new cache when
+                `None`.
             start_position: RoPE position of the first new slot (default: the cache length).
             do_sample: sample drafts from softmax(logits) instead of argmax.
             generator: the random generator for sampling.
@@ -696,10 +721,10 @@ class PEagleDrafter(PEaglePreTrainedModel):
             [`PEagleDraft`] with `tokens` `(B, K)` in target ids and the K slots' draft-vocab logits.
         """
         k = num_speculative_tokens or self.config.num_speculative_tokens
-        if past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+        if cache is None:
+            cache = DynamicCache(config=self.config)
         if start_position is None:
-            start_position = past_key_values.get_seq_length()
+            start_position = cache.get_seq_length()
 
         def select(logits: torch.Tensor, depth: int):
             if logits_processor is not None:
@@ -710,9 +735,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 picked = logits.argmax(-1)
             return self.draft_to_target(picked), logits, False
 
-        return self.draft_round(
-            input_ids, target_hidden_states, k, past_key_values, start_position, select=select
-        )
+        return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
 
 
 __all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]

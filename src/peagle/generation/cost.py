@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ..modeling_peagle import cache_kwarg
+
 CACHE_SUBDIR = "cost"
 CALIBRATION_CONTEXT = 256
 """Context length (tokens) the calibration times its verify passes at."""
@@ -338,7 +340,7 @@ def measure_cost_model(
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
     cache = DynamicCache(config=target.config)
-    target(input_ids=prefix, past_key_values=cache, use_cache=True)
+    target(input_ids=prefix, use_cache=True, **cache_kwarg(cache))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
     seconds = []
     for n in range(1, max_tokens + 1):
@@ -347,7 +349,7 @@ def measure_cost_model(
         for _ in range(repeats + 1):  # the first run warms up
             sync()
             t0 = time.perf_counter()
-            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            target(input_ids=ids, use_cache=True, **cache_kwarg(cache))
             sync()
             times.append(time.perf_counter() - t0)
             cache.crop(-n)

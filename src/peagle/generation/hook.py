@@ -28,9 +28,8 @@ from .candidates import PEagleCandidateGenerator, text_config
 
 MIN_TRANSFORMERS_VERSION = "5.23"
 """Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
-SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.24"
-"""The range `pyproject.toml` declares: 5.24 renames `past_key_values` to `cache` in model outputs and forward
-arguments, which peagle has not followed yet."""
+SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.25"
+"""The range `pyproject.toml` declares: the releases whose generation internals the hook was checked against."""
 
 _HOOKED_METHODS = ("_validate_generation_mode", "_get_candidate_generator")
 _DISPATCH_PARAMETERS = {
@@ -173,10 +172,10 @@ def check_user_request(generation_config: GenerationConfig, request: dict[str, A
             "once per verified block, not after every token as in plain decoding. Supported: max_new_tokens/"
             "max_length, eos_token_id and max_time."
         )
-    cache = request["kwargs"].get("past_key_values")
+    cache = request["kwargs"].get("cache", request["kwargs"].get("past_key_values"))
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
         raise ValueError(
-            "past_key_values from an earlier call cannot be used with a P-EAGLE assistant_model: the head has no "
+            "A cache (past_key_values) from an earlier call cannot be used with a P-EAGLE assistant_model: the head has no "
             "target features for the cached prefix. Pass the whole sequence as input_ids without the cache."
         )
     given = {

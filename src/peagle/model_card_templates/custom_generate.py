@@ -30,6 +30,7 @@ verify loop, mirroring transformers' assisted decoding with greedy verification.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 
 import torch
@@ -82,6 +83,12 @@ def _layer_ids(head, model):
 def _features(hidden_states, layer_ids):
     """`(1, T, 3 * H)`: the inputs of the chosen target layers (hidden_states[0] = embeddings)."""
     return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
+
+
+def _cache_kwarg(model, cache):
+    """`{name: cache}` under the name `model.forward` takes: `cache` from transformers 5.24, `past_key_values` before."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
 
 
 def _drop(cache, n):
@@ -177,7 +184,7 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose=None):
     """Greedy speculative decoding of one unpadded row `ids` `(1, p)`; returns the new tokens `(1, n)`."""
     layer_ids = _layer_ids(head, model)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    out = model(input_ids=ids, use_cache=True, output_hidden_states=True, **_cache_kwarg(model, cache))
     feats = _features(out.hidden_states, layer_ids)
     tokens = out.logits[:, -1:].argmax(-1)  # the target's own next token
     slots = torch.cat([ids[:, 1:], tokens], dim=1)  # slot t pairs token t+1 with the features of position t
@@ -189,9 +196,9 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose=None):
         m = drafts.shape[1]
         out = model(
             input_ids=torch.cat([tokens[:, -1:], drafts], dim=1),
-            past_key_values=cache,
             use_cache=True,
             output_hidden_states=True,
+            **_cache_kwarg(model, cache),
         )
         choice = out.logits.argmax(-1)  # (1, m + 1)
         n = int((drafts == choice[:, :m]).int().cumprod(dim=-1).sum())

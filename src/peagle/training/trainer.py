@@ -396,7 +396,7 @@ class PEagleTrainer(Trainer):
                     position_ids=rows.anchor + rows.depth,
                     attention_mask=self._attention(rows, steps[: i + 1]),
                     parallel_mask=torch.zeros_like(rows.valid),
-                    past_key_values=cache,
+                    cache=cache,
                     use_cache=True,
                     logits_to_keep=max(rows.keep, 1),
                     **kwargs,
