@@ -100,7 +100,11 @@ def main() -> None:
     ap.add_argument(
         "--packed",
         nargs="*",
-        default=["training_data/smollm2-135m-instruct/train", "training_data/smollm2-135m-instruct/heldout"],
+        default=[
+            "training_data/smollm2-135m-instruct/train",
+            "training_data/smollm2-135m-instruct/heldout",
+            "training_data/smollm2-135m-instruct/heldout-set2",
+        ],
         help="shard folders whose manifests list cycles already generated (skipped)",
     )
     args = ap.parse_args()
