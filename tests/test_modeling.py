@@ -155,7 +155,7 @@ def test_draft_is_one_forward_with_positions(tiny_head):
     assert len(calls) == 1
     assert calls[0].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
     assert draft.tokens.shape == (1, 4) and draft.logits.shape == (1, 4, 128)
-    assert draft.cache.get_seq_length() == 8
+    assert draft.cache.get_seq_length() == 8 and draft.past_key_values is draft.cache
     slot_ids, _, par = tiny_head.parallel_slots(ids, 0, 4)
     full = tiny_head(slot_ids, torch.cat([feats, torch.zeros(1, 3, 192)], 1), parallel_mask=par)
     assert torch.equal(draft.tokens, full.logits[:, -4:].argmax(-1))

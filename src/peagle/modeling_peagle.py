@@ -68,8 +68,19 @@ EXTENSION_PREFIX = "peagle_"
 """Config attributes named `peagle_<name>` are extension blocks (e.g. `peagle_fp8`); each needs a builder."""
 
 
+class _CacheOutput(ModelOutput):
+    """Base of peagle's outputs that carry a drafter cache in the field `cache`: on transformers before 5.24 it is
+    also readable as `past_key_values` (5.24's `ModelOutput` has that alias itself)."""
+
+    if not CACHE_RENAMED:
+
+        @property
+        def past_key_values(self) -> Cache | None:
+            return self.cache
+
+
 @dataclass
-class PEagleDrafterOutput(ModelOutput):
+class PEagleDrafterOutput(_CacheOutput):
     """Output of [`PEagleDrafter.forward`].
 
     Args:
@@ -86,15 +97,9 @@ class PEagleDrafterOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     cache: Cache | None = None
 
-    if not CACHE_RENAMED:  # transformers >= 5.24's ModelOutput has this alias itself
-
-        @property
-        def past_key_values(self) -> Cache | None:
-            return self.cache
-
 
 @dataclass
-class PEagleDraft(ModelOutput):
+class PEagleDraft(_CacheOutput):
     """The drafts of one round (see [`PEagleDrafter.draft_round`]).
 
     Args:
@@ -103,7 +108,7 @@ class PEagleDraft(ModelOutput):
         scores: `(batch, k, ...)` what the round's selector returned per depth (in `generate()`: the processed
             target-vocabulary logits each draft was drawn from), or None.
         cache: the drafter cache, holding the context slots, the new real slots and `speculative_slots`
-            speculative slots after them.
+            speculative slots after them (also readable as `past_key_values`).
         speculative_slots: slots after the real ones in the cache (parallel: K-1; autoregressive: one per
             draft after the first); drop them before the next round.
         forward_calls: drafter forward passes this round ran (parallel: 1).
@@ -534,7 +539,8 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
         mask = self._attention_mask(attention_mask, inputs_embeds, cache, position_ids)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
-        cache = cache if use_cache else None
+        if not use_cache:
+            cache = None
         hidden = self.layers[0](
             inputs_embeds,
             hidden,

@@ -85,10 +85,9 @@ def _features(hidden_states, layer_ids):
     return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
 
 
-def _cache_kwarg(model, cache):
-    """`{name: cache}` under the name `model.forward` takes: `cache` from transformers 5.24, `past_key_values` before."""
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache}
+def _cache_name(model):
+    """The name `model.forward` takes the KV cache under: `cache` from transformers 5.24, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _drop(cache, n):
@@ -184,7 +183,8 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose=None):
     """Greedy speculative decoding of one unpadded row `ids` `(1, p)`; returns the new tokens `(1, n)`."""
     layer_ids = _layer_ids(head, model)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, use_cache=True, output_hidden_states=True, **_cache_kwarg(model, cache))
+    cache_kwarg = {_cache_name(model): cache}
+    out = model(input_ids=ids, use_cache=True, output_hidden_states=True, **cache_kwarg)
     feats = _features(out.hidden_states, layer_ids)
     tokens = out.logits[:, -1:].argmax(-1)  # the target's own next token
     slots = torch.cat([ids[:, 1:], tokens], dim=1)  # slot t pairs token t+1 with the features of position t
@@ -198,7 +198,7 @@ def _generate_row(model, head, ids, max_new, eos, k, cut, stats, choose=None):
             input_ids=torch.cat([tokens[:, -1:], drafts], dim=1),
             use_cache=True,
             output_hidden_states=True,
-            **_cache_kwarg(model, cache),
+            **cache_kwarg,
         )
         choice = out.logits.argmax(-1)  # (1, m + 1)
         n = int((drafts == choice[:, :m]).int().cumprod(dim=-1).sum())
