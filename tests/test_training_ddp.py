@@ -2,6 +2,7 @@
 
 The test launches this file with `torch.distributed.run`; each process trains one optimiser step on its half of
 the data (1 example per micro-batch, 2 accumulation steps, 3 sequence partitions) and rank 0 saves the update.
+Then both run `train_head`, which must save the head once, and close the process group with `end_distributed`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,9 +43,9 @@ def _one_step(tmp, mode: str, **overrides) -> tuple[dict[str, torch.Tensor], obj
 
 def _worker(out_dir: str) -> None:
     """Entry point of each DDP process."""
-    from pathlib import Path
-
     from safetensors.torch import save_file
+
+    from peagle.training import end_distributed
 
     torch.set_num_threads(1)
     for mode in MODES:
@@ -60,6 +62,35 @@ def _worker(out_dir: str) -> None:
         assert not isinstance(trainer.target_model, torch.nn.parallel.DistributedDataParallel)
         if int(os.environ.get("RANK", "0")) == 0:
             save_file(update, os.path.join(out_dir, f"{mode}.safetensors"))
+    _recipe(Path(out_dir) / "recipe")
+    # gloo's threads abort a process ("terminate called without an active exception") about one exit in two
+    # when the interpreter exits with the group alive; `peagle train` closes it the same way
+    end_distributed()
+
+
+def _recipe(out: Path) -> None:
+    """`train_head` in both processes writes the head and its files once, from rank 0."""
+    from helpers import make_target, random_examples
+    from peagle import PEagleDrafter
+    from peagle.training import train_head, training_arguments
+
+    save = PEagleDrafter.save_pretrained
+    rank = os.environ.get("RANK", "0")
+
+    def logged_save(self, *args, **kwargs):
+        with open(out.parent / "saves.txt", "a", encoding="utf-8") as fh:
+            fh.write(rank + "\n")
+        return save(self, *args, **kwargs)
+
+    PEagleDrafter.save_pretrained = logged_save
+    args = training_arguments(
+        out / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False, ddp_backend="gloo",
+    )  # fmt: skip
+    train_head(
+        make_target(), output_dir=out, examples=random_examples(8, seed=5), training_args=args,
+        draft_vocab_size=64, progress=False,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -83,6 +114,10 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert (tmp_path / "saves.txt").read_text().split() == ["0"]
+    assert {"config.json", "model.safetensors", "train_summary.json"} <= {
+        p.name for p in (tmp_path / "recipe").iterdir()
+    }
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -152,7 +152,13 @@ def run(args: argparse.Namespace) -> int:
         log.setLevel(logging.INFO)
 
     from ..training.prompts import load_prompts
-    from ..training.recipe import format_summary, load_head_for_training, train_head, training_arguments
+    from ..training.recipe import (
+        end_distributed,
+        format_summary,
+        load_head_for_training,
+        train_head,
+        training_arguments,
+    )
     from ..training.shards import load_examples
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
@@ -229,10 +235,11 @@ def run(args: argparse.Namespace) -> int:
         head=head,
     )
     print(format_summary(summary))
-    if args.lora:
+    if args.lora and training_args.should_save:
         from ..adapters import merge_lora
 
         merged_dir = os.path.join(args.output, "merged")
         merge_lora(head).save_pretrained(merged_dir)
         print(f"LoRA adapter: {args.output}\nmerged head:  {merged_dir}")
+    end_distributed()
     return 0

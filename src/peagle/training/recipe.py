@@ -377,7 +377,8 @@ def train_head(
             seed=args.seed,
             progress=progress,
         )
-        save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
+        if args.should_save:
+            save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
     elif tokenizer is not None:
         check_not_evaluation(
             ([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m] for ex in examples),
@@ -427,7 +428,8 @@ def train_head(
     calibration_report = None
     if held_out:
         calibration_report = calibrate_trained_head(head, target, held_out, progress=progress)
-    head.save_pretrained(output_dir)
+    if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
+        head.save_pretrained(output_dir)
 
     history = [h for h in trainer.state.log_history if "loss" in h]
     last_acc = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith("acc_d")}
@@ -453,9 +455,24 @@ def train_head(
         "seconds": round(time.time() - start, 1),
         "calibration": calibration_report,
     }
-    with open(os.path.join(output_dir, "train_summary.json"), "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
+    if args.should_save:
+        with open(os.path.join(output_dir, "train_summary.json"), "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2)
     return head, summary
+
+
+def end_distributed() -> None:
+    """Wait for every training process and close the process group, as a launched script does before it exits.
+
+    A no-op in a single process. Without it, a process of a multi-process CPU (gloo) run can abort at interpreter
+    exit while the group's threads are still alive. `peagle train` calls it last; call it at the end of your own
+    script after [`train_head`] or `PEagleTrainer.train` under `accelerate launch` or `torchrun`.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def calibrate_trained_head(head, target, examples: Sequence[dict[str, Any]], progress: bool = True) -> dict:
