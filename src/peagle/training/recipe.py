@@ -428,8 +428,6 @@ def train_head(
     calibration_report = None
     if held_out:
         calibration_report = calibrate_trained_head(head, target, held_out, progress=progress)
-    if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
-        head.save_pretrained(output_dir)
 
     history = [h for h in trainer.state.log_history if "loss" in h]
     last_acc = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith("acc_d")}
@@ -455,7 +453,8 @@ def train_head(
         "seconds": round(time.time() - start, 1),
         "calibration": calibration_report,
     }
-    if args.should_save:
+    if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
+        head.save_pretrained(output_dir)
         with open(os.path.join(output_dir, "train_summary.json"), "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2)
     return head, summary
