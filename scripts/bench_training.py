@@ -2,14 +2,15 @@
 
 Runs `--steps` optimizer steps of `PEagleTrainer` on self-distilled examples (a shard folder or JSONL) for the
 embedded SmolLM2 target, with the head of the shipped recipe (2 layers, 8k draft vocabulary, the target's
-frozen embeddings, K_train 8, COD 0.7), and splits the wall time with hooks into: target features (the frozen
-target's forward), drafter forward, backward, loss, attention-mask building, and the rest (data, optimizer,
-bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle machine.
+frozen embeddings, K_train 8 and COD 0.7 unless given), and splits the wall time with hooks into: target
+features (the frozen target's forward), drafter forward, backward, loss, attention-mask building, and the rest
+(data, optimizer, bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle machine.
 
 Usage:
     python scripts/bench_training.py --examples training_data/smollm2-135m-instruct/train --steps 20 --out bench_results/training.json
     python scripts/bench_training.py --examples ... --bf16          # the same with bf16 autocast
     python scripts/bench_training.py --examples ... --bf16 --feature-cache runs/cache-bench   # features read, not computed
+    python scripts/bench_training.py --examples ... --bf16 --cod-ratio 0.5 --num-parallel-positions 4  # the levers
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train (the recipe's 8)")
+    ap.add_argument(
+        "--cod-ratio", type=float, default=0.7, help="COD keep ratio per depth (the recipe's 0.7)"
+    )
     ap.add_argument(
         "--feature-cache",
         default=None,
@@ -81,7 +86,7 @@ def main() -> None:
         examples,
         num_hidden_layers=2,
         draft_vocab_size=8192,
-        num_parallel_positions=8,
+        num_parallel_positions=args.num_parallel_positions,
         embed_from_target=True,
         mask_token_id=MASK_TOKEN_ID,
         target_model_name=DEFAULT_TARGET_NAME,
@@ -108,6 +113,8 @@ def main() -> None:
             max_steps=args.steps + 1,
             gradient_accumulation_steps=args.grad_accum,
             max_length=args.max_length,
+            num_parallel_positions=args.num_parallel_positions,
+            cod_ratio=args.cod_ratio,
             bf16=args.bf16,
             save_strategy="no",
             logging_steps=10_000,
