@@ -29,6 +29,7 @@ from peagle import PEagleDrafter
 from peagle.bench import timed_generate
 from peagle.generation import PEagleGenerationStats
 from peagle.generation.calibration import prompts_of_examples
+from peagle.runtime import DTYPE_CHOICES, resolve_dtype
 from peagle.targets import load_default_target
 from peagle.training.shards import load_examples
 
@@ -41,7 +42,12 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--head-dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="the heads' dtype (auto: bfloat16 where this machine computes it natively, else float32)",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument(
         "--teacher-forced",
@@ -54,6 +60,7 @@ def main() -> None:
         help="--teacher-forced: where the target's features of the examples are cached",
     )
     args = ap.parse_args()
+    args.head_dtype = str(resolve_dtype(args.head_dtype)).removeprefix("torch.")  # recorded resolved
 
     target, _ = load_default_target()
     if args.teacher_forced:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from peagle.runtime import preferred_dtype
 from peagle.targets import default_target_path, load_default_target
 from peagle.training.distill import self_distill, synthesize_prompts
 from peagle.training.prompts import (
@@ -119,11 +120,13 @@ def main() -> None:
     for folder in args.packed:  # cycles already in git: never generated again (same seed -> same data)
         if Path(folder, "manifest.json").is_file():
             done_cycles |= packed_cycles(folder)
+    # the target generates in bfloat16 only where this machine computes it natively (AVX2 CPUs crawl in bf16)
+    dtype = str(preferred_dtype()).removeprefix("torch.")
     if args.engine == "vllm":  # the same target served by vLLM; transformers only tokenizes
         tokenizer = AutoTokenizer.from_pretrained(default_target_path())
-        target = VLLMEngine(default_target_path(), python=args.vllm_python, dtype="bfloat16")
+        target = VLLMEngine(default_target_path(), python=args.vllm_python, dtype=dtype)
     else:
-        target, tokenizer = load_default_target(dtype=torch.bfloat16)
+        target, tokenizer = load_default_target(dtype=getattr(torch, dtype))
     system_prompts = PROMPT_SETS[args.prompt_set]
     code_pool = stdlib_code_prompts(100_000, seed=args.seed)
     stub_pool = stdlib_stub_prompts(
@@ -183,6 +186,7 @@ def main() -> None:
                     temperature=temperature,
                     engine=args.engine,
                     prompt_set=args.prompt_set,
+                    dtype=dtype,
                 )
                 fh.write(json.dumps(row) + "\n")
         dt = time.time() - t0

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from peagle import PEagleConfig
+from peagle.runtime import native_bf16, preferred_dtype
 from peagle.targets import DEFAULT_TARGET_NAME, load_default_target
 from peagle.training.features import FeatureCache
 from peagle.training.recipe import (
@@ -38,6 +39,7 @@ from peagle.training.recipe import (
     training_budget,
 )
 from peagle.training.shards import load_examples, parse_cycle_ranges, read_shards
+from peagle.training.trainer import epoch_order
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>": a reserved special token that never occurs in chat
 
@@ -95,6 +97,14 @@ def main() -> None:
         help="with a shard folder as --examples: only its shards whose grow_data.py cycles lie in these "
         "ranges, e.g. 78-93,513- (N, N-M or N-, comma-separated)",
     )
+    ap.add_argument(
+        "--skip-seen",
+        type=int,
+        default=0,
+        metavar="N",
+        help="drop the N examples an earlier, stopped run over the same examples (seed 0, batch 1) trained on "
+        "first: its optimizer steps x its --grad-accum; the rest are examples that run never saw",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--run-dir", default=None, help="checkpoints and logs (default: runs/<name of --out>)")
     ap.add_argument("--save-steps", type=int, default=100000, help="checkpoint every N optimizer steps")
@@ -134,7 +144,13 @@ def main() -> None:
         examples = read_shards(args.examples, cycles=cycles)
     else:
         examples = load_examples(args.examples)
-    target, tokenizer = load_default_target(dtype=torch.bfloat16)
+    if args.skip_seen:
+        seen = set(epoch_order(len(examples), seed=0)[: args.skip_seen])
+        examples = [ex for i, ex in enumerate(examples) if i not in seen]
+        print(
+            f"--skip-seen {args.skip_seen}: training on the {len(examples)} examples the earlier run never saw"
+        )
+    target, tokenizer = load_default_target(dtype=preferred_dtype())  # bf16 only where native
     if args.cache_only:  # the target layers every new head reads (PEagleConfig.for_target's default)
         aux = PEagleConfig.for_target(target.config).eagle_aux_hidden_state_layer_ids
         print(FeatureCache.build(target, examples, args.feature_cache, aux))
@@ -176,7 +192,7 @@ def main() -> None:
         cod_ratio=args.cod_ratio,
         warmup_steps=0.02,
         gradient_accumulation_steps=args.grad_accum,
-        bf16=True,
+        bf16=native_bf16(),
         save_steps=args.save_steps,
         save_total_limit=args.save_total_limit,
         seed=0,

@@ -98,6 +98,7 @@ def pack(
     # how the rows were made (grow_data.py --engine, --prompt-set), recorded per shard for the fields its rows name
     recorded: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     named: dict[str, set[str]] = defaultdict(set)
+    dtypes: dict[str, set[str]] = defaultdict(set)  # rows that name their generation dtype win over `dtype`
     for line in lines:
         if not line.strip():
             continue
@@ -108,6 +109,8 @@ def pack(
         by_source[source].append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
         if "cycle" in row:
             cycles[source].append(int(row["cycle"]))
+        if row.get("dtype"):
+            dtypes[source].add(str(row["dtype"]))
         for field, default in RECORDED_FIELDS.items():
             value = row.get(field)
             if value is not None:
@@ -128,7 +131,12 @@ def pack(
                     extra[field] = "+".join(sorted(recorded[source][field]))
                 entries.append(
                     write_shard(
-                        chunk, folder, source=source, target_name=target_name, dtype=dtype, extra=extra
+                        chunk,
+                        folder,
+                        source=source,
+                        target_name=target_name,
+                        dtype="+".join(sorted(dtypes[source])) if dtypes[source] else dtype,
+                        extra=extra,
                     )
                 )
                 chunk, tokens = [], 0
@@ -144,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TARGET_NAME,
         help="name of the model that generated the rows ('default': SmolLM2)",
     )
-    ap.add_argument("--dtype", default="bfloat16", help="dtype the target generated in")
+    ap.add_argument(
+        "--dtype", default="bfloat16", help="dtype the target generated in, for rows that do not name theirs"
+    )
     ap.add_argument("--source", default="unknown", help="source of rows without a 'source' field")
     ap.add_argument("--max-tokens-per-shard", type=int, default=4_000_000)
     args = ap.parse_args(argv)

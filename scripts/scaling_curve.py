@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from peagle.runtime import DTYPE_CHOICES, resolve_dtype
 from peagle.targets import load_default_target
 from peagle.training.recipe import training_budget
 
@@ -55,7 +56,12 @@ def main() -> None:
     )
     ap.add_argument("--ablations", default=None, help="ablate_heads.py JSON (from-scratch curves)")
     ap.add_argument("--targets", default="2.0,2.5,3.0", help="tokens per pass to predict budgets for")
-    ap.add_argument("--head-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--head-dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="the heads' dtype (auto: bfloat16 where this machine computes it natively, else float32)",
+    )
     ap.add_argument("--feature-cache", default="runs/cache-heldout-scaling")
     ap.add_argument("--out", default="docs/results/scaling.json")
     ap.add_argument(
@@ -64,6 +70,7 @@ def main() -> None:
         help="an earlier result JSON measured with the same settings: its points are kept, not evaluated again",
     )
     args = ap.parse_args()
+    args.head_dtype = str(resolve_dtype(args.head_dtype)).removeprefix("torch.")  # recorded resolved
     kept: list[dict] = []
     if args.reuse:
         earlier = json.loads(Path(args.reuse).read_text())

@@ -106,7 +106,7 @@ def test_demo_command_passes_its_options(monkeypatch):
         "num_speculative_tokens": 5,
         "confidence_threshold": 0.3,
         "dtype": "bfloat16",
-        "head_dtype": "bfloat16",
+        "head_dtype": "auto",
         "target": None,
         "head": None,
     }
@@ -114,7 +114,7 @@ def test_demo_command_passes_its_options(monkeypatch):
     assert args.func(args) == 0
     assert seen["dtype"] == "float32" and seen["head_dtype"] == "float32"
     assert (seen["target"], seen["head"]) == ("t/x", "h/y")
-    assert build_parser().parse_args(["bench"]).head_dtype == "bfloat16"
+    assert build_parser().parse_args(["bench"]).head_dtype == "auto"
     assert build_parser().parse_args(["bench", "--head-dtype", "float32"]).head_dtype == "float32"
 
 

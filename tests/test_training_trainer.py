@@ -474,3 +474,20 @@ def test_teacher_forced_acceptance_equals_drafting_rounds(tmp_path, mode):
     assert measured["acceptance_by_depth"] == pytest.approx(
         [float((runs > d).float().mean()) for d in range(k)]
     )
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_epoch_order_is_the_trainers_own_visit_order(tmp_path, seed):
+    """`epoch_order` names the examples a stopped run saw; it must match the sampler the trainer really uses."""
+    from peagle.training.trainer import epoch_order
+
+    target = make_target()
+    data = random_examples(23)
+    args = make_args(tmp_path, per_device_train_batch_size=1, seed=seed)
+    trainer = PEagleTrainer(model=make_head(target), target_model=target, args=args, train_dataset=data)
+    loader = trainer.get_train_dataloader()
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        visited = [i for batch in loader.batch_sampler for i in batch]
+        assert visited == epoch_order(len(data), seed, epoch)
+    assert epoch_order(len(data), seed) != epoch_order(len(data), seed + 1)

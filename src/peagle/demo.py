@@ -17,14 +17,15 @@ def run_demo(
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     confidence_threshold: float | None = None,
     dtype: str = "float32",
-    head_dtype: str | None = "bfloat16",
+    head_dtype: str | None = "auto",
     target: str | None = None,
     head: str | None = None,
 ) -> bool:
     """Generate for a few prompts with plain greedy decoding, with the head's default drafting rule (cost-aware
     unless a cut is given), and with K drafts every round; print equality, tokens/s and speedups side by side.
 
-    `dtype` is the target's; `head_dtype` the drafter's (None: the target's).  `target` is a folder or Hub id
+    `dtype` is the target's; `head_dtype` the drafter's (`"auto"`: bfloat16 where this machine computes it natively,
+    else float32, see `peagle.runtime`; None: the target's).  `target` is a folder or Hub id
     (default: the embedded SmolLM2-135M-Instruct) and `head` a head folder in any layout peagle reads (default: the
     shipped head, which only fits the default target).  Returns True when every speculative output equals the
     plain greedy output.
@@ -32,6 +33,7 @@ def run_demo(
     from .bench import chat_prompt_ids, timed_generate
     from .generation.stats import PEagleGenerationStats
     from .modeling_peagle import PEagleDrafter
+    from .runtime import resolve_dtype
     from .targets import load_default_drafter, load_target
 
     default_target = target is None or target == "default"
@@ -48,10 +50,11 @@ def run_demo(
     )
     if tokenizer is None:
         raise ValueError(f"the target {target} has no tokenizer; the demo needs one for its prompts.")
+    drafter_dtype = resolve_dtype(head_dtype) if head_dtype is not None else target_model.dtype
     if head is None:
-        head = load_default_drafter(target_model, dtype=getattr(torch, head_dtype or dtype))
+        head = load_default_drafter(target_model, dtype=drafter_dtype)
     else:
-        drafter = PEagleDrafter.from_pretrained(head, dtype=getattr(torch, head_dtype or dtype))
+        drafter = PEagleDrafter.from_pretrained(head, dtype=drafter_dtype)
         head = drafter.attach_target(target_model).to(target_model.device).eval()
     target = target_model
     k = num_speculative_tokens or head.config.num_speculative_tokens

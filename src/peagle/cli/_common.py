@@ -27,10 +27,11 @@ def add_confidence_argument(p: argparse.ArgumentParser) -> None:
 def add_head_dtype_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--head-dtype",
-        default="bfloat16",
-        choices=DTYPES,
-        help="drafter dtype (default: bfloat16, the shipped weights' dtype and the faster one on CPU); drafts "
-        "only propose, so the output is still the target's own",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="drafter dtype (default auto: bfloat16 where this machine computes it natively, e.g. AVX-512 BF16/AMX "
+        "CPUs and recent GPUs, else float32; bfloat16 on an AVX2-only CPU is many times slower); drafts only "
+        "propose, so the output is still the target's own",
     )
 
 

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from ..evalsets import EVAL_SETS
     from ..modeling_peagle import PEagleDrafter
+    from ..runtime import resolve_dtype
     from ..targets import default_drafter_path, load_target
 
     vllm_python = args.vllm_python or os.environ.get(VLLM_PYTHON_ENV)
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             methods.remove(method)
             continue
         folder = path or default_drafter_path(method)
-        head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype))
+        head = PEagleDrafter.from_pretrained(folder, dtype=resolve_dtype(args.head_dtype))
         try:
             heads[method] = head.attach_target(target).eval()
         except ValueError as err:
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if any(m.startswith("vllm") for m in methods):
         results = _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks)
     results["machine"] = machine_description()
+    results["head_dtype"] = str(resolve_dtype(args.head_dtype)).replace("torch.", "")
     results["command"] = "peagle bench " + " ".join(
         f"--{k.replace('_', '-')} {v}"
         for k, v in vars(args).items()

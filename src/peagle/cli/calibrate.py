@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..generation.calibration import calibrate_head_folder
+    from ..runtime import resolve_dtype
 
     result = calibrate_head_folder(
         args.head,
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         num_speculative_tokens=args.num_speculative_tokens,
         dtype=getattr(torch, args.dtype),
-        head_dtype=getattr(torch, args.head_dtype),
+        head_dtype=resolve_dtype(args.head_dtype),
     )
     report = result["report"]
     print("depth | samples | ECE before | ECE after")

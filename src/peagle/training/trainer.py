@@ -88,6 +88,17 @@ class PEagleTrainingArguments(TrainingArguments):
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
+def epoch_order(num_examples: int, seed: int, epoch: int = 0) -> list[int]:
+    """The order in which a single-process [`PEagleTrainer`] run with `seed` visits the examples in `epoch`.
+
+    The trainer keeps transformers' random sampler, which accelerate seeds with `seed + epoch`; a run that
+    stopped after `s` optimiser steps of batch `b` and gradient accumulation `g` has trained on the first `s*b*g`
+    indices of epoch 0.  Continuing on the others gives a later stage only examples it has not seen.
+    """
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(num_examples, generator=generator).tolist()
+
+
 def check_examples(dataset: Any, vocab_size: int) -> None:
     """Refuse training data that cannot teach anything, before the first step: an empty dataset, token ids outside
     the target's vocabulary (naming the example), or no supervised token at all; warn with the count of examples
