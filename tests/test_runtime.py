@@ -51,7 +51,6 @@ def test_the_probe_answers_a_bool_on_this_machine():
 def test_demo_runs_the_head_in_float32_without_native_bf16(cpu_bf16, tmp_path, capsys):
     """An AVX2-only CPU computes bf16 many times slower than fp32: the demo's default head dtype follows the rule."""
     from helpers import make_head, make_target, tiny_tokenizer
-
     from peagle.demo import run_demo
 
     target = make_target()

@@ -12,7 +12,7 @@ from peagle import PEagleDrafter
 from peagle.cli import main
 
 
-def test_peagle_train_command(tmp_path, capsys):
+def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     target_dir = tmp_path / "target"
     make_target().save_pretrained(target_dir)
     tiny_tokenizer().save_pretrained(target_dir)
@@ -58,12 +58,17 @@ def test_peagle_train_command(tmp_path, capsys):
     assert head.config.draft_vocab_size == 64 and head.config.num_parallel_positions == 3
     assert int(head.t2d.sum()) == 64
 
-    # reuse the examples, train the EAGLE-3 baseline on them from a feature cache
+    # reuse the examples, train the EAGLE-3 baseline on them from a feature cache; --bf16 on a CPU without
+    # native bf16 is allowed but warned about (it runs many times slower there)
+    import peagle.runtime
+
+    monkeypatch.setattr(peagle.runtime, "_cpu_native_bf16", lambda: False)
     out2 = tmp_path / "eagle3"
     rc = main(
         [
             "train",
             *common,
+            "--bf16",
             "--examples",
             str(out / "examples.jsonl"),
             "--output",
@@ -79,6 +84,7 @@ def test_peagle_train_command(tmp_path, capsys):
     assert rc == 0
     summary = json.loads((out2 / "train_summary.json").read_text())
     assert summary["drafting_mode"] == "autoregressive" and summary["feature_cache"]["bytes"] > 0
+    assert "no native bfloat16" in caplog.text
     assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"
 
 

@@ -162,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
     from ..training.shards import load_examples
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    from ..runtime import native_bf16
+
+    if (args.bf16 or args.dtype == "bfloat16") and not native_bf16(device):
+        log.warning(
+            f"warning: this {device} has no native bfloat16 (e.g. an AVX2-only CPU); bf16 runs through slow "
+            "fallback kernels here, often many times slower than float32: drop --bf16 / --dtype bfloat16."
+        )
     from ..targets import load_target
 
     target, tokenizer = load_target(
