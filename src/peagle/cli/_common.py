@@ -30,8 +30,8 @@ def add_head_dtype_argument(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", *DTYPES],
         help="drafter dtype (default auto: bfloat16 where this machine computes it natively, e.g. AVX-512 BF16/AMX "
-        "CPUs and recent GPUs, else float32; bfloat16 on an AVX2-only CPU is many times slower); drafts only "
-        "propose, so the output is still the target's own",
+        "CPUs and recent GPUs, else float32: an AVX2-only CPU runs large bf16 matmuls through slow fallback "
+        "kernels); drafts only propose, so the output is still the target's own",
     )
 
 
