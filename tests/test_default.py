@@ -50,7 +50,11 @@ def test_shipped_heads_are_small_and_lossless(target_and_tokenizer, kind):
     for text in ("Write a Python function that adds two numbers.", "Give me two tips for better sleep."):
         ids = chat_prompt_ids(tok, text)
         plain = timed_generate(target, ids, 48)
-        spec = timed_generate(target, ids, 48, assistant=head, num_assistant_tokens=5)
+        # K drafts every round: acceptance is the head's, not the cost-aware rule's verdict on this machine's speed
+        # (on a slow AVX2 machine that rule skipped drafting and the ratio fell below 1)
+        spec = timed_generate(
+            target, ids, 48, assistant=head, num_assistant_tokens=5, assistant_confidence_threshold=0.0
+        )
         assert spec.output == plain.output
         stats = head.last_generation_stats
         assert stats.generated_tokens == spec.new_tokens
