@@ -29,7 +29,7 @@ from peagle import PEagleDrafter
 from peagle.bench import timed_generate
 from peagle.generation import PEagleGenerationStats
 from peagle.generation.calibration import prompts_of_examples
-from peagle.runtime import DTYPE_CHOICES, resolve_dtype
+from peagle.runtime import DTYPE_CHOICES, resolve_dtype_name
 from peagle.targets import load_default_target
 from peagle.training.shards import load_examples
 
@@ -60,7 +60,7 @@ def main() -> None:
         help="--teacher-forced: where the target's features of the examples are cached",
     )
     args = ap.parse_args()
-    args.head_dtype = str(resolve_dtype(args.head_dtype)).removeprefix("torch.")  # recorded resolved
+    args.head_dtype = resolve_dtype_name(args.head_dtype)  # recorded resolved
 
     target, _ = load_default_target()
     if args.teacher_forced:

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from peagle.runtime import preferred_dtype
+from peagle.runtime import resolve_dtype_name
 from peagle.targets import default_target_path, load_default_target
 from peagle.training.distill import self_distill, synthesize_prompts
 from peagle.training.prompts import (
@@ -121,7 +121,7 @@ def main() -> None:
         if Path(folder, "manifest.json").is_file():
             done_cycles |= packed_cycles(folder)
     # the target generates in bfloat16 only where this machine computes it natively (AVX2 CPUs crawl in bf16)
-    dtype = str(preferred_dtype()).removeprefix("torch.")
+    dtype = resolve_dtype_name("auto")
     if args.engine == "vllm":  # the same target served by vLLM; transformers only tokenizes
         tokenizer = AutoTokenizer.from_pretrained(default_target_path())
         target = VLLMEngine(default_target_path(), python=args.vllm_python, dtype=dtype)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.runtime import DTYPE_CHOICES, resolve_dtype
+from peagle.runtime import DTYPE_CHOICES, resolve_dtype_name
 from peagle.targets import load_default_target
 from peagle.training.recipe import training_budget
 
@@ -70,7 +70,7 @@ def main() -> None:
         help="an earlier result JSON measured with the same settings: its points are kept, not evaluated again",
     )
     args = ap.parse_args()
-    args.head_dtype = str(resolve_dtype(args.head_dtype)).removeprefix("torch.")  # recorded resolved
+    args.head_dtype = resolve_dtype_name(args.head_dtype)  # recorded resolved
     kept: list[dict] = []
     if args.reuse:
         earlier = json.loads(Path(args.reuse).read_text())

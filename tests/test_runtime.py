@@ -22,6 +22,7 @@ def test_auto_is_float32_without_native_bf16(cpu_bf16):
     assert runtime.preferred_dtype("cpu") is torch.float32
     assert runtime.resolve_dtype("auto", "cpu") is torch.float32
     assert runtime.resolve_dtype(None, "cpu") is torch.float32
+    assert runtime.resolve_dtype_name("auto", "cpu") == "float32"
 
 
 def test_auto_is_bfloat16_with_native_bf16(cpu_bf16):

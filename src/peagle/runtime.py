@@ -26,9 +26,8 @@ def _cpu_native_bf16() -> bool:
         lambda: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
         lambda: torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
     )
-    for (
-        check
-    ) in checks:  # private probes: a torch release without one falls through to the next, then float32
+    # private probes: a torch release without one falls through to the next, then to float32
+    for check in checks:
         try:
             return bool(check())
         except (AttributeError, RuntimeError):
@@ -67,3 +66,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | 
             f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)} (or another torch float dtype)"
         )
     return resolved
+
+
+def resolve_dtype_name(dtype: str | torch.dtype | None, device: torch.device | str | None = None) -> str:
+    """[`resolve_dtype`] as its name (`"float32"`, `"bfloat16"`), for JSON records and vLLM's `dtype`."""
+    return str(resolve_dtype(dtype, device)).removeprefix("torch.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..runtime import DTYPE_CHOICES
+
 DTYPES = ["float32", "bfloat16"]
 """The dtypes the demo and the benchmark run the target and the heads in."""
 
@@ -28,7 +30,7 @@ def add_head_dtype_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--head-dtype",
         default="auto",
-        choices=["auto", *DTYPES],
+        choices=DTYPE_CHOICES,
         help="drafter dtype (default auto: bfloat16 where this machine computes it natively, e.g. AVX-512 BF16/AMX "
         "CPUs and recent GPUs, else float32: an AVX2-only CPU runs large bf16 matmuls through slow fallback "
         "kernels); drafts only propose, so the output is still the target's own",

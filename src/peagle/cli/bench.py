@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             f"peagle bench: the target {args.target} has no tokenizer (needed for the chat prompts)"
         )
     heads = {}
+    head_dtype = resolve_dtype(args.head_dtype)
     default_target = args.target in (None, "default")
     for method, path in (("peagle", args.head), ("eagle3", args.ar_head)):
         if method not in methods:
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             methods.remove(method)
             continue
         folder = path or default_drafter_path(method)
-        head = PEagleDrafter.from_pretrained(folder, dtype=resolve_dtype(args.head_dtype))
+        head = PEagleDrafter.from_pretrained(folder, dtype=head_dtype)
         try:
             heads[method] = head.attach_target(target).eval()
         except ValueError as err:
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if any(m.startswith("vllm") for m in methods):
         results = _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks)
     results["machine"] = machine_description()
-    results["head_dtype"] = str(resolve_dtype(args.head_dtype)).replace("torch.", "")
+    results["head_dtype"] = str(head_dtype).removeprefix("torch.")
     results["command"] = "peagle bench " + " ".join(
         f"--{k.replace('_', '-')} {v}"
         for k, v in vars(args).items()

@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
 
+    from ..runtime import native_bf16
     from ..training.prompts import load_prompts
     from ..training.recipe import (
         end_distributed,
@@ -162,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
     from ..training.shards import load_examples
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    from ..runtime import native_bf16
-
     if (args.bf16 or args.dtype == "bfloat16") and not native_bf16(device):
         log.warning(
             f"warning: this {device} has no native bfloat16 (e.g. an AVX2-only CPU); bf16 runs through slow "
