@@ -41,7 +41,12 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=48, help="skip the first N (the calibration/comparison ones)")
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=128,
+        help="tokens decoded per prompt (--teacher-forced: per response in the decoding walk)",
+    )
     ap.add_argument(
         "--head-dtype",
         default="auto",
@@ -127,7 +132,9 @@ def teacher_forced(target, args) -> dict:
                 output_dir=tmp, per_device_eval_batch_size=4, report_to="none", disable_tqdm=True
             )
             trainer = PEagleTrainer(model=head, target_model=target, args=targs)
-            result = trainer.evaluate_acceptance(cache, args.num_speculative_tokens)
+            result = trainer.evaluate_acceptance(
+                cache, args.num_speculative_tokens, max_new_tokens=args.max_new_tokens
+            )
         summary = Path(folder) / "train_summary.json"
         if summary.exists():
             result["train_summary"] = json.loads(summary.read_text())
@@ -135,7 +142,8 @@ def teacher_forced(target, args) -> dict:
         print(
             f"{folder}: {result['tokens_per_target_pass']:.3f} tokens/target pass teacher-forced "
             f"(K={args.num_speculative_tokens}, {result['anchors']} anchors in {len(examples)} examples), "
-            f"acceptance by depth {[round(x, 3) for x in result['acceptance_by_depth']]}"
+            f"acceptance by depth {[round(x, 3) for x in result['acceptance_by_depth']]}; decoding walk "
+            f"({args.max_new_tokens} new tokens per response): {result['decoded_tokens_per_target_pass']:.3f}"
         )
     return results
 

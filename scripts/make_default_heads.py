@@ -105,6 +105,13 @@ def main() -> None:
         help="drop the N examples an earlier, stopped run over the same examples (seed 0, batch 1) trained on "
         "first: its optimizer steps x its --grad-accum; the rest are examples that run never saw",
     )
+    ap.add_argument(
+        "--skip-seen-cycles",
+        default=None,
+        metavar="RANGES",
+        help="with --skip-seen: the earlier run's own --cycles, when this run's --cycles add shards to them; "
+        "only examples of those shards are dropped",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--run-dir", default=None, help="checkpoints and logs (default: runs/<name of --out>)")
     ap.add_argument("--save-steps", type=int, default=100000, help="checkpoint every N optimizer steps")
@@ -144,9 +151,17 @@ def main() -> None:
         examples = read_shards(args.examples, cycles=cycles)
     else:
         examples = load_examples(args.examples)
+    if args.skip_seen_cycles and not args.skip_seen:
+        ap.error("--skip-seen-cycles goes with --skip-seen")
     if args.skip_seen:
-        seen = set(epoch_order(len(examples), seed=0)[: args.skip_seen])
-        examples = [ex for i, ex in enumerate(examples) if i not in seen]
+        # the earlier run's examples, in the order its trainer drew them (seed 0, batch 1)
+        earlier = (
+            read_shards(args.examples, cycles=parse_cycle_ranges(args.skip_seen_cycles))
+            if args.skip_seen_cycles
+            else examples
+        )
+        seen = {tuple(earlier[i]["input_ids"]) for i in epoch_order(len(earlier), seed=0)[: args.skip_seen]}
+        examples = [ex for ex in examples if tuple(ex["input_ids"]) not in seen]
         print(
             f"--skip-seen {args.skip_seen}: training on the {len(examples)} examples the earlier run never saw"
         )

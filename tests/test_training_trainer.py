@@ -476,6 +476,70 @@ def test_teacher_forced_acceptance_equals_drafting_rounds(tmp_path, mode):
     )
 
 
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_decoding_walk_equals_generate(tmp_path, mode):
+    """The teacher-forced decoding walk gives the new tokens and target passes that `generate()` reports when it
+    drafts K every round on the examples' prompts (their responses are the target's greedy continuations)."""
+    target = make_target()
+    torch.manual_seed(1)
+    examples, prompts = [], []
+    for _ in range(4):
+        prompt = torch.randint(3, 120, (1, 5))
+        ids = greedy(target, prompt, max_new_tokens=24, min_new_tokens=24)
+        examples.append({"input_ids": ids[0].tolist(), "loss_mask": [0] * 5 + [1] * 24})
+        prompts.append(prompt)
+    head = make_head(target, drafting_mode=mode)
+    args = make_args(tmp_path, max_steps=25, per_device_train_batch_size=4, learning_rate=0.5)
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples)
+    trainer.train()
+    k, cap = 3, 18
+    measured = trainer.evaluate_acceptance(
+        examples, num_speculative_tokens=k, progress=False, max_new_tokens=cap
+    )
+
+    head.eval()
+    tokens = passes = accepted = 0
+    for prompt, ex in zip(prompts, examples):
+        out = greedy(
+            target,
+            prompt,
+            max_new_tokens=cap,
+            min_new_tokens=cap,
+            assistant_model=head,
+            num_assistant_tokens=k,
+            assistant_confidence_threshold=0.0,
+        )
+        assert out[0].tolist() == ex["input_ids"][: 5 + cap]
+        stats = head.last_generation_stats
+        tokens, passes = tokens + stats.generated_tokens, passes + stats.target_passes
+        accepted += stats.accepted_tokens
+    assert accepted > 0  # some rounds accept drafts: the walk's jumps are exercised
+    assert (measured["decoded_tokens"], measured["decoded_target_passes"]) == (tokens, passes)
+    assert measured["decoded_tokens_per_target_pass"] == pytest.approx(tokens / passes)
+    # decoding crosses easy stretches in few rounds: it reads below the average over every anchor
+    assert measured["decoded_tokens_per_target_pass"] <= measured["tokens_per_target_pass"] + 1e-9
+
+
+def test_decoding_walk_jumps_cuts_and_restarts_at_each_response():
+    """`decoding_walk` on a hand-made grid: a round moves past its accepted drafts and the bonus token, a round
+    is cut at the response's end and at max_new_tokens, and a second response starts with its own prefill."""
+    from peagle.training.trainer import decoding_walk
+
+    k = 3
+    correct = torch.zeros(20, k, dtype=torch.bool)
+    correct[2] = True  # the round after anchor 2 would accept all three
+    correct[6, 0] = True  # the round after anchor 6 accepts one
+    mask = torch.tensor([0, 0, 0] + [1] * 9 + [0, 0] + [1] * 6)  # responses at 3..11 and 14..19
+    # response 1: prefill -> token 3; anchor 2: 1 + 3 (tokens 4-7); anchor 6: 1 + 1 (8-9); anchors 8, 9: 1 each
+    # (10, 11). Response 2: prefill -> 14; anchors 14..18 (none correct): 1 each. 9 + 6 tokens, 5 + 6 passes.
+    assert decoding_walk(correct, mask) == (15, 11)
+    # max_new_tokens=5: prefill (3), anchor 2 cut to 1 + 3 (4-7); response 2: prefill + 4 rounds
+    assert decoding_walk(correct, mask, max_new_tokens=5) == (10, 7)
+    # a run cut by the response's end: only the drafts whose tokens are left count
+    correct[8] = True
+    assert decoding_walk(correct, mask) == (15, 10)
+
+
 @pytest.mark.parametrize("seed", [0, 7])
 def test_epoch_order_is_the_trainers_own_visit_order(tmp_path, seed):
     """`epoch_order` names the examples a stopped run saw; it must match the sampler the trainer really uses."""

@@ -99,6 +99,45 @@ def epoch_order(num_examples: int, seed: int, epoch: int = 0) -> list[int]:
     return torch.randperm(num_examples, generator=generator).tolist()
 
 
+def decoding_walk(
+    correct: torch.Tensor, loss_mask: torch.Tensor, max_new_tokens: int | None = None
+) -> tuple[int, int]:
+    """New tokens and target passes of greedy decoding that drafts K tokens every round through one example.
+
+    Args:
+        correct: `(T, K)` bool, `correct[a, d]`: the draft at depth d of a round after anchor a (target features
+            up to a, tokens up to a + 1 known) equals token a + d + 2.
+        loss_mask: `(T,)`: the response tokens. Each contiguous response is decoded on its own: the prefill
+            yields its first token in one pass, then every round yields 1 + the leading run of correct drafts,
+            cut at the response's end (and at `max_new_tokens`), and the next round starts after the last of them.
+        max_new_tokens: tokens decoded per response at most (default: all of it).
+
+    Returns:
+        `(tokens, passes)`, summed over the example's responses.
+    """
+    mask = [bool(m) for m in loss_mask.tolist()]
+    k = correct.shape[1]
+    tokens = passes = 0
+    start = 0
+    while start < len(mask):
+        if not mask[start] or start == 0:  # a response needs a prompt before it
+            start += 1
+            continue
+        end = start
+        while end + 1 < len(mask) and mask[end + 1]:
+            end += 1
+        budget = end - start + 1 if max_new_tokens is None else min(end - start + 1, max_new_tokens)
+        made, rounds, anchor = 1, 1, start - 1  # the prefill pass yields token `start`
+        while made < budget:
+            run, limit = 0, min(k, budget - made - 1)
+            while run < limit and bool(correct[anchor, run]):
+                run += 1
+            made, rounds, anchor = made + 1 + run, rounds + 1, anchor + 1 + run
+        tokens, passes = tokens + made, passes + rounds
+        start = end + 1
+    return tokens, passes
+
+
 def check_examples(dataset: Any, vocab_size: int) -> None:
     """Refuse training data that cannot teach anything, before the first step: an empty dataset, token ids outside
     the target's vocabulary (naming the example), or no supervised token at all; warn with the count of examples
@@ -567,7 +606,11 @@ class PEagleTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate_acceptance(
-        self, eval_dataset=None, num_speculative_tokens: int | None = None, progress: bool = True
+        self,
+        eval_dataset=None,
+        num_speculative_tokens: int | None = None,
+        progress: bool = True,
+        max_new_tokens: int | None = None,
     ) -> dict[str, Any]:
         """Acceptance of greedy verification on held-out examples, measured teacher-forced in one pass.
 
@@ -578,15 +621,22 @@ class PEagleTrainer(Trainer):
         computed with every depth kept (no COD) against the target's argmax over its whole vocabulary. Every
         anchor whose K labels lie in a response counts once: `tokens_per_target_pass` = 1 + mean run, the
         quantity `generate()` reports, averaged over every possible round start instead of the starts one
-        decoding visits.
+        decoding visits. Easy stretches of a response are crossed in few rounds and hard ones token by token, so
+        this average over anchors reads higher than decoding does; `decoded_tokens_per_target_pass` walks the
+        same grid as greedy decoding with K drafts every round would ([`decoding_walk`]: a round after anchor a
+        moves to anchor a + 1 + run, the prefill counts as a pass) and equals what `generate()` reports when the
+        responses are the target's own greedy continuations, at the cost of the one teacher-forced pass.
 
         Args:
             eval_dataset: examples (or a [`FeatureCache`]); default the trainer's `eval_dataset`.
             num_speculative_tokens: K (default: K_train).
+            max_new_tokens: the decoding walk stops each response after this many tokens, as `generate()` with
+                `max_new_tokens` would (default: the whole response).
 
         Returns:
             dict with `tokens_per_target_pass`, `acceptance_by_depth` (share of anchors whose first d + 1 drafts
-            are all accepted), `accuracy_by_depth` (top-1 agreement at each depth on its own), `anchors`.
+            are all accepted), `accuracy_by_depth` (top-1 agreement at each depth on its own), `anchors`, and the
+            decoding walk's `decoded_tokens_per_target_pass`, `decoded_tokens` and `decoded_target_passes`.
         """
         from tqdm.auto import tqdm
 
@@ -599,6 +649,7 @@ class PEagleTrainer(Trainer):
         was_training = model.training
         model.eval()
         runs, hits, counts = [], torch.zeros(k), torch.zeros(k)
+        walked_tokens = walked_passes = 0
         loader = self.get_eval_dataloader(eval_dataset)
         try:
             for batch in tqdm(loader, desc="acceptance", unit="batch", disable=not progress):
@@ -620,6 +671,10 @@ class PEagleTrainer(Trainer):
                 full = torch.zeros(bsz, length, dtype=torch.bool)
                 for b in range(bsz):
                     full[b] = (loss_mask[b][labels.clamp(max=length - 1)] & inside).all(-1)
+                for b in range(bsz):
+                    made, passes = decoding_walk(grid[b, :, :k].bool(), loss_mask[b], max_new_tokens)
+                    walked_tokens += made
+                    walked_passes += passes
                 chains = grid[..., :k][full]
                 runs.append(chains.cumprod(-1).sum(-1))
                 hits += chains.sum(0)
@@ -637,6 +692,9 @@ class PEagleTrainer(Trainer):
             "accuracy_by_depth": (hits / counts.clamp(min=1)).tolist(),
             "anchors": int(runs.numel()),
             "num_speculative_tokens": k,
+            "decoded_tokens_per_target_pass": walked_tokens / walked_passes if walked_passes else 0.0,
+            "decoded_tokens": walked_tokens,
+            "decoded_target_passes": walked_passes,
         }
 
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
