@@ -44,15 +44,74 @@ def checkpoint_budget(step: int, final_summary: dict) -> int:
     return int(before + step * per_step)
 
 
+MEASURES = {
+    "every-anchor": "every_anchor_tokens_per_target_pass",
+    "decoded": "decoded_tokens_per_target_pass",
+}
+"""`--measure` -> the point's field that is fitted and plotted (and copied to `tokens_per_target_pass`)."""
+
+
+def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
+    """`FOLDER` or `FOLDER:SKIP:LIMIT` -> (folder, skip, limit)."""
+    parts = spec.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2])
+    return spec, skip, limit
+
+
+def pooled(results: list[dict]) -> dict:
+    """One head's `evaluate_acceptance` results on several held-out sets, pooled: the every-anchor measures
+    weighted by anchors, the decoding walk as its summed tokens over its summed passes."""
+    anchors = sum(r["anchors"] for r in results)
+    k = len(results[0]["acceptance_by_depth"])
+    passes = sum(r["decoded_target_passes"] for r in results)
+    return {
+        "every_anchor_tokens_per_target_pass": sum(
+            r["tokens_per_target_pass"] * r["anchors"] for r in results
+        )
+        / anchors,
+        "acceptance_by_depth": [
+            sum(r["acceptance_by_depth"][d] * r["anchors"] for r in results) / anchors for d in range(k)
+        ],
+        "decoded_tokens_per_target_pass": sum(r["decoded_tokens"] for r in results) / passes
+        if passes
+        else 0.0,
+        "anchors": anchors,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--heldout", required=True)
+    ap.add_argument(
+        "--heldout",
+        required=True,
+        nargs="+",
+        help="held-out example folders, each FOLDER or FOLDER:SKIP:LIMIT (default --skip and --limit); the "
+        "measure pools them",
+    )
     ap.add_argument("--skip", type=int, default=48)
     ap.add_argument("--limit", type=int, default=48)
+    ap.add_argument(
+        "--measure",
+        choices=list(MEASURES),
+        default="every-anchor",
+        help="every-anchor: 1 + the mean accepted run over every round start; decoded: the decoding walk, what "
+        "generate() reports drafting K every round (docs/training.md section 4)",
+    )
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=128, help="--measure decoded: tokens decoded per response"
+    )
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
     ap.add_argument("--heads", nargs="*", default=[], help="head folders with train_summary.json")
     ap.add_argument(
         "--checkpoints", nargs="*", default=[], help="CHECKPOINTS_DIR=FINAL_HEAD: a run's checkpoints"
+    )
+    ap.add_argument(
+        "--budget",
+        nargs="*",
+        default=[],
+        metavar="HEAD=TOKEN_PASSES",
+        help="the budget of a --heads folder whose train_summary.json predates the token-pass count (an estimate)",
     )
     ap.add_argument("--ablations", default=None, help="ablate_heads.py JSON (from-scratch curves)")
     ap.add_argument("--targets", default="2.0,2.5,3.0", help="tokens per pass to predict budgets for")
@@ -74,8 +133,19 @@ def main() -> None:
     kept: list[dict] = []
     if args.reuse:
         earlier = json.loads(Path(args.reuse).read_text())
-        same = ("heldout", "skip", "limit", "num_speculative_tokens", "head_dtype")
-        differ = [k for k in same if earlier["settings"].get(k) != getattr(args, k)]
+        same = (
+            "heldout",
+            "skip",
+            "limit",
+            "num_speculative_tokens",
+            "head_dtype",
+            "measure",
+            "max_new_tokens",
+        )
+        defaults = {"measure": "every-anchor", "max_new_tokens": 128}  # results written before these existed
+        heldout = earlier["settings"].get("heldout")
+        earlier["settings"]["heldout"] = [heldout] if isinstance(heldout, str) else heldout
+        differ = [k for k in same if earlier["settings"].get(k, defaults.get(k)) != getattr(args, k)]
         if differ:
             ap.error(f"--reuse {args.reuse} was measured with other settings: {', '.join(differ)}")
         kept = earlier["points"]
@@ -86,6 +156,12 @@ def main() -> None:
         budgets[head] = training_budget(json.loads((Path(head) / "train_summary.json").read_text()))[
             "response_tokens_trained"
         ]
+    estimated = {}
+    for spec in args.budget:
+        head, value = spec.split("=", 1)
+        if head not in budgets:
+            ap.error(f"--budget {spec}: {head} is not one of --heads")
+        budgets[head] = estimated[head] = int(float(value))
     for spec in args.checkpoints:
         ckpt_dir, final = spec.split("=", 1)
         summary = json.loads((Path(final) / "train_summary.json").read_text())
@@ -96,30 +172,40 @@ def main() -> None:
             folders.append(str(ckpt))
             budgets[str(ckpt)] = checkpoint_budget(step, summary)
     target, _ = load_default_target()
-    evaluated = teacher_forced(
-        target,
-        argparse.Namespace(
-            heads=folders,
-            examples=args.heldout,
-            skip=args.skip,
-            limit=args.limit,
-            num_speculative_tokens=args.num_speculative_tokens,
-            head_dtype=args.head_dtype,
-            feature_cache=args.feature_cache,
-        ),
-    )
-    points = []
-    for folder in folders:
-        r = evaluated[folder]
-        points.append(
-            {
-                "head": folder,
-                "kind": "peagle",
-                "token_passes": budgets[folder],
-                "tokens_per_target_pass": r["tokens_per_target_pass"],
-                "acceptance_by_depth": r["acceptance_by_depth"],
-            }
+    per_set = []
+    for i, spec in enumerate(args.heldout):
+        folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
+        per_set.append(
+            teacher_forced(
+                target,
+                argparse.Namespace(
+                    heads=folders,
+                    examples=folder,
+                    skip=skip,
+                    limit=limit,
+                    num_speculative_tokens=args.num_speculative_tokens,
+                    head_dtype=args.head_dtype,
+                    feature_cache=f"{args.feature_cache}-{i}"
+                    if len(args.heldout) > 1
+                    else args.feature_cache,
+                    max_new_tokens=args.max_new_tokens,
+                    truncate=args.measure == "decoded",
+                ),
+            )
         )
+    points = [
+        {
+            "head": folder,
+            "kind": "peagle",
+            "token_passes": budgets[folder],
+            **pooled([r[folder] for r in per_set]),
+        }
+        for folder in folders
+    ]
+    for p in points:
+        p["tokens_per_target_pass"] = p[MEASURES[args.measure]]
+        if p["head"] in estimated:
+            p["token_passes_estimated"] = True
     done = {p["head"] for p in points}
     points += [p for p in kept if p["head"] not in done]
     points.sort(key=lambda p: p["token_passes"])
@@ -196,7 +282,7 @@ def plot(result: dict, path: Path, k: int) -> None:
         )
     fit = result["fit"]
     if fit:
-        lo = min(p["token_passes"] for p in pts)
+        lo = min(p["token_passes"] for p in pts if p["token_passes"] > 0)
         hi = max([lo * 10] + [v for v in result["predictions"].values() if v])
         xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
         ax.plot(
@@ -205,7 +291,10 @@ def plot(result: dict, path: Path, k: int) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("training budget (response-token passes, all stages)")
     ax.set_ylabel(f"held-out new tokens per target pass, K={k}")
-    ax.set_title("Head quality vs training budget (SmolLM2-135M target, teacher-forced)")
+    how = (
+        "decoding walk" if result["settings"].get("measure") == "decoded" else "teacher-forced, every anchor"
+    )
+    ax.set_title(f"Head quality vs training budget (SmolLM2-135M target, {how})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
