@@ -111,7 +111,8 @@ def main() -> None:
         nargs="*",
         default=[],
         metavar="HEAD=TOKEN_PASSES",
-        help="the budget of a --heads folder whose train_summary.json predates the token-pass count (an estimate)",
+        help="the budget of a --heads folder that has no train_summary.json (a checkpoint) or one that predates the "
+        "token-pass count",
     )
     ap.add_argument("--ablations", default=None, help="ablate_heads.py JSON (from-scratch curves)")
     ap.add_argument("--targets", default="2.0,2.5,3.0", help="tokens per pass to predict budgets for")
@@ -151,17 +152,22 @@ def main() -> None:
         kept = earlier["points"]
 
     folders, budgets = [], {}
-    for head in args.heads:
-        folders.append(head)
-        budgets[head] = training_budget(json.loads((Path(head) / "train_summary.json").read_text()))[
-            "response_tokens_trained"
-        ]
     estimated = {}
     for spec in args.budget:
         head, value = spec.split("=", 1)
-        if head not in budgets:
+        if head not in args.heads:
             ap.error(f"--budget {spec}: {head} is not one of --heads")
-        budgets[head] = estimated[head] = int(float(value))
+        estimated[head] = int(float(value))
+    for head in args.heads:
+        folders.append(head)
+        budgets[head] = (
+            estimated.get(head)
+            or (
+                training_budget(json.loads((Path(head) / "train_summary.json").read_text()))[
+                    "response_tokens_trained"
+                ]
+            )
+        )
     for spec in args.checkpoints:
         ckpt_dir, final = spec.split("=", 1)
         summary = json.loads((Path(final) / "train_summary.json").read_text())
@@ -204,8 +210,6 @@ def main() -> None:
     ]
     for p in points:
         p["tokens_per_target_pass"] = p[MEASURES[args.measure]]
-        if p["head"] in estimated:
-            p["token_passes_estimated"] = True
     done = {p["head"] for p in points}
     points += [p for p in kept if p["head"] not in done]
     points.sort(key=lambda p: p["token_passes"])
