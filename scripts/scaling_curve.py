@@ -152,22 +152,19 @@ def main() -> None:
         kept = earlier["points"]
 
     folders, budgets = [], {}
-    estimated = {}
+    given = {}  # --budget: heads whose budget is stated, not read from their train_summary.json
     for spec in args.budget:
         head, value = spec.split("=", 1)
         if head not in args.heads:
             ap.error(f"--budget {spec}: {head} is not one of --heads")
-        estimated[head] = int(float(value))
+        given[head] = int(float(value))
     for head in args.heads:
         folders.append(head)
-        budgets[head] = (
-            estimated.get(head)
-            or (
-                training_budget(json.loads((Path(head) / "train_summary.json").read_text()))[
-                    "response_tokens_trained"
-                ]
-            )
-        )
+        if head in given:
+            budgets[head] = given[head]
+        else:
+            summary = json.loads((Path(head) / "train_summary.json").read_text())
+            budgets[head] = training_budget(summary)["response_tokens_trained"]
     for spec in args.checkpoints:
         ckpt_dir, final = spec.split("=", 1)
         summary = json.loads((Path(final) / "train_summary.json").read_text())

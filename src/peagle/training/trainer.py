@@ -117,6 +117,7 @@ def decoding_walk(
     """
     mask = [bool(m) for m in loss_mask.tolist()]
     k = correct.shape[1]
+    correct = correct.tolist()  # read element by element below: Python lists, not tensor indexing
     tokens = passes = 0
     start = 0
     while start < len(mask):
@@ -130,7 +131,7 @@ def decoding_walk(
         made, rounds, anchor = 1, 1, start - 1  # the prefill pass yields token `start`
         while made < budget:
             run, limit = 0, min(k, budget - made - 1)
-            while run < limit and bool(correct[anchor, run]):
+            while run < limit and correct[anchor][run]:
                 run += 1
             made, rounds, anchor = made + 1 + run, rounds + 1, anchor + 1 + run
         tokens, passes = tokens + made, passes + rounds
@@ -671,7 +672,6 @@ class PEagleTrainer(Trainer):
                 full = torch.zeros(bsz, length, dtype=torch.bool)
                 for b in range(bsz):
                     full[b] = (loss_mask[b][labels.clamp(max=length - 1)] & inside).all(-1)
-                for b in range(bsz):
                     made, passes = decoding_walk(grid[b, :, :k].bool(), loss_mask[b], max_new_tokens)
                     walked_tokens += made
                     walked_passes += passes
