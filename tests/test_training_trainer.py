@@ -18,6 +18,7 @@ from peagle.training import (
     PEagleTrainer,
     self_distill,
 )
+from peagle.training.trainer import BUDGET_FILE
 
 
 def update_after_one_step(target, data, tmp_path, head_kwargs=None, **arg_overrides):
@@ -234,9 +235,19 @@ def test_resume_from_checkpoint_continues_identically(tmp_path):
     head_b = make_head(target).float()
     trainer_b = PEagleTrainer(model=head_b, target_model=target, args=args_b, train_dataset=data)
     trainer_b.train()
+    # the training time resumes too: checkpoint-2 says the run had trained 1,000 s (written as a long run's would be)
+    record = os.path.join(args_b.output_dir, "checkpoint-2", BUDGET_FILE.format(0))
+    with open(record) as fh:
+        saved = json.load(fh)
+    assert 0 < saved["training_seconds"] < 1000
+    with open(record, "w") as fh:
+        json.dump(saved | {"training_seconds": 1000.0}, fh)
     head_c = make_head(target, seed=7).float()  # different init: everything must come from the checkpoint
     trainer_c = PEagleTrainer(model=head_c, target_model=target, args=args_b, train_dataset=data)
     trainer_c.train(resume_from_checkpoint=os.path.join(args_b.output_dir, "checkpoint-2"))
+    assert trainer_c.resumed_seconds == 1000.0 and 1000.0 < trainer_c.training_seconds() < 1000.0 + 600
+    with open(os.path.join(args_b.output_dir, "checkpoint-4", BUDGET_FILE.format(0))) as fh:
+        assert json.load(fh)["training_seconds"] > 1000.0
     for (k, a), (_, c) in zip(head_a.named_parameters(), head_c.named_parameters()):
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6, msg=k)
     # the budget count resumes too: the resumed run counts every token-pass of the whole run, exactly
@@ -245,8 +256,6 @@ def test_resume_from_checkpoint_continues_identically(tmp_path):
 
 
 def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path):
-    from peagle.training.trainer import BUDGET_FILE
-
     target = make_target()
     data = random_examples(8, seed=5)
     args = make_args(

@@ -450,7 +450,7 @@ def train_head(
         "train_loss": result.training_loss,
         "last_logged_accuracy": last_acc,
         "feature_cache": cache_info,
-        "seconds": round(time.time() - start, 1),
+        "seconds": round(time.time() - start + trainer.resumed_seconds, 1),  # a resumed run counts its past
         "calibration": calibration_report,
     }
     if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)

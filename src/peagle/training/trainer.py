@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +249,8 @@ class PEagleTrainer(Trainer):
         self._elements: list[torch.Tensor] | None = None  # per-element records while evaluating acceptance
         self._response_tokens = 0  # response tokens of the micro-batches trained by this process
         self._budget_estimated = False  # resumed from a checkpoint that did not record the count
+        self._seconds_before = 0.0  # training seconds recorded by the checkpoint this run resumed from
+        self._train_started: float | None = None
         self.add_callback(_BudgetCheckpointCallback(self))
 
     # ----------------------------------------------------------------------------------------- helpers
@@ -540,6 +543,7 @@ class PEagleTrainer(Trainer):
         (`response_tokens_trained`)."""
         if resume_from_checkpoint:
             self._resume_budget(resume_from_checkpoint)
+        self._train_started = time.time()
         if not self.args.flush_denormal:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         flushed = torch.set_flush_denormal(True)
@@ -573,7 +577,9 @@ class PEagleTrainer(Trainer):
         path = os.path.join(folder, BUDGET_FILE.format(self.accelerator.process_index))
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
-                self._response_tokens = int(json.load(fh)["response_tokens_trained"])
+                record = json.load(fh)
+            self._response_tokens = int(record["response_tokens_trained"])
+            self._seconds_before = float(record.get("training_seconds") or 0.0)
             return
         with open(os.path.join(folder, "trainer_state.json"), encoding="utf-8") as fh:
             epoch = float(json.load(fh).get("epoch") or 0.0)
@@ -596,6 +602,18 @@ class PEagleTrainer(Trainer):
     def budget_estimated(self) -> bool:
         """Whether `response_tokens_trained` includes an estimate (resumed from a checkpoint without a count)."""
         return self._budget_estimated
+
+    @property
+    def resumed_seconds(self) -> float:
+        """Training seconds the run had spent before the checkpoint it resumed from (0 for a fresh run, or when
+        the checkpoint predates the record)."""
+        return self._seconds_before
+
+    def training_seconds(self) -> float:
+        """Wall-clock seconds of `train()` so far, across resumes: this call's time since `train()` began plus
+        what the resumed checkpoint recorded."""
+        now = 0.0 if self._train_started is None else time.time() - self._train_started
+        return self._seconds_before + now
 
     def response_tokens_trained(self) -> int:
         """Response tokens of every micro-batch trained so far, over all processes (a token seen in two epochs
@@ -730,11 +748,13 @@ class PEagleTrainer(Trainer):
 
 
 BUDGET_FILE = "peagle_budget_{}.json"
-"""Per-process record of the response tokens trained, written into every checkpoint (read back on resume)."""
+"""Per-process record of the response tokens trained and the training seconds spent, written into every checkpoint
+(read back on resume)."""
 
 
 class _BudgetCheckpointCallback(TrainerCallback):
-    """Writes the trainer's budget count into each checkpoint, so a resumed run counts from where it stopped."""
+    """Writes the trainer's budget count and training time into each checkpoint, so a resumed run counts both from
+    where it stopped."""
 
     def __init__(self, trainer: PEagleTrainer):
         self.trainer = trainer
@@ -744,7 +764,11 @@ class _BudgetCheckpointCallback(TrainerCallback):
         if os.path.isdir(folder):
             path = os.path.join(folder, BUDGET_FILE.format(self.trainer.accelerator.process_index))
             with open(path, "w", encoding="utf-8") as fh:
-                json.dump({"response_tokens_trained": self.trainer._response_tokens}, fh)
+                record = {
+                    "response_tokens_trained": self.trainer._response_tokens,
+                    "training_seconds": round(self.trainer.training_seconds(), 1),
+                }
+                json.dump(record, fh)
         return control
 
 
