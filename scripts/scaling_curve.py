@@ -80,6 +80,22 @@ def pooled(results: list[dict]) -> dict:
     }
 
 
+def fit_log_linear(points: list[dict], goals: list[float]) -> tuple[dict | None, dict[str, float | None]]:
+    """Least-squares fit of tokens_per_target_pass = a + b log10(token_passes) over the points with a budget, and
+    the budget it predicts for each goal (None where the fit does not rise).  (None, {}) with fewer than two
+    points."""
+    used = [p for p in points if p["token_passes"] > 0]
+    if len(used) < 2:
+        return None, {}
+    xs = [math.log10(p["token_passes"]) for p in used]
+    ys = [p["tokens_per_target_pass"] for p in used]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
+    a = my - b * mx
+    fit = {"a": a, "b": b, "form": "tokens_per_target_pass = a + b * log10(token_passes)"}
+    return fit, {str(goal): 10 ** ((goal - a) / b) if b > 0 else None for goal in goals}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -224,16 +240,7 @@ def main() -> None:
                     }
                     for i, c in enumerate(results[name]["curve"])
                 ]
-    xs = [math.log10(p["token_passes"]) for p in points if p["token_passes"] > 0]
-    ys = [p["tokens_per_target_pass"] for p in points if p["token_passes"] > 0]
-    fit, predictions = None, {}
-    if len(xs) >= 2:
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
-        a = my - b * mx
-        fit = {"a": a, "b": b, "form": "tokens_per_target_pass = a + b * log10(token_passes)"}
-        for goal in (float(t) for t in args.targets.split(",")):
-            predictions[str(goal)] = 10 ** ((goal - a) / b) if b > 0 else None
+    fit, predictions = fit_log_linear(points, [float(t) for t in args.targets.split(",")])
     for p in points:
         print(f"{p['token_passes']:>12,}  {p['tokens_per_target_pass']:.3f}  {p['head']}")
     if fit:

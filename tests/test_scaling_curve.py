@@ -1,0 +1,70 @@
+"""scripts/scaling_curve.py's rules: held-out set specs, pooling several sets, checkpoint budgets, the fit."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from scaling_curve import checkpoint_budget, fit_log_linear, heldout_spec, pooled  # noqa: E402
+
+
+def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
+    assert heldout_spec("data/heldout:48:24", 0, 10) == ("data/heldout", 48, 24)
+    assert heldout_spec("data/heldout", 3, 5) == ("data/heldout", 3, 5)
+    assert heldout_spec("c:/data/heldout", 3, 5) == ("c:/data/heldout", 3, 5)  # a colon that is not a range
+
+
+def test_pooled_weights_by_anchors_and_walks_sum_tokens_over_passes():
+    easy = {
+        "anchors": 10,
+        "tokens_per_target_pass": 2.0,
+        "acceptance_by_depth": [0.5, 0.2],
+        "decoded_tokens": 30,
+        "decoded_target_passes": 10,
+    }
+    hard = {
+        "anchors": 30,
+        "tokens_per_target_pass": 1.0,
+        "acceptance_by_depth": [0.1, 0.0],
+        "decoded_tokens": 20,
+        "decoded_target_passes": 20,
+    }
+    got = pooled([easy, hard])
+    assert got["anchors"] == 40
+    assert got["every_anchor_tokens_per_target_pass"] == pytest.approx(1.25)
+    assert got["acceptance_by_depth"] == pytest.approx([0.2, 0.05])
+    # 50 tokens in 30 passes, not the mean of the two sets' 3.0 and 1.0
+    assert got["decoded_tokens_per_target_pass"] == pytest.approx(50 / 30)
+
+
+def test_checkpoint_budget_adds_the_earlier_stages():
+    final = {
+        "optimizer_steps": 100,
+        "response_tokens_trained": 5000,
+        "previous_stage": {
+            "response_tokens_trained": 700,
+            "previous_stage": {"response_tokens_trained": 300},
+        },
+    }
+    assert checkpoint_budget(40, final) == 1000 + 2000
+    assert checkpoint_budget(40, {"optimizer_steps": 100, "response_tokens_trained": 5000}) == 2000
+
+
+def test_fit_log_linear_recovers_a_line_and_predicts_budgets():
+    points = [
+        {"token_passes": x, "tokens_per_target_pass": -1.0 + 0.5 * math.log10(x)} for x in (1e5, 1e6, 1e7)
+    ]
+    points.append({"token_passes": 0, "tokens_per_target_pass": 9.0})  # no budget: left out of the fit
+    fit, predictions = fit_log_linear(points, [2.0, 3.0])
+    assert fit["a"] == pytest.approx(-1.0) and fit["b"] == pytest.approx(0.5)
+    assert predictions["2.0"] == pytest.approx(1e6) and predictions["3.0"] == pytest.approx(1e8)
+    falling = [
+        {"token_passes": 1e5, "tokens_per_target_pass": 2.0},
+        {"token_passes": 1e6, "tokens_per_target_pass": 1.5},
+    ]
+    assert fit_log_linear(falling, [2.5])[1] == {"2.5": None}
+    assert fit_log_linear(points[:1], [2.0]) == (None, {})
