@@ -180,6 +180,7 @@ def collect(names: list[str], root: Path, args) -> None:
                 "checkpoint": h,
                 "tokens_per_target_pass_k7": tokens_per_pass(r["acceptance_by_depth"], 7),
                 "acceptance_by_depth": r["acceptance_by_depth"],
+                "decoded_tokens_per_target_pass": r.get("decoded_tokens_per_target_pass"),
             }
             for h, r in evaluated.items()
         ]
@@ -197,12 +198,17 @@ def collect(names: list[str], root: Path, args) -> None:
                 else None
             ),
             "acceptance_by_depth": final["acceptance_by_depth"],
+            # the decoding walk at the evaluated K (min(7, K_train)); absent from evaluations made before it
+            "decoded_tokens_per_target_pass": final.get("decoded_tokens_per_target_pass"),
+            "decoded_k": len(final["acceptance_by_depth"]),
             "anchors": final["anchors"],
             "curve": curve if len(curve) > 1 else None,
         }
+        walk = results[name]["decoded_tokens_per_target_pass"]
         print(
             f"{name:14s} K=4 {results[name]['tokens_per_target_pass_k4']:.3f}  K=7 "
-            f"{results[name]['tokens_per_target_pass_k7'] or float('nan'):.3f}  ({what})"
+            f"{results[name]['tokens_per_target_pass_k7'] or float('nan'):.3f}  walk K={len(final['acceptance_by_depth'])} "
+            f"{walk if walk is not None else float('nan'):.3f}  ({what})"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

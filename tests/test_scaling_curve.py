@@ -1,7 +1,10 @@
-"""scripts/scaling_curve.py's rules: held-out set specs, pooling several sets, checkpoint budgets, the fit."""
+"""The evaluation scripts' rules: scaling_curve.py's held-out set specs, pooling of several sets, checkpoint budgets
+and fit; ablate_heads.py's collection of its evaluations."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import sys
@@ -9,6 +12,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from ablate_heads import collect  # noqa: E402
 from scaling_curve import checkpoint_budget, fit_log_linear, heldout_spec, pooled  # noqa: E402
 
 
@@ -68,3 +72,23 @@ def test_fit_log_linear_recovers_a_line_and_predicts_budgets():
     ]
     assert fit_log_linear(falling, [2.5])[1] == {"2.5": None}
     assert fit_log_linear(points[:1], [2.0]) == (None, {})
+
+
+def test_ablations_record_the_decoding_walk(tmp_path):
+    def result(walk):
+        return {"acceptance_by_depth": [0.5, 0.3, 0.2, 0.1, 0.1, 0.05, 0.05], "anchors": 100,
+                "decoded_tokens_per_target_pass": walk}  # fmt: skip
+
+    head = str(tmp_path / "base" / "head")
+    evaluated = {
+        str(tmp_path / "base" / "run" / "checkpoints" / "checkpoint-50"): result(1.2),
+        head: result(1.4),
+    }
+    evaluated[head]["train_summary"] = {"response_tokens_trained": 1000, "seconds": 60.0}
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "eval.json").write_text(json.dumps({"results": evaluated}))
+    collect(["base"], tmp_path, argparse.Namespace(out=str(tmp_path / "ablations.json")))
+    got = json.loads((tmp_path / "ablations.json").read_text())["results"]["base"]
+    assert got["decoded_tokens_per_target_pass"] == 1.4 and got["decoded_k"] == 7
+    assert [c["decoded_tokens_per_target_pass"] for c in got["curve"]] == [1.2, 1.4]
+    assert got["tokens_per_target_pass_k7"] == pytest.approx(2.3)
