@@ -50,6 +50,12 @@ MEASURES = {
 }
 """`--measure` -> the point's field that is fitted and plotted (and copied to `tokens_per_target_pass`)."""
 
+SET_FIELDS = {
+    "every_anchor_tokens_per_target_pass": "tokens_per_target_pass",
+    "decoded_tokens_per_target_pass": "decoded_tokens_per_target_pass",
+}
+"""What a point keeps of each held-out set (`per_set`), next to the pooled measures."""
+
 
 def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
     """`FOLDER` or `FOLDER:SKIP:LIMIT` -> (folder, skip, limit)."""
@@ -218,6 +224,10 @@ def main() -> None:
             "kind": "peagle",
             "token_passes": budgets[folder],
             **pooled([r[folder] for r in per_set]),
+            "per_set": {
+                spec: {key: r[folder][field] for key, field in SET_FIELDS.items()}
+                for spec, r in zip(args.heldout, per_set)
+            },
         }
         for folder in folders
     ]
@@ -242,7 +252,8 @@ def main() -> None:
                 ]
     fit, predictions = fit_log_linear(points, [float(t) for t in args.targets.split(",")])
     for p in points:
-        print(f"{p['token_passes']:>12,}  {p['tokens_per_target_pass']:.3f}  {p['head']}")
+        sets = "  ".join(f"{v[MEASURES[args.measure]]:.3f}" for v in (p.get("per_set") or {}).values())
+        print(f"{p['token_passes']:>12,}  {p['tokens_per_target_pass']:.3f}  {p['head']}  (per set: {sets})")
     if fit:
         print(f"fit: {fit['a']:.3f} + {fit['b']:.3f} log10(token-passes)")
         for goal, budget in predictions.items():
