@@ -102,6 +102,26 @@ def fit_log_linear(points: list[dict], goals: list[float]) -> tuple[dict | None,
     return fit, {str(goal): 10 ** ((goal - a) / b) if b > 0 else None for goal in goals}
 
 
+def head_budgets(heads: list[str], specs: list[str]) -> tuple[dict[str, int], set[str]]:
+    """Each head's training budget in token-passes: the one a HEAD=TOKEN_PASSES spec states (a checkpoint, or a
+    head from before the token-pass count; these come back in the second value, as estimates), else its
+    train_summary.json's, earlier stages included."""
+    given = {}
+    for spec in specs:
+        head, value = spec.split("=", 1)
+        if head not in heads:
+            raise ValueError(f"--budget {spec}: {head} is not one of --heads")
+        given[head] = int(float(value))
+    budgets = {}
+    for head in heads:
+        if head in given:
+            budgets[head] = given[head]
+        else:
+            summary = json.loads((Path(head) / "train_summary.json").read_text())
+            budgets[head] = training_budget(summary)["response_tokens_trained"]
+    return budgets, set(given)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -173,20 +193,11 @@ def main() -> None:
             ap.error(f"--reuse {args.reuse} was measured with other settings: {', '.join(differ)}")
         kept = earlier["points"]
 
-    folders, budgets = [], {}
-    given = {}  # --budget: heads whose budget is stated, not read from their train_summary.json
-    for spec in args.budget:
-        head, value = spec.split("=", 1)
-        if head not in args.heads:
-            ap.error(f"--budget {spec}: {head} is not one of --heads")
-        given[head] = int(float(value))
-    for head in args.heads:
-        folders.append(head)
-        if head in given:
-            budgets[head] = given[head]
-        else:
-            summary = json.loads((Path(head) / "train_summary.json").read_text())
-            budgets[head] = training_budget(summary)["response_tokens_trained"]
+    try:
+        budgets, given = head_budgets(args.heads, args.budget)
+    except ValueError as err:
+        ap.error(str(err))
+    folders = list(args.heads)
     for spec in args.checkpoints:
         ckpt_dir, final = spec.split("=", 1)
         summary = json.loads((Path(final) / "train_summary.json").read_text())
@@ -233,6 +244,8 @@ def main() -> None:
     ]
     for p in points:
         p["tokens_per_target_pass"] = p[MEASURES[args.measure]]
+        if p["head"] in given:
+            p["token_passes_estimated"] = True  # stated with --budget, not counted by the trainer
     done = {p["head"] for p in points}
     points += [p for p in kept if p["head"] not in done]
     points.sort(key=lambda p: p["token_passes"])

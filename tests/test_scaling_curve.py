@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from ablate_heads import collect  # noqa: E402
-from scaling_curve import checkpoint_budget, fit_log_linear, heldout_spec, pooled  # noqa: E402
+from scaling_curve import checkpoint_budget, fit_log_linear, head_budgets, heldout_spec, pooled  # noqa: E402
 
 
 def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
@@ -22,27 +22,39 @@ def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
     assert heldout_spec("c:/data/heldout", 3, 5) == ("c:/data/heldout", 3, 5)  # a colon that is not a range
 
 
+def set_result(anchors: int, every_anchor: float, depth: list[float], tokens: int, passes: int) -> dict:
+    """One held-out set's result as teacher_forced() reports it, in the fields pooled() reads."""
+    return {
+        "anchors": anchors,
+        "tokens_per_target_pass": every_anchor,
+        "acceptance_by_depth": depth,
+        "decoded_tokens": tokens,
+        "decoded_target_passes": passes,
+    }
+
+
 def test_pooled_weights_by_anchors_and_walks_sum_tokens_over_passes():
-    easy = {
-        "anchors": 10,
-        "tokens_per_target_pass": 2.0,
-        "acceptance_by_depth": [0.5, 0.2],
-        "decoded_tokens": 30,
-        "decoded_target_passes": 10,
-    }
-    hard = {
-        "anchors": 30,
-        "tokens_per_target_pass": 1.0,
-        "acceptance_by_depth": [0.1, 0.0],
-        "decoded_tokens": 20,
-        "decoded_target_passes": 20,
-    }
+    easy = set_result(10, 2.0, [0.5, 0.2], tokens=30, passes=10)
+    hard = set_result(30, 1.0, [0.1, 0.0], tokens=20, passes=20)
     got = pooled([easy, hard])
     assert got["anchors"] == 40
     assert got["every_anchor_tokens_per_target_pass"] == pytest.approx(1.25)
     assert got["acceptance_by_depth"] == pytest.approx([0.2, 0.05])
     # 50 tokens in 30 passes, not the mean of the two sets' 3.0 and 1.0
     assert got["decoded_tokens_per_target_pass"] == pytest.approx(50 / 30)
+
+
+def test_head_budgets_reads_summaries_and_marks_stated_budgets_as_estimates(tmp_path):
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    summary = {"response_tokens_trained": 500, "previous_stage": {"response_tokens_trained": 200}}
+    (staged / "train_summary.json").write_text(json.dumps(summary))
+    checkpoint = str(tmp_path / "checkpoint-100")  # no train_summary.json: its budget is stated
+    budgets, estimated = head_budgets([str(staged), checkpoint], [f"{checkpoint}=1.5e3"])
+    assert budgets == {str(staged): 700, checkpoint: 1500}
+    assert estimated == {checkpoint}
+    with pytest.raises(ValueError, match="not one of --heads"):
+        head_budgets([str(staged)], [f"{checkpoint}=1000"])
 
 
 def test_checkpoint_budget_adds_the_earlier_stages():
