@@ -9,7 +9,8 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
-  [`build_head`], [`train_head`], which `peagle train` calls).
+  [`build_head`], [`train_head`], which `peagle train` calls); `merge` ([`average_heads`]: one head from
+  several trained side by side from the same start).
 
 Example:
 
@@ -52,6 +53,7 @@ _EXPORTS = {
     "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
     "trainer": ["PEagleTrainer", "PEagleTrainingArguments"],
     "recipe": ["train_head", "training_arguments", "build_head", "end_distributed"],
+    "merge": ["average_heads"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -61,6 +63,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
     from .losses import distillation_loss, target_draft_logits  # noqa: F401
     from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
+    from .merge import average_heads  # noqa: F401
     from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
     from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
     from .prompts import (  # noqa: F401

@@ -1,0 +1,126 @@
+"""Weight averaging of heads trained side by side from one starting head (a "model soup").
+
+Two processes that continue the same head on different data, one CPU core each, spend twice the budget of one
+process; averaging their weights puts both halves into one head.  Heads must share every tensor's name and shape
+and their integer buffers (the draft vocabulary's `d2t` / `t2d`): they must come from one starting head.  The
+average is taken in float32 and stored in each tensor's own dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+WEIGHTS = "model.safetensors"
+SUMMARY = "train_summary.json"
+
+
+def average_state_dicts(
+    state_dicts: Sequence[dict[str, Any]], weights: Sequence[float] | None = None
+) -> dict:
+    """The weighted mean of several state dicts of one architecture (uniform without `weights`).
+
+    Floating-point tensors are averaged in float32 and cast back to their dtype; every other tensor (index
+    buffers) must be equal in all of them.  Raises ValueError on differing names, shapes or buffers."""
+    import torch
+
+    if not state_dicts:
+        raise ValueError("nothing to average")
+    weights = [1.0] * len(state_dicts) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(state_dicts) or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError(f"weights {weights}: one non-negative weight per head, not all zero")
+    total = sum(weights)
+    first = state_dicts[0]
+    for i, other in enumerate(state_dicts[1:], 1):
+        if set(other) != set(first):
+            differ = sorted(set(other) ^ set(first))
+            raise ValueError(f"head {i} has other tensors than head 0: {', '.join(differ[:5])}")
+    out = {}
+    for name, tensor in first.items():
+        tensors = [sd[name] for sd in state_dicts]
+        if any(t.shape != tensor.shape for t in tensors):
+            raise ValueError(f"{name}: shapes differ ({', '.join(str(tuple(t.shape)) for t in tensors)})")
+        if not tensor.is_floating_point():
+            if any(not torch.equal(t, tensor) for t in tensors):
+                raise ValueError(f"{name} differs between the heads: they do not come from one starting head")
+            out[name] = tensor.clone()
+            continue
+        mean = sum(w / total * t.float() for w, t in zip(weights, tensors))
+        out[name] = mean.to(tensor.dtype).contiguous()
+    return out
+
+
+def merged_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A train_summary.json for the average of heads trained side by side: its own stage counts every arm's
+    token-passes, optimizer steps and CPU-seconds (so budgets add up along `previous_stage`), keeps each arm's
+    record under `arms`, and continues the arms' common earlier stage (None when they differ)."""
+    own = [{k: v for k, v in s.items() if k not in ("previous_stage", "cumulative")} for s in summaries]
+    previous = [s.get("previous_stage") for s in summaries]
+    cpu_seconds = sum(float(s.get("seconds") or 0.0) * int(s.get("threads") or 1) for s in summaries)
+    merged = {
+        "merge": "weight average",
+        "arms": own,
+        "response_tokens_trained": sum(int(s.get("response_tokens_trained") or 0) for s in summaries),
+        "response_tokens_trained_estimated": any(
+            s.get("response_tokens_trained_estimated") for s in summaries
+        ),
+        "optimizer_steps": sum(int(s.get("optimizer_steps") or 0) for s in summaries),
+        "seconds": round(cpu_seconds, 1),
+        "threads": 1,  # seconds above are CPU-seconds of all arms
+        "wall_seconds": max(float(s.get("seconds") or 0.0) for s in summaries),
+    }
+    if all(p == previous[0] for p in previous) and previous[0] is not None:
+        merged["previous_stage"] = previous[0]
+    return merged
+
+
+def average_heads(
+    heads: Sequence[str | os.PathLike], output_dir: str | os.PathLike, weights: Sequence[float] | None = None
+) -> Path:
+    """Average the weights of peagle-layout head folders into `output_dir`.
+
+    The config is the first head's (no model card: it would describe another head); when every head has a train_summary.json the output gets
+    [`merged_summary`]'s, with the cumulative budget.  Calibrated drafting rules are not averaged: calibrate
+    the result again (`peagle calibrate`).  Returns the output folder."""
+    from safetensors.torch import load_file, save_file
+
+    from .recipe import training_budget
+
+    folders = [Path(h) for h in heads]
+    if len(folders) < 2:
+        raise ValueError("average_heads needs at least two heads")
+    for folder in folders:
+        if not (folder / WEIGHTS).is_file():
+            raise FileNotFoundError(f"{folder}: no {WEIGHTS} (a peagle-layout head folder is expected)")
+    configs = [json.loads((f / "config.json").read_text()) for f in folders]
+    shape_keys = (
+        "hidden_size",
+        "num_hidden_layers",
+        "draft_vocab_size",
+        "vocab_size",
+        "num_parallel_positions",
+    )
+    for folder, config in zip(folders[1:], configs[1:]):
+        differ = [k for k in shape_keys if config.get(k) != configs[0].get(k)]
+        if differ:
+            raise ValueError(f"{folder} differs from {folders[0]} in {', '.join(differ)}")
+    state = average_state_dicts([load_file(f / WEIGHTS) for f in folders], weights)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, out / WEIGHTS, metadata={"format": "pt"})
+    shutil.copyfile(folders[0] / "config.json", out / "config.json")
+    if all((f / SUMMARY).is_file() for f in folders):
+        summary = merged_summary([json.loads((f / SUMMARY).read_text()) for f in folders])
+        summary["merged_from"] = [str(f) for f in folders]
+        if weights is not None:
+            summary["merge_weights"] = [float(w) for w in weights]
+        summary["cumulative"] = training_budget(summary)
+        (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
+    return out
+
+
+__all__ = ["average_heads", "average_state_dicts", "merged_summary"]

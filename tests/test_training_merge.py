@@ -1,0 +1,85 @@
+"""Weight averaging of heads trained side by side: tensors, guards, and the budget of the result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import make_head
+from peagle.training.merge import average_heads, average_state_dicts, merged_summary
+from peagle.training.recipe import training_budget
+
+
+def _arm(head, path, shift: float, summary: dict | None = None):
+    """A copy of `head` whose floating-point weights moved by `shift`, saved at `path`."""
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(shift)
+    head.save_pretrained(path)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.sub_(shift)
+    if summary is not None:
+        (path / "train_summary.json").write_text(json.dumps(summary))
+    return load_file(path / "model.safetensors")
+
+
+def test_average_heads_takes_the_mean_and_adds_the_arms_budgets(tiny_target, tmp_path):
+    head = make_head(tiny_target).float()
+    start = {"response_tokens_trained": 1000, "optimizer_steps": 10, "seconds": 100.0, "threads": 1}
+    arm = {"optimizer_steps": 5, "seconds": 60.0, "threads": 1, "previous_stage": start}
+    a = _arm(head, tmp_path / "a", 0.5, {**arm, "response_tokens_trained": 300})
+    b = _arm(head, tmp_path / "b", -0.1, {**arm, "response_tokens_trained": 200})
+    out = average_heads([tmp_path / "a", tmp_path / "b"], tmp_path / "soup")
+    soup = load_file(out / "model.safetensors")
+    for name, tensor in head.state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.allclose(soup[name], tensor + 0.2, atol=1e-6), name
+            assert soup[name].dtype == a[name].dtype
+        else:
+            assert torch.equal(soup[name], b[name])
+    summary = json.loads((out / "train_summary.json").read_text())
+    budget = training_budget(summary)
+    # both arms' token-passes, steps and CPU time count once each, on top of the common starting head's
+    assert budget["response_tokens_trained"] == 1500
+    assert budget["optimizer_steps"] == 20
+    assert budget["cpu_hours"] == round(220 / 3600, 2)
+    assert summary["cumulative"] == budget and len(summary["arms"]) == 2
+    assert summary["wall_seconds"] == 60.0
+    # the average loads like any head
+    loaded = type(head).from_pretrained(out)
+    assert torch.allclose(loaded.fc.weight, head.fc.weight + 0.2, atol=1e-6)
+
+
+def test_weighted_average_and_guards():
+    x = {"w": torch.tensor([0.0, 4.0], dtype=torch.bfloat16), "ids": torch.tensor([1, 2])}
+    y = {"w": torch.tensor([4.0, 0.0], dtype=torch.bfloat16), "ids": torch.tensor([1, 2])}
+    got = average_state_dicts([x, y], weights=[3, 1])
+    assert got["w"].dtype == torch.bfloat16 and got["w"].tolist() == [1.0, 3.0]
+    with pytest.raises(ValueError, match="one starting head"):
+        average_state_dicts([x, {**y, "ids": torch.tensor([2, 1])}])
+    with pytest.raises(ValueError, match="shapes differ"):
+        average_state_dicts([x, {**y, "w": torch.zeros(3)}])
+    with pytest.raises(ValueError, match="other tensors"):
+        average_state_dicts([x, {"w": y["w"]}])
+    with pytest.raises(ValueError, match="weight"):
+        average_state_dicts([x, y], weights=[1])
+
+
+def test_arms_from_different_starts_keep_no_common_stage():
+    one = {"response_tokens_trained": 5, "previous_stage": {"response_tokens_trained": 1}}
+    two = {"response_tokens_trained": 5, "previous_stage": {"response_tokens_trained": 2}}
+    merged = merged_summary([one, two])
+    assert "previous_stage" not in merged and merged["response_tokens_trained"] == 10
+
+
+def test_average_heads_refuses_heads_of_other_shapes(tiny_target, tmp_path):
+    make_head(tiny_target).save_pretrained(tmp_path / "two")
+    make_head(tiny_target, num_hidden_layers=1).save_pretrained(tmp_path / "one")
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        average_heads([tmp_path / "two", tmp_path / "one"], tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        average_heads([tmp_path / "two", tmp_path / "missing"], tmp_path / "out")
