@@ -49,7 +49,9 @@ def test_average_heads_takes_the_mean_and_adds_the_arms_budgets(tiny_target, tmp
     assert budget["cpu_hours"] == round(220 / 3600, 2)
     assert summary["cumulative"] == budget and len(summary["arms"]) == 2
     assert summary["wall_seconds"] == 60.0
-    # the average loads like any head
+    # the average loads like any head, with the remote code its config names
+    code = sorted(x.name for x in (tmp_path / "a").glob("*.py"))
+    assert code and sorted(x.name for x in out.glob("*.py")) == code
     loaded = type(head).from_pretrained(out)
     assert torch.allclose(loaded.fc.weight, head.fc.weight + 0.2, atol=1e-6)
 

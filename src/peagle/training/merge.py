@@ -83,7 +83,7 @@ def average_heads(
 ) -> Path:
     """Average the weights of peagle-layout head folders into `output_dir`.
 
-    The config is the first head's (no model card: it would describe another head); when every head has a train_summary.json the output gets
+    The config and remote code are the first head's (no model card: it would describe another head); when every head has a train_summary.json the output gets
     [`merged_summary`]'s, with the cumulative budget.  Calibrated drafting rules are not averaged: calibrate
     the result again (`peagle calibrate`).  Returns the output folder."""
     from safetensors.torch import load_file, save_file
@@ -113,6 +113,8 @@ def average_heads(
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, out / WEIGHTS, metadata={"format": "pt"})
     shutil.copyfile(folders[0] / "config.json", out / "config.json")
+    for code in folders[0].glob("*.py"):  # the remote code that config.json's auto_map names
+        shutil.copyfile(code, out / code.name)
     if all((f / SUMMARY).is_file() for f in folders):
         summary = merged_summary([json.loads((f / SUMMARY).read_text()) for f in folders])
         summary["merged_from"] = [str(f) for f in folders]
