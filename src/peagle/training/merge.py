@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-WEIGHTS = "model.safetensors"
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
+
 SUMMARY = "train_summary.json"
 
 
@@ -57,7 +58,7 @@ def average_state_dicts(
 def merged_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A train_summary.json for the average of heads trained side by side: its own stage counts every arm's
     token-passes, optimizer steps and CPU-seconds (so budgets add up along `previous_stage`), keeps each arm's
-    record under `arms`, and continues the arms' common earlier stage (None when they differ)."""
+    record under `arms`, and continues the arms' common earlier stage (no `previous_stage` when they differ)."""
     own = [{k: v for k, v in s.items() if k not in ("previous_stage", "cumulative")} for s in summaries]
     previous = [s.get("previous_stage") for s in summaries]
     cpu_seconds = sum(float(s.get("seconds") or 0.0) * int(s.get("threads") or 1) for s in summaries)
@@ -83,8 +84,8 @@ def average_heads(
 ) -> Path:
     """Average the weights of peagle-layout head folders into `output_dir`.
 
-    The config and remote code are the first head's (no model card: it would describe another head); when every head has a train_summary.json the output gets
-    [`merged_summary`]'s, with the cumulative budget.  Calibrated drafting rules are not averaged: calibrate
+    The config and remote code are the first head's (no model card: it would describe another head).  When every
+    head has a train_summary.json, the output gets [`merged_summary`]'s, with the cumulative budget.  Calibrated drafting rules are not averaged: calibrate
     the result again (`peagle calibrate`).  Returns the output folder."""
     from safetensors.torch import load_file, save_file
 
@@ -94,9 +95,11 @@ def average_heads(
     if len(folders) < 2:
         raise ValueError("average_heads needs at least two heads")
     for folder in folders:
-        if not (folder / WEIGHTS).is_file():
-            raise FileNotFoundError(f"{folder}: no {WEIGHTS} (a peagle-layout head folder is expected)")
-    configs = [json.loads((f / "config.json").read_text()) for f in folders]
+        if not (folder / SAFE_WEIGHTS_NAME).is_file():
+            raise FileNotFoundError(
+                f"{folder}: no {SAFE_WEIGHTS_NAME} (a peagle-layout head folder is expected)"
+            )
+    configs = [json.loads((f / CONFIG_NAME).read_text()) for f in folders]
     shape_keys = (
         "hidden_size",
         "num_hidden_layers",
@@ -108,11 +111,11 @@ def average_heads(
         differ = [k for k in shape_keys if config.get(k) != configs[0].get(k)]
         if differ:
             raise ValueError(f"{folder} differs from {folders[0]} in {', '.join(differ)}")
-    state = average_state_dicts([load_file(f / WEIGHTS) for f in folders], weights)
+    state = average_state_dicts([load_file(f / SAFE_WEIGHTS_NAME) for f in folders], weights)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(state, out / WEIGHTS, metadata={"format": "pt"})
-    shutil.copyfile(folders[0] / "config.json", out / "config.json")
+    save_file(state, out / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
+    shutil.copyfile(folders[0] / CONFIG_NAME, out / CONFIG_NAME)
     for code in folders[0].glob("*.py"):  # the remote code that config.json's auto_map names
         shutil.copyfile(code, out / code.name)
     if all((f / SUMMARY).is_file() for f in folders):
