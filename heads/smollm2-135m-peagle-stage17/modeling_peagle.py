@@ -1,0 +1,747 @@
+"""The P-EAGLE drafter head as a transformers model.
+
+Read top to bottom: fused first layer -> pre-trained model base -> drafter.  The building blocks (RMSNorm,
+rotary embedding, attention, MLP, decoder layer) are transformers' own Llama modules; attention goes
+through transformers' attention interface, so `attn_implementation="eager" | "sdpa" | "flex_attention"`
+all work.
+
+Slot layout of one drafting round (docs/DESIGN.md section 3).  Context x_0..x_{p-1} with target features
+f_0..f_{p-1}; bonus token b = x_p:
+
+    slot              token embedding     hidden input        position     predicts
+    context t         embed(x_{t+1})      fc(f_t)             t            x_{t+2}
+    bonus             embed(b)            fc(f_{p-1})         p-1          draft 1
+    parallel i>=1     mask embedding      fc(mask_hidden)     p-1+i        draft i+1
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
+
+from .configuration_peagle import PEagleConfig, check_aux_layer_ids
+
+CACHE_RENAMED = "cache" in inspect.signature(create_causal_mask).parameters
+"""Whether the installed transformers calls the KV cache `cache` (5.24 and later) or `past_key_values`: in forward
+arguments (where the old name still works, with a deprecation warning), `ModelOutput` fields and generate()'s model
+kwargs. peagle's own API says `cache` on every supported release."""
+
+CACHE_KWARG = "cache" if CACHE_RENAMED else "past_key_values"
+"""The installed transformers' name for the KV cache argument, output field and generate() model kwarg."""
+
+
+def cache_kwarg(cache: Cache | None) -> dict[str, Cache | None]:
+    """`{name: cache}` under the installed transformers' name, for calls into its modules and models."""
+    return {CACHE_KWARG: cache}
+
+
+CheckpointLoader = Callable[..., Any]
+"""`loader(path_or_id, *model_args, cls=..., target=..., allow_pickle=..., **kwargs) -> head`: what
+`from_pretrained` calls when registered (`PEagleDrafter.register_checkpoint_loader`; `peagle.formats` registers
+`load_head`)."""
+HubPusher = Callable[..., Any]
+"""`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.hub` registers its
+`push_to_hub`)."""
+ExtensionBuilder = Callable[[Any, Any], None]
+"""`build(head, config_value)`: rebuilds modules a `peagle_*` config block describes, in `__init__`."""
+ExtensionSaver = Callable[[Any, str], None]
+"""`save(head, folder)`: writes what such a head needs besides weights and config, after `save_pretrained`."""
+EXTENSION_PREFIX = "peagle_"
+"""Config attributes named `peagle_<name>` are extension blocks (e.g. `peagle_fp8`); each needs a builder."""
+
+
+class _CacheOutput(ModelOutput):
+    """Base of peagle's outputs that carry a drafter cache in the field `cache`: on transformers before 5.24 it is
+    also readable as `past_key_values` (5.24's `ModelOutput` has that alias itself)."""
+
+    if not CACHE_RENAMED:
+
+        @property
+        def past_key_values(self) -> Cache | None:
+            return self.cache
+
+
+@dataclass
+class PEagleDrafterOutput(_CacheOutput):
+    """Output of [`PEagleDrafter.forward`].
+
+    Args:
+        loss: unused by the model itself (the trainer computes its own); kept for the Trainer protocol.
+        logits: `(batch, slots, draft_vocab_size)` logits over the draft vocabulary, one row per slot.
+        last_hidden_state: `(batch, slots, hidden_size)` output of the last decoder layer *before* the
+            final norm (what EAGLE-3 feeds back as the next slot's hidden input).
+        cache: the drafter's KV cache, updated with these slots when `use_cache` (also readable as
+            `past_key_values`, transformers' name before 5.24).
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    cache: Cache | None = None
+
+
+@dataclass
+class PEagleDraft(_CacheOutput):
+    """The drafts of one round (see [`PEagleDrafter.draft_round`]).
+
+    Args:
+        tokens: `(batch, k)` draft tokens as *target* vocabulary ids, k <= K.
+        logits: `(batch, k, draft_vocab_size)` the drafter's logits at the k drafting slots.
+        scores: `(batch, k, ...)` what the round's selector returned per depth (in `generate()`: the processed
+            target-vocabulary logits each draft was drawn from), or None.
+        cache: the drafter cache, holding the context slots, the new real slots and `speculative_slots`
+            speculative slots after them (also readable as `past_key_values`).
+        speculative_slots: slots after the real ones in the cache (parallel: K-1; autoregressive: one per
+            draft after the first); drop them before the next round.
+        forward_calls: drafter forward passes this round ran (parallel: 1).
+    """
+
+    tokens: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    cache: Cache | None = None
+    speculative_slots: int | None = None
+    forward_calls: int | None = None
+
+
+DraftSelector = Callable[[torch.Tensor, int], "tuple[torch.Tensor, Any, bool] | None"]
+"""`select(logits (B, V_draft), depth) -> (token (B,) target ids, scores, stop) | None`: how a drafting round
+turns one depth's logits into a draft (see [`PEagleDrafter.draft_round`])."""
+
+
+class PEagleFusedAttention(LlamaAttention):
+    """Llama attention whose q/k/v projections read `2 * hidden_size` (embeddings and features side by side)."""
+
+    def __init__(self, config: PEagleConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        bias = config.attention_bias
+        in_dim = 2 * config.hidden_size
+        self.q_proj = nn.Linear(in_dim, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, config.num_key_value_heads * self.head_dim, bias=bias)
+
+
+class PEagleFusedDecoderLayer(GradientCheckpointingLayer):
+    """Layer 0: attention over `cat([input_layernorm(embeds), hidden_norm(h)])`, residual `h`."""
+
+    def __init__(self, config: PEagleConfig, layer_idx: int = 0):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.norm_before_residual = config.norm_before_residual
+        self.self_attn = PEagleFusedAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        normed_hidden = self.hidden_norm(hidden_states)
+        residual = normed_hidden if self.norm_before_residual else hidden_states
+        fused = torch.cat([self.input_layernorm(inputs_embeds), normed_hidden], dim=-1)
+        attn_out, _ = self.self_attn(
+            hidden_states=fused,
+            attention_mask=attention_mask,
+            position_embeddings=position_embeddings,
+            **cache_kwarg(cache),
+            **kwargs,
+        )
+        hidden_states = residual + attn_out
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class PEaglePreTrainedModel(PreTrainedModel):
+    config_class = PEagleConfig
+    config: PEagleConfig
+    base_model_prefix = ""
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["PEagleFusedDecoderLayer", "LlamaDecoderLayer"]
+    _skip_keys_device_placement = [CACHE_KWARG]
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, PEagleDrafter):
+            nn.init.normal_(module.mask_hidden, mean=0.0, std=std)
+            if module.mask_embedding is not None:
+                nn.init.normal_(module.mask_embedding, mean=0.0, std=std)
+
+
+class PEagleDrafter(PEaglePreTrainedModel):
+    """P-EAGLE drafter: drafts K tokens for a target model in one forward pass.
+
+    Parameters: `embed_tokens` (V, H), `fc` (H, 3*H_t), `mask_hidden` (1, 1, 3*H_t), `layers[0]` fused,
+    `layers[1:]` plain Llama layers, `norm`, `lm_head` (V_draft, H), buffers `d2t` (V_draft,) int64 offsets
+    and `t2d` (V,) bool.  With `config.embed_from_target`, `embed_tokens` holds the target's embeddings (not
+    saved) and the learned mask embedding is the separate parameter `mask_embedding` (1, H).
+    """
+
+    def __init__(self, config: PEagleConfig):
+        super().__init__(config)
+        hidden, feat = config.hidden_size, config.target_hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.fc = nn.Linear(3 * feat, hidden, bias=False)
+        self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * feat))
+        if config.embed_from_target:
+            self.mask_embedding = nn.Parameter(torch.zeros(1, hidden))
+            self._keys_to_ignore_on_save = {"embed_tokens.weight"}
+            self._keys_to_ignore_on_load_missing = [r"embed_tokens\.weight"]
+        else:
+            self.mask_embedding = None
+        layers: list[nn.Module] = [PEagleFusedDecoderLayer(config, 0)]
+        layers += [LlamaDecoderLayer(config, i) for i in range(1, config.num_hidden_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[: config.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+        self.gradient_checkpointing = False
+        self.last_generation_stats = None
+        self._apply_config_extensions()  # e.g. FP8 layers for `config.peagle_fp8`, before weights load
+        self.post_init()
+
+    # ------------------------------------------------------------------ loading, saving and uploading
+    # Registration points: this file imports nothing from the rest of peagle, because it ships as remote code
+    # (docs/DESIGN.md section 5).  `peagle.formats`, `peagle.hub` and `peagle.fp8` plug themselves in here when
+    # imported, the way peft's tuners register themselves; as remote code without peagle nothing is registered.
+    _checkpoint_loader: ClassVar[CheckpointLoader | None] = None
+    _hub_pusher: ClassVar[HubPusher | None] = None
+    _config_extensions: ClassVar[dict[str, tuple[ExtensionBuilder, ExtensionSaver | None]]] = {}
+
+    @classmethod
+    def register_checkpoint_loader(cls, loader: CheckpointLoader) -> None:
+        """Make `from_pretrained` load through `loader` (replacing any earlier one).
+
+        `loader(path_or_id, *model_args, cls=cls, target=target_model, allow_pickle=..., **kwargs)` returns
+        the head; for peagle's own layout it ends in `cls.from_pretrained_native`.
+        """
+        cls._checkpoint_loader = staticmethod(loader)
+
+    @classmethod
+    def register_hub_pusher(cls, pusher: HubPusher) -> None:
+        """Make `push_to_hub` upload through `pusher(head, repo_id, **kwargs)` (replacing any earlier one)."""
+        cls._hub_pusher = staticmethod(pusher)
+
+    @classmethod
+    def register_config_extension(
+        cls, key: str, build: ExtensionBuilder, save: ExtensionSaver | None = None
+    ) -> None:
+        """Let the config block `key` (`peagle_<name>`) rebuild modules of the head.
+
+        `build(head, config.<key>)` runs in `__init__`, before weights load, whenever `config.<key>` is set
+        (`peagle.fp8` swaps in FP8 layers for `peagle_fp8`); `save(head, folder)` runs after `save_pretrained`
+        (it may write the remote code those modules need).
+        """
+        if not key.startswith(EXTENSION_PREFIX):
+            raise ValueError(f"config extension keys start with {EXTENSION_PREFIX!r}; got {key!r}.")
+        cls._config_extensions[key] = (build, save)
+
+    def _apply_config_extensions(self) -> None:
+        """Run the registered builder of every `peagle_*` block set in the config; refuse unregistered ones."""
+        for key, value in list(vars(self.config).items()):
+            if not key.startswith(EXTENSION_PREFIX) or not value:
+                continue
+            if key not in self._config_extensions:
+                module = "peagle." + key.removeprefix(EXTENSION_PREFIX)
+                raise ValueError(
+                    f"config.{key} is set, but nothing registered how to build it; import the module that "
+                    f"writes it first (`import {module}`, which needs peagle installed)."
+                )
+            build, _ = self._config_extensions[key]
+            build(self, value)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a head saved by peagle, or convert one saved in another published layout.
+
+        With peagle imported, the registered loader (`peagle.formats.load_head`) recognises the AWS/vLLM,
+        speculators and EAGLE-3 layouts, refuses pickle checkpoints unless `allow_pickle=True`, and checks
+        every tensor against the config (errors name the file and tensor).  `target_model=` attaches the head
+        to its target after loading and supplies `embed_tokens` / `lm_head` a foreign checkpoint lacks.  With
+        no loader registered (as Hub remote code without peagle), only peagle's own layout loads, through
+        plain transformers loading.
+        """
+        target_model = kwargs.pop("target_model", None)
+        allow_pickle = kwargs.pop("allow_pickle", False)
+        loader = cls._checkpoint_loader
+        if loader is not None:
+            return loader(
+                pretrained_model_name_or_path,
+                *model_args,
+                cls=cls,
+                target=target_model,
+                allow_pickle=allow_pickle,
+                **kwargs,
+            )
+        model = cls.from_pretrained_native(pretrained_model_name_or_path, *model_args, **kwargs)
+        if target_model is not None:
+            model.attach_target(target_model)
+        return model
+
+    @classmethod
+    def from_pretrained_native(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' own `from_pretrained`: peagle's layout only, without layout detection or tensor checks."""
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' `save_pretrained`, then the `save` hooks of the config extensions this head uses."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            for key, (_, save) in self._config_extensions.items():
+                if save is not None and getattr(self.config, key, None):
+                    save(self, str(save_directory))
+        return result
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload with a model card, the remote-code files and `custom_generate/` (the registered pusher:
+        `peagle.hub.push_to_hub`, which documents the arguments)."""
+        pusher = self._hub_pusher
+        if pusher is None:
+            raise RuntimeError(
+                "PEagleDrafter.push_to_hub uploads through peagle.hub, which is not loaded: `import peagle` "
+                "first (pip install peagle). Without peagle, save_pretrained the head and upload the folder "
+                "with huggingface_hub.HfApi().upload_folder."
+            )
+        return pusher(self, repo_id, **kwargs)
+
+    # ------------------------------------------------------------------ embeddings and vocabularies
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    @property
+    def mask_vector(self) -> torch.Tensor:
+        """The learned mask embedding, shape `(hidden_size,)`."""
+        if self.mask_embedding is not None:
+            return self.mask_embedding[0]
+        return self.embed_tokens.weight[self.config.mask_token_id]
+
+    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Set the draft vocabulary from the sorted target ids it keeps, shape `(draft_vocab_size,)`.
+
+        Stores `d2t[i] = draft_to_target[i] - i` (offsets, as vLLM and EAGLE-3 expect) and the `t2d` mask.
+        """
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long).flatten()
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(
+                f"got {ids.numel()} draft ids; expected draft_vocab_size={self.config.draft_vocab_size}."
+            )
+        if (
+            bool((ids[1:] <= ids[:-1]).any())
+            or int(ids.min()) < 0
+            or int(ids.max()) >= self.config.vocab_size
+        ):
+            raise ValueError(
+                f"draft ids must be strictly increasing target ids in [0, {self.config.vocab_size})."
+            )
+        ids = ids.to(self.d2t.device)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids: `target = i + d2t[i]`."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def draft_logits_to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Scatter `(..., V_draft)` logits into `(..., V)` target-vocabulary logits, `-inf` outside the draft vocab."""
+        if self.config.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
+            return logits
+        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        target_ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t
+        out[..., target_ids] = logits
+        return out
+
+    def check_target(self, target) -> None:
+        """Raise a clear error when this head does not fit `target` (a model or its config)."""
+        tc = getattr(target, "config", target)
+        if hasattr(tc, "get_text_config"):
+            tc = tc.get_text_config()
+        cfg = self.config
+        kind, theirs = getattr(cfg, "target_model_type", None), getattr(tc, "model_type", None)
+        if kind and theirs and kind != theirs:  # heads without a recorded family (older, converted) skip this
+            raise ValueError(
+                f"head was built for a target of model_type {kind!r} (config.target_model_type); this target's "
+                f"model_type is {theirs!r}. Another family's hidden states differ even when the shapes match: train "
+                "a head for this target (`peagle train --target ...`)."
+            )
+        if getattr(tc, "hidden_size", cfg.target_hidden_size) != cfg.target_hidden_size:
+            raise ValueError(
+                f"head was trained for target hidden size {cfg.target_hidden_size}, target has {tc.hidden_size}."
+            )
+        if getattr(tc, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
+            raise ValueError(f"head was built for vocab size {cfg.vocab_size}, target has {tc.vocab_size}.")
+        layers = getattr(tc, "num_hidden_layers", None)
+        if (
+            cfg.target_num_hidden_layers is not None
+            and layers is not None
+            and layers != cfg.target_num_hidden_layers
+        ):
+            raise ValueError(
+                f"head was built for a target with {cfg.target_num_hidden_layers} layers, target has {layers}."
+            )
+        ids = cfg.eagle_aux_hidden_state_layer_ids
+        if ids is not None and layers is not None:
+            check_aux_layer_ids(ids, int(layers))
+
+    def attach_target(self, target: PreTrainedModel) -> PEagleDrafter:
+        """Check the head against `target`; with `embed_from_target`, take the target's (frozen) embeddings."""
+        self.check_target(target)
+        if self.config.embed_from_target:
+            weight = target.get_input_embeddings().weight
+            emb = self.embed_tokens
+            if weight.dtype == emb.weight.dtype and weight.device == emb.weight.device:
+                emb.weight = weight
+            else:
+                emb.weight = nn.Parameter(
+                    weight.detach().to(emb.weight.device, emb.weight.dtype), requires_grad=False
+                )
+            emb.weight.requires_grad_(False)
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def project_target_hidden_states(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
+        """`fc` over concatenated target features `(..., 3 * target_hidden_size) -> (..., hidden_size)`."""
+        expected = 3 * self.config.target_hidden_size
+        if target_hidden_states.shape[-1] != expected:
+            raise ValueError(
+                f"target hidden states have width {target_hidden_states.shape[-1]}; expected {expected} "
+                f"(3 aux layers x target_hidden_size {self.config.target_hidden_size})."
+            )
+        return self.fc(target_hidden_states.to(self.mask_hidden.dtype))  # not fc.weight: FP8 heads store e4m3
+
+    def _attention_mask(self, attention_mask, inputs_embeds, cache, position_ids) -> torch.Tensor | None:
+        """A 4D boolean mask (True = attend) is converted for the active attention implementation;
+        anything else goes through transformers' `create_causal_mask`."""
+        if (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dim() == 4
+            and attention_mask.dtype == torch.bool
+        ):
+            impl = self.config._attn_implementation
+            if impl == "eager":
+                zero = torch.zeros((), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
+                neg = torch.tensor(
+                    torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype, device=zero.device
+                )
+                return torch.where(attention_mask, zero, neg)
+            return attention_mask
+        return create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **cache_kwarg(cache),
+        )
+
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        parallel_mask: torch.BoolTensor | None = None,
+        projected_hidden_states: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> PEagleDrafterOutput:
+        """Run the drafter over a block of slots.
+
+        Args:
+            input_ids: `(B, T)` token of each slot (the token *after* the feature's position).
+            target_hidden_states: `(B, T, 3 * target_hidden_size)` concatenated target features per slot;
+                ignored at parallel slots.
+            position_ids: `(B, T)` RoPE positions; default continues the cache.
+            cache: drafter cache (`DynamicCache`); new slots are appended when `use_cache`. `past_key_values`,
+                transformers' name before 5.24, is accepted with a deprecation warning.
+            attention_mask: `None` (causal), a 2D padding mask, or a 4D `(B, 1, T, past+T)` boolean mask
+                (True = attend), e.g. the P-EAGLE training mask.
+            parallel_mask: `(B, T)` True at parallel (mask) slots; default `input_ids == mask_token_id`.
+                Those slots get the mask embedding and `fc(mask_hidden)`.
+            projected_hidden_states: `(B, T, hidden_size)` hidden inputs that skip `fc` (EAGLE-3 feeds the
+                drafter's own `last_hidden_state` back this way); replaces `target_hidden_states`.
+            logits_to_keep: compute logits for the last N slots only (0 = all).
+        """
+        if parallel_mask is None:
+            parallel_mask = input_ids == self.config.mask_token_id
+        if projected_hidden_states is not None:
+            hidden = projected_hidden_states
+        elif target_hidden_states is not None:
+            hidden = self.project_target_hidden_states(target_hidden_states)
+        elif bool(parallel_mask.all()):
+            hidden = None
+        else:
+            raise ValueError(
+                "forward needs target_hidden_states (or projected_hidden_states) for non-parallel slots."
+            )
+        inputs_embeds = self.embed_tokens(input_ids)
+        if parallel_mask.any():
+            dtype = inputs_embeds.dtype
+            mask_feat = self.fc(self.mask_hidden).to(dtype).expand(*input_ids.shape, -1)
+            hidden = (
+                mask_feat
+                if hidden is None
+                else torch.where(parallel_mask[..., None], mask_feat, hidden.to(dtype))
+            )
+            inputs_embeds = torch.where(parallel_mask[..., None], self.mask_vector.to(dtype), inputs_embeds)
+
+        if use_cache is None:
+            use_cache = cache is not None
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
+            position_ids = position_ids.expand(input_ids.shape[0], -1)
+
+        mask = self._attention_mask(attention_mask, inputs_embeds, cache, position_ids)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
+        if not use_cache:
+            cache = None
+        hidden = self.layers[0](
+            inputs_embeds,
+            hidden,
+            attention_mask=mask,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            **kwargs,
+        )
+        for layer in self.layers[1:]:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                **cache_kwarg(cache),
+                **kwargs,
+            )
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        logits = self.lm_head(self.norm(kept))
+        return PEagleDrafterOutput(logits=logits, last_hidden_state=hidden, cache=cache)
+
+    # ------------------------------------------------------------------ one drafting round
+    def parallel_slots(
+        self, input_ids: torch.LongTensor, start_position: int, num_speculative_tokens: int
+    ) -> tuple[torch.LongTensor, torch.LongTensor, torch.BoolTensor]:
+        """Append K-1 parallel slots to a block of real slots.
+
+        Args:
+            input_ids: `(B, R)` tokens of the R new real slots (the last one is the bonus token).
+            start_position: RoPE position of the first real slot.
+            num_speculative_tokens: K.
+
+        Returns:
+            `(ids, position_ids, parallel_mask)`, each `(B, R + K - 1)`: ids with `mask_token_id` in the
+            parallel slots, positions `start, start+1, ...`, and True at the parallel slots.
+        """
+        bsz, real = input_ids.shape
+        extra = num_speculative_tokens - 1
+        fill = input_ids.new_full((bsz, extra), self.config.mask_token_id)
+        ids = torch.cat([input_ids, fill], dim=1)
+        positions = torch.arange(start_position, start_position + real + extra, device=input_ids.device)
+        par = torch.zeros_like(ids, dtype=torch.bool)
+        par[:, real:] = True
+        return ids, positions.unsqueeze(0).expand(bsz, -1), par
+
+    @torch.no_grad()
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
+    def draft_round(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor,
+        num_speculative_tokens: int,
+        cache: Cache,
+        start_position: int,
+        select: DraftSelector,
+    ) -> PEagleDraft:
+        """THE drafting round (docs/DESIGN.md section 3): the one implementation `draft()`, the `generate()`
+        candidate generator and the evaluation code call.
+
+        Appends the R new real slots to the drafter cache and proposes up to K drafts:
+
+        - `drafting_mode="parallel"`: ONE forward over the real slots plus K-1 parallel slots; the drafts are
+          read from the last K slots (bonus + parallel), depth by depth, through `select`.
+        - `drafting_mode="autoregressive"` (EAGLE-3): one forward over the real slots gives depth 0; each
+          further depth feeds one slot (token = the previous draft, hidden input = the previous slot's
+          `last_hidden_state`, skipping `fc`) and stops as soon as `select` says so.
+
+        Args:
+            input_ids: `(B, R)` tokens of the new real slots (accepted drafts, the bonus token last).
+            target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
+            num_speculative_tokens: K, the most drafts this round may propose.
+            cache: the drafter cache holding the earlier real slots and nothing else (the caller crops the
+                previous round's `speculative_slots` first).
+            start_position: RoPE position of the first new real slot.
+            select: `select(logits (B, V_draft) float32, depth) -> (token (B,) target ids, scores, stop)` or
+                `None` to propose nothing at this depth; `stop=True` ends the round after this depth.  `scores`
+                (anything, e.g. the processed target-vocabulary logits the token was drawn from) are stacked
+                into the result when they are tensors.
+
+        Returns:
+            [`PEagleDraft`]: `tokens (B, k)` with k <= K, `logits (B, k, V_draft)`, `scores (B, k, ...)` when the
+            selector returned tensors, the cache, `speculative_slots` (slots after the real ones now in the
+            cache: drop them before the next round) and `forward_calls`.
+        """
+        k = int(num_speculative_tokens)
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens is {k}; expected >= 1.")
+        parallel = self.config.drafting_mode != "autoregressive"
+        if parallel:
+            ids, positions, par = self.parallel_slots(input_ids, start_position, k)
+            feats = target_hidden_states
+            if k > 1:
+                pad = feats.new_zeros(feats.shape[0], k - 1, feats.shape[-1])
+                feats = torch.cat([feats, pad], dim=1)
+            keep = k
+        else:
+            ids, feats = input_ids, target_hidden_states
+            positions = torch.arange(start_position, start_position + ids.shape[1], device=ids.device)
+            positions = positions.unsqueeze(0).expand(ids.shape[0], -1)
+            par = torch.zeros_like(ids, dtype=torch.bool)
+            keep = 1
+        out = self(
+            input_ids=ids,
+            target_hidden_states=feats,
+            position_ids=positions,
+            cache=cache,
+            parallel_mask=par,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        calls, speculative = 1, (k - 1 if parallel else 0)
+        tokens: list[torch.Tensor] = []
+        logits: list[torch.Tensor] = []
+        scores: list[Any] = []
+        position = start_position + input_ids.shape[1]  # of the next autoregressive slot
+        for depth in range(k):
+            row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
+            picked = select(row, depth)
+            if picked is None:
+                break
+            token, score, stop = picked
+            tokens.append(token)
+            logits.append(row)
+            scores.append(score)
+            if stop or depth == k - 1:
+                break
+            if not parallel:
+                slot = token[:, None].to(ids.device)
+                out = self(
+                    input_ids=slot,
+                    projected_hidden_states=out.last_hidden_state[:, -1:],
+                    position_ids=torch.full_like(slot, position),
+                    cache=cache,
+                    parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                position += 1
+                calls += 1
+                speculative += 1
+        bsz = input_ids.shape[0]
+        stacked_scores = (
+            torch.stack(scores, dim=1) if scores and isinstance(scores[0], torch.Tensor) else None
+        )
+        return PEagleDraft(
+            tokens=torch.stack(tokens, dim=1) if tokens else input_ids.new_zeros(bsz, 0),
+            logits=torch.stack(logits, dim=1)
+            if logits
+            else out.logits.new_zeros(bsz, 0, out.logits.shape[-1]),
+            scores=stacked_scores,
+            cache=cache,
+            speculative_slots=speculative,
+            forward_calls=calls,
+        )
+
+    @torch.no_grad()
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
+    def draft(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor,
+        num_speculative_tokens: int | None = None,
+        cache: Cache | None = None,
+        start_position: int | None = None,
+        do_sample: bool = False,
+        generator: torch.Generator | None = None,
+        logits_processor: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> PEagleDraft:
+        """K draft tokens for one round, greedy or sampled, through [`draft_round`] (one forward call for a
+        parallel head).
+
+        Args:
+            input_ids: `(B, R)` the R new real slots' tokens (accepted drafts and the bonus token last).
+            target_hidden_states: `(B, R, 3 * target_hidden_size)` the target features paired with them.
+            num_speculative_tokens: K (default `config.num_speculative_tokens`).
+            cache: the drafter cache holding the earlier context slots (and nothing else); a new cache when
+                `None`.
+            start_position: RoPE position of the first new slot (default: the cache length).
+            do_sample: sample drafts from softmax(logits) instead of argmax.
+            generator: the random generator for sampling.
+            logits_processor: optional callable `scores -> scores` on each depth's `(B, V_draft)` logits.
+
+        Returns:
+            [`PEagleDraft`] with `tokens` `(B, K)` in target ids and the K slots' draft-vocab logits.
+        """
+        k = num_speculative_tokens or self.config.num_speculative_tokens
+        if cache is None:
+            cache = DynamicCache(config=self.config)
+        if start_position is None:
+            start_position = cache.get_seq_length()
+
+        def select(logits: torch.Tensor, depth: int):
+            if logits_processor is not None:
+                logits = logits_processor(logits)
+            if do_sample:
+                picked = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+            else:
+                picked = logits.argmax(-1)
+            return self.draft_to_target(picked), logits, False
+
+        return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
+
+
+__all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]
