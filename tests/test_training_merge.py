@@ -56,6 +56,17 @@ def test_average_heads_takes_the_mean_and_adds_the_arms_budgets(tiny_target, tmp
     assert torch.allclose(loaded.fc.weight, head.fc.weight + 0.2, atol=1e-6)
 
 
+def test_average_heads_drops_the_first_heads_calibration(tiny_target, tmp_path):
+    head = make_head(tiny_target).float()
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.0, 1.0]]}
+    _arm(head, tmp_path / "a", 0.1)
+    _arm(head, tmp_path / "b", -0.1)
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["draft_calibration"]
+    out = average_heads([tmp_path / "a", tmp_path / "b"], tmp_path / "soup")
+    assert json.loads((out / "config.json").read_text())["draft_calibration"] is None
+    assert type(head).from_pretrained(out).config.draft_calibration is None
+
+
 def test_weighted_average_and_guards():
     x = {"w": torch.tensor([0.0, 4.0], dtype=torch.bfloat16), "ids": torch.tensor([1, 2])}
     y = {"w": torch.tensor([4.0, 0.0], dtype=torch.bfloat16), "ids": torch.tensor([1, 2])}

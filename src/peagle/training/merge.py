@@ -84,9 +84,10 @@ def average_heads(
 ) -> Path:
     """Average the weights of peagle-layout head folders into `output_dir`.
 
-    The config and remote code are the first head's (no model card: it would describe another head).  When every
-    head has a train_summary.json, the output gets [`merged_summary`]'s, with the cumulative budget.  Calibrated drafting rules are not averaged: calibrate
-    the result again (`peagle calibrate`).  Returns the output folder."""
+    The config and remote code are the first head's, without its `draft_calibration` (fitted to other weights)
+    and without a model card (it would describe another head).  When every head has a train_summary.json, the output
+    gets [`merged_summary`]'s, with the cumulative budget.  Calibrate the result (`peagle calibrate`) before
+    cost-aware drafting uses it.  Returns the output folder."""
     from safetensors.torch import load_file, save_file
 
     from .recipe import training_budget
@@ -115,7 +116,11 @@ def average_heads(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, out / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
-    shutil.copyfile(folders[0] / CONFIG_NAME, out / CONFIG_NAME)
+    config = dict(configs[0])
+    # a calibration was fitted to the first head's weights, not to the average's
+    if config.get("draft_calibration") is not None:
+        config["draft_calibration"] = None
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for code in folders[0].glob("*.py"):  # the remote code that config.json's auto_map names
         shutil.copyfile(code, out / code.name)
     if all((f / SUMMARY).is_file() for f in folders):
