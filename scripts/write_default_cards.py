@@ -14,6 +14,14 @@ from peagle.targets import DEFAULT_HEADS, default_drafter_path
 from peagle.training.recipe import training_budget
 
 
+def _steps(stage: dict) -> str:
+    """A stage's optimizer steps; a weight average of arms as "(a + b)", each arm's own."""
+    arms = stage.get("arms")
+    if arms:
+        return "(" + " + ".join(str(a.get("optimizer_steps")) for a in arms) + ")"
+    return str(stage.get("optimizer_steps"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default=None, help="a `peagle bench` JSON to include")
@@ -32,22 +40,40 @@ def main() -> None:
             "generated with transformers or the vLLM engine); no MT-Bench or "
             "HumanEval prompts"
         )
-        if summary.get("examples") != stages[0].get("examples"):
+        arms = (
+            summary.get("arms") or []
+        )  # scripts/average_heads.py: the last stage is a weight average of arms
+        last = arms or [summary]
+        examples = " + ".join(str(a.get("examples")) for a in last)
+        if arms:
             data += (
-                f"; the last stage on {summary.get('examples')} examples of "
+                f"; the last stage the weight average of {len(arms)} arms trained side by side from the stage "
+                f"before, drawing on {examples} examples of training_data/smollm2-135m-instruct/train (heads/README.md)"
+            )
+        elif summary.get("examples") != stages[0].get("examples"):
+            data += (
+                f"; the last stage on {examples} examples of "
                 "training_data/smollm2-135m-instruct/train (heads/README.md)"
             )
+        accuracy = [a.get("last_logged_accuracy") or {} for a in last]
+        accuracy = {
+            k: round(sum(a[k] for a in accuracy) / len(accuracy), 4)
+            for k in accuracy[0]
+            if all(k in a for a in accuracy)
+        }
         training = {
             "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.py; stages in heads/README.md)",
             "data": data,
-            "examples": summary.get("examples"),
-            "response_tokens": summary.get("response_tokens"),
+            "examples": examples,
+            "response_tokens": " + ".join(str(a.get("response_tokens")) for a in last),
             "stages": budget["stages"],
-            "optimizer_steps": " + ".join(str(s.get("optimizer_steps")) for s in stages),
+            "optimizer_steps": " + ".join(_steps(s) for s in stages),
             "token_passes": f"{budget['response_tokens_trained']:,} response tokens trained, all stages"
             + (" (earlier stages estimated from steps x examples per step)" if budget["estimated"] else ""),
             "budget": f"{budget['cpu_hours']:.2f} CPU-hours on a 2-core CPU (one thread), bf16 autocast",
-            "last_logged_top1_by_depth": summary.get("last_logged_accuracy"),
+            (
+                "last_logged_top1_by_depth (mean of the arms)" if arms else "last_logged_top1_by_depth"
+            ): accuracy or None,
         }
         card = render_model_card(
             head,

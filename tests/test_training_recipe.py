@@ -106,6 +106,35 @@ def test_train_head_fits_the_draft_calibration_on_held_out_examples(tmp_path):
         )
 
 
+def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
+    """A head continued from a calibrated one leaves training without the old map (fitted to other weights)."""
+    from peagle import PEagleDrafter
+
+    target = make_target(eos_token_id=None)
+    g = torch.Generator().manual_seed(0)
+    examples = [
+        {"input_ids": torch.randint(3, 120, (30,), generator=g).tolist(), "loss_mask": [0] * 6 + [1] * 24}
+        for _ in range(4)
+    ]
+    head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=64, num_parallel_positions=3)
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.0, 1.0]]}
+    args = training_arguments(
+        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False,
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="peagle.training.recipe"):
+        trained, _ = train_head(
+            target,
+            output_dir=tmp_path / "head",
+            examples=examples,
+            head=head,
+            training_args=args,
+            progress=False,
+        )
+    assert trained.config.draft_calibration is None and "peagle calibrate" in caplog.text
+    assert PEagleDrafter.from_pretrained(tmp_path / "head").config.draft_calibration is None
+
+
 def test_training_budget_sums_the_stage_chain():
     from peagle.training.recipe import training_budget
 

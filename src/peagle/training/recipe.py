@@ -320,7 +320,8 @@ def train_head(
         head: a head to continue training; default [`build_head`] on the examples with `num_hidden_layers`,
             `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init`, `layers_init` (each
             defaulting to the size rule of `peagle.families`: the draft vocabulary is chosen from the examples) and
-            the arguments' K_train.
+            the arguments' K_train. A draft calibration it carries was fitted to its old weights: the trained
+            head drops it (with a warning) unless `calibration_examples` fits a new one.
         feature_cache: directory of a [`FeatureCache`] (built or reused) instead of online feature capture.
         calibration_examples: hold out the last N examples from training and, after it, fit the head's per-depth
             draft calibration (`config.draft_calibration`, used by cost-aware drafting) on their prompts with
@@ -426,6 +427,13 @@ def train_head(
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=dataset)
     result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     calibration_report = None
+    if getattr(head.config, "draft_calibration", None) is not None and trainer.state.global_step > 0:
+        # a head continued from a calibrated one: the map was fitted to the weights before this training
+        logger.warning(
+            "The head's draft_calibration was fitted before this training and is dropped; "
+            "run `peagle calibrate` on the trained head (or pass calibration_examples=N)."
+        )
+        head.config.draft_calibration = None
     if held_out:
         calibration_report = calibrate_trained_head(head, target, held_out, progress=progress)
 
