@@ -40,9 +40,8 @@ def main() -> None:
             "generated with transformers or the vLLM engine); no MT-Bench or "
             "HumanEval prompts"
         )
-        arms = (
-            summary.get("arms") or []
-        )  # scripts/average_heads.py: the last stage is a weight average of arms
+        # scripts/average_heads.py: the last stage may be a weight average of arms
+        arms = summary.get("arms") or []
         last = arms or [summary]
         examples = " + ".join(str(a.get("examples")) for a in last)
         if arms:
@@ -55,11 +54,11 @@ def main() -> None:
                 f"; the last stage on {examples} examples of "
                 "training_data/smollm2-135m-instruct/train (heads/README.md)"
             )
-        accuracy = [a.get("last_logged_accuracy") or {} for a in last]
+        logged = [a.get("last_logged_accuracy") or {} for a in last]
         accuracy = {
-            k: round(sum(a[k] for a in accuracy) / len(accuracy), 4)
-            for k in accuracy[0]
-            if all(k in a for a in accuracy)
+            k: round(sum(a[k] for a in logged) / len(logged), 4)
+            for k in logged[0]
+            if all(k in a for a in logged)
         }
         training = {
             "trained_by": "peagle's PEagleTrainer (scripts/make_default_heads.py; stages in heads/README.md)",
