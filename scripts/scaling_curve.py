@@ -18,6 +18,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -122,6 +123,50 @@ def head_budgets(heads: list[str], specs: list[str]) -> tuple[dict[str, int], se
     return budgets, set(given)
 
 
+def weights_fingerprint(folder: str) -> str | None:
+    """sha256 of a head folder's model.safetensors, or None where the folder holds none (gone, or a label such
+    as `git:<commit>:<path>`)."""
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def merge_points(new: list[dict], kept: list[dict]) -> tuple[list[dict], list[str]]:
+    """The points just measured plus those of a --reuse result, matched by weights rather than by folder path.
+
+    A kept point is replaced by a new point of the same folder when it was measured on the same weights (its
+    recorded `weights_sha256`).  A kept point whose folder now holds other weights keeps its measurement under
+    the label `FOLDER@sha256:<first 12 hex digits>` (returned as a note), so that neither its number nor the new
+    one is lost or misattributed.  A kept point that recorded no fingerprint (measured before they were kept)
+    cannot be matched: measuring its folder again is refused with ValueError instead of guessed at."""
+    now = {p["head"] for p in new}
+    merged, notes = list(new), []
+    for point in kept:
+        point = dict(point)
+        recorded = point.get("weights_sha256")
+        current = weights_fingerprint(point["head"])
+        if recorded and current and recorded != current:
+            label = f"{point['head']}@sha256:{recorded[:12]}"
+            notes.append(
+                f"{point['head']} holds other weights than the point measured on it: kept as {label}"
+            )
+            point["head"] = label
+        elif point["head"] in now:
+            if not recorded:
+                raise ValueError(
+                    f"the --reuse point of {point['head']} records no weights fingerprint, so whether the folder "
+                    "still holds the weights it measured is unknown: relabel or remove that point first"
+                )
+            continue  # measured again on the same weights: the new point replaces it
+        merged.append(point)
+    return merged, notes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -169,7 +214,8 @@ def main() -> None:
     ap.add_argument(
         "--reuse",
         default=None,
-        help="an earlier result JSON measured with the same settings: its points are kept, not evaluated again",
+        help="an earlier result JSON measured with the same settings: its points are kept, not evaluated again "
+        "(a folder measured again replaces its point only if it still holds the same weights, by sha256)",
     )
     args = ap.parse_args()
     args.head_dtype = resolve_dtype_name(args.head_dtype)  # recorded resolved
@@ -207,6 +253,10 @@ def main() -> None:
                 continue  # the final head is listed under --heads
             folders.append(str(ckpt))
             budgets[str(ckpt)] = checkpoint_budget(step, summary)
+    try:  # refuse an unmatchable --reuse point before the evaluation, not after it
+        merge_points([{"head": folder} for folder in folders], kept)
+    except ValueError as err:
+        ap.error(str(err))
     target, _ = load_default_target()
     per_set = []
     for i, spec in enumerate(args.heldout):
@@ -244,10 +294,12 @@ def main() -> None:
     ]
     for p in points:
         p["tokens_per_target_pass"] = p[MEASURES[args.measure]]
+        p["weights_sha256"] = weights_fingerprint(p["head"])
         if p["head"] in given:
             p["token_passes_estimated"] = True  # stated with --budget, not counted by the trainer
-    done = {p["head"] for p in points}
-    points += [p for p in kept if p["head"] not in done]
+    points, notes = merge_points(points, kept)
+    for note in notes:
+        print(note)
     points.sort(key=lambda p: p["token_passes"])
     scratch = {}
     if args.ablations and Path(args.ablations).exists():

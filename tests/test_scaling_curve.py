@@ -1,5 +1,5 @@
-"""The evaluation scripts' rules: scaling_curve.py's held-out set specs, pooling of several sets, checkpoint budgets
-and fit; ablate_heads.py's collection of its evaluations."""
+"""The evaluation scripts' rules: scaling_curve.py's held-out set specs, pooling of several sets, checkpoint budgets,
+fit and the matching of reused points by weights; ablate_heads.py's collection of its evaluations."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from ablate_heads import collect  # noqa: E402
-from scaling_curve import checkpoint_budget, fit_log_linear, head_budgets, heldout_spec, pooled  # noqa: E402
+from scaling_curve import (  # noqa: E402
+    checkpoint_budget,
+    fit_log_linear,
+    head_budgets,
+    heldout_spec,
+    merge_points,
+    pooled,
+    weights_fingerprint,
+)
 
 
 def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
@@ -104,3 +112,39 @@ def test_ablations_record_the_decoding_walk(tmp_path):
     assert got["decoded_tokens_per_target_pass"] == 1.4 and got["decoded_k"] == 7
     assert [c["decoded_tokens_per_target_pass"] for c in got["curve"]] == [1.2, 1.4]
     assert got["tokens_per_target_pass_k7"] == pytest.approx(2.3)
+
+
+def test_reused_points_are_matched_by_weights_not_by_folder(tmp_path):
+    def head(name: str, weights: bytes) -> str:
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        (folder / "model.safetensors").write_bytes(weights)
+        return str(folder)
+
+    same, changed, gone = head("same", b"a"), head("changed", b"b"), str(tmp_path / "gone")
+    old_same = {"head": same, "tokens_per_target_pass": 1.5, "weights_sha256": weights_fingerprint(same)}
+    old_changed = {
+        "head": changed,
+        "tokens_per_target_pass": 1.6,
+        "weights_sha256": weights_fingerprint(changed),
+    }
+    old_gone = {"head": gone, "tokens_per_target_pass": 1.4, "weights_sha256": "0" * 64}
+    assert weights_fingerprint(gone) is None
+    head("changed", b"c")  # the folder now holds other weights
+    new = [
+        {"head": same, "tokens_per_target_pass": 1.5, "weights_sha256": weights_fingerprint(same)},
+        {"head": changed, "tokens_per_target_pass": 1.9, "weights_sha256": weights_fingerprint(changed)},
+    ]
+    merged, notes = merge_points(new, [old_same, old_changed, old_gone])
+    by_head = {p["head"]: p["tokens_per_target_pass"] for p in merged}
+    stale = f"{changed}@sha256:{old_changed['weights_sha256'][:12]}"
+    # the same weights measured again replace their point; other weights in a folder keep the old number apart
+    assert by_head == {same: 1.5, changed: 1.9, stale: 1.6, gone: 1.4}
+    assert len(notes) == 1 and stale in notes[0]
+    # a stale folder is relabelled even when it is not measured again
+    merged, _ = merge_points([], [old_changed])
+    assert [p["head"] for p in merged] == [stale]
+    # a point without a fingerprint cannot be matched: measuring its folder again is refused
+    with pytest.raises(ValueError, match="no weights fingerprint"):
+        merge_points(new, [{"head": same, "tokens_per_target_pass": 1.2}])
+    assert merge_points([], [{"head": same, "tokens_per_target_pass": 1.2}])[0][0]["head"] == same
