@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -29,6 +28,7 @@ import torch
 from peagle.runtime import DTYPE_CHOICES, resolve_dtype_name
 from peagle.targets import load_default_target
 from peagle.training.recipe import training_budget
+from peagle.training.shards import file_sha256
 
 sys.path.insert(0, str(Path(__file__).parent))
 from eval_acceptance import teacher_forced  # noqa: E402
@@ -127,13 +127,7 @@ def weights_fingerprint(folder: str) -> str | None:
     """sha256 of a head folder's model.safetensors, or None where the folder holds none (gone, or a label such
     as `git:<commit>:<path>`)."""
     path = Path(folder) / "model.safetensors"
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path) if path.is_file() else None
 
 
 def merge_points(new: list[dict], kept: list[dict]) -> tuple[list[dict], list[str]]:
@@ -253,8 +247,10 @@ def main() -> None:
                 continue  # the final head is listed under --heads
             folders.append(str(ckpt))
             budgets[str(ckpt)] = checkpoint_budget(step, summary)
+    # hashed before the evaluation loads them: a point records the weights it measured
+    fingerprints = {folder: weights_fingerprint(folder) for folder in folders}
     try:  # refuse an unmatchable --reuse point before the evaluation, not after it
-        merge_points([{"head": folder} for folder in folders], kept)
+        merge_points([{"head": f, "weights_sha256": fp} for f, fp in fingerprints.items()], kept)
     except ValueError as err:
         ap.error(str(err))
     target, _ = load_default_target()
@@ -294,7 +290,7 @@ def main() -> None:
     ]
     for p in points:
         p["tokens_per_target_pass"] = p[MEASURES[args.measure]]
-        p["weights_sha256"] = weights_fingerprint(p["head"])
+        p["weights_sha256"] = fingerprints[p["head"]]
         if p["head"] in given:
             p["token_passes_estimated"] = True  # stated with --budget, not counted by the trainer
     points, notes = merge_points(points, kept)

@@ -139,7 +139,7 @@ def write_shard(
     tmp = os.path.join(folder, f".{name}.tmp")
     save_file(tensors, tmp, metadata=metadata)
     os.chmod(tmp, 0o644)
-    entry["sha256"] = _sha256(tmp)
+    entry["sha256"] = file_sha256(tmp)
     os.replace(tmp, os.path.join(folder, name))
     manifest["shards"].append(entry)
     _write_manifest(manifest_path, manifest)
@@ -183,7 +183,7 @@ def read_shards(
         path = os.path.join(folder, entry["file"])
         if not os.path.isfile(path):
             raise FileNotFoundError(f"shard {path} is listed in {MANIFEST} but missing.")
-        if "sha256" in entry and _sha256(path) != entry["sha256"]:
+        if "sha256" in entry and file_sha256(path) != entry["sha256"]:
             raise ValueError(f"shard {path} is corrupted: its sha256 differs from the one in {MANIFEST}.")
         try:
             tensors = load_file(path)
@@ -304,7 +304,8 @@ def _response_tokens(tensors: dict[str, Any]) -> int:
     return int(tensors["loss_mask"].sum())
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -341,5 +342,6 @@ __all__ = [
     "packed_cycles",
     "pack_examples",
     "unpack_examples",
+    "file_sha256",
     "MANIFEST",
 ]
