@@ -106,6 +106,11 @@ def main() -> None:
             "acceptance_length": total.acceptance_length,
             "acceptance_rate_per_depth": total.acceptance_rate_per_depth,
             "lossless": lossless,
+            # the counts behind the ratios, so runs over several example ranges pool exactly
+            "prompts": len(prompts),
+            "new_tokens": total.generated_tokens,
+            "target_passes": total.target_passes,
+            "drafting_rounds": total.rounds,
         }
         print(
             f"{folder}: {total.tokens_per_target_pass:.3f} tokens/target pass, acceptance length "
