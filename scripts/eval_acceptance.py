@@ -10,9 +10,16 @@ round at every anchor of the held-out responses in one pass (their tokens are th
 and counts the drafts greedy verification accepts; the target's features are computed once and cached
 (`--feature-cache`), so a checkpoint costs seconds, which is what the scaling curve needs.
 
+`--examples` takes several held-out sets, each `FOLDER` or `FOLDER:SKIP:LIMIT`; decoding pools them (counts summed
+over every prompt, then divided) and also reports each set.  A long decoding split over the two cores, one process
+per core, is pooled afterwards with `--pool`: the runs' `--out` files hold each head's summed generation stats, so
+the pooled figure is exact.
+
 Usage:
     python scripts/eval_acceptance.py src/peagle/default_heads/smollm2-135m-peagle runs/stage3-peagle \
         --examples training_data/smollm2-135m-instruct/heldout --skip 48 --limit 24 -k 7 --out eval.json
+    python scripts/eval_acceptance.py HEAD --examples data/heldout:48:16 data/heldout-set2:40:80 --out a.json
+    python scripts/eval_acceptance.py --pool a.json b.json --out pooled.json
     python scripts/eval_acceptance.py HEAD... --examples ... --skip 48 --limit 72 -k 7 --teacher-forced
 """
 
@@ -36,10 +43,22 @@ from peagle.training.shards import load_examples
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("heads", nargs="+", help="head folders")
-    ap.add_argument("--examples", required=True, help="held-out examples (shards or JSONL)")
+    ap.add_argument("heads", nargs="*", help="head folders")
+    ap.add_argument(
+        "--examples",
+        nargs="+",
+        default=[],
+        help="held-out examples (shards or JSONL), each FOLDER or FOLDER:SKIP:LIMIT (default --skip and --limit)",
+    )
     ap.add_argument("--skip", type=int, default=48, help="skip the first N (the calibration/comparison ones)")
     ap.add_argument("--limit", type=int, default=24)
+    ap.add_argument(
+        "--pool",
+        nargs="+",
+        default=None,
+        metavar="RESULT_JSON",
+        help="pool earlier decoding runs' --out files (disjoint example ranges, same settings) instead of decoding",
+    )
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
     ap.add_argument(
         "--max-new-tokens",
@@ -71,54 +90,160 @@ def main() -> None:
         help="--teacher-forced: where the target's features of the examples are cached",
     )
     args = ap.parse_args()
+    if args.pool:
+        if args.heads or args.examples:
+            ap.error("--pool reads earlier results: give no heads and no --examples")
+        try:
+            pooled = pool_results([json.loads(Path(f).read_text()) for f in args.pool])
+        except ValueError as err:
+            ap.error(str(err))
+        pooled["settings"]["pooled_from"] = args.pool
+        report(pooled["results"], pooled["settings"]["num_speculative_tokens"])
+        if args.out:
+            Path(args.out).write_text(json.dumps(pooled, indent=2))
+        return
+    if not args.heads or not args.examples:
+        ap.error("give head folders and --examples (or --pool)")
+    if args.teacher_forced and len(args.examples) > 1:
+        ap.error("--teacher-forced takes one --examples set (scripts/scaling_curve.py pools several)")
     args.head_dtype = resolve_dtype_name(args.head_dtype)  # recorded resolved
 
     target, _ = load_default_target()
     if args.teacher_forced:
+        args.examples, args.skip, args.limit = heldout_spec(args.examples[0], args.skip, args.limit)
         results = teacher_forced(target, args)
-        if args.out:
-            Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
-        return
-    prompts = prompts_of_examples(load_examples(args.examples)[args.skip : args.skip + args.limit])
+    else:
+        results = decode(target, args)
+        report(results, args.num_speculative_tokens)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
+
+
+def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
+    """`FOLDER` or `FOLDER:SKIP:LIMIT` -> (folder, skip, limit)."""
+    parts = spec.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2])
+    return spec, skip, limit
+
+
+def decode(target, args) -> dict:
+    """Each head decodes every prompt of every `--examples` set drafting K every round; every output is checked
+    against plain greedy.  Returns per head the pooled summary (`pooled_summary`), each set under `per_set`."""
+    sets = {}
+    for spec in args.examples:
+        folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
+        prompts = prompts_of_examples(load_examples(folder)[skip : skip + limit])
+        sets[spec] = ({"examples": folder, "skip": skip, "limit": len(prompts)}, prompts)
     results = {}
     for folder in args.heads:
         head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype)).attach_target(
             target
         )
         head.eval()
-        stats, lossless = [], True
-        for ids in tqdm(prompts, desc=Path(folder).name):
-            plain = timed_generate(target, ids, args.max_new_tokens)
-            run = timed_generate(
-                target,
-                ids,
-                args.max_new_tokens,
-                assistant=head,
-                num_assistant_tokens=args.num_speculative_tokens,
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0,
-            )
-            lossless &= run.output == plain.output
-            stats.append(run.stats)
-        total = PEagleGenerationStats.merge(stats)
-        results[folder] = {
-            "tokens_per_target_pass": total.tokens_per_target_pass,
-            "acceptance_length": total.acceptance_length,
-            "acceptance_rate_per_depth": total.acceptance_rate_per_depth,
-            "lossless": lossless,
-            # the counts behind the ratios, so runs over several example ranges pool exactly
-            "prompts": len(prompts),
-            "new_tokens": total.generated_tokens,
-            "target_passes": total.target_passes,
-            "drafting_rounds": total.rounds,
-        }
+        per_set = {}
+        for spec, (where, prompts) in sets.items():
+            stats, lossless = [], True
+            for ids in tqdm(prompts, desc=f"{Path(folder).name} {spec}"):
+                plain = timed_generate(target, ids, args.max_new_tokens)
+                run = timed_generate(
+                    target,
+                    ids,
+                    args.max_new_tokens,
+                    assistant=head,
+                    num_assistant_tokens=args.num_speculative_tokens,
+                    num_assistant_tokens_schedule="constant",
+                    assistant_confidence_threshold=0.0,
+                )
+                lossless &= run.output == plain.output
+                stats.append(run.stats)
+            per_set[spec] = {**where, **summarise(PEagleGenerationStats.merge(stats), len(prompts), lossless)}
+        results[folder] = pooled_summary(per_set)
+    return results
+
+
+def summarise(total: PEagleGenerationStats, prompts: int, lossless: bool) -> dict:
+    """One head's decoding over some prompts: the ratios, the counts behind them and the summed generation stats
+    (which add up exactly when results are pooled)."""
+    return {
+        "tokens_per_target_pass": total.tokens_per_target_pass,
+        "acceptance_length": total.acceptance_length,
+        "acceptance_rate_per_depth": total.acceptance_rate_per_depth,
+        "lossless": lossless,
+        "prompts": prompts,
+        "new_tokens": total.generated_tokens,
+        "target_passes": total.target_passes,
+        "drafting_rounds": total.rounds,
+        "stats": total.to_dict(),
+    }
+
+
+def pooled_summary(per_set: dict[str, dict]) -> dict:
+    """One head's `summarise` results on several example sets -> their pooled summary, each set under `per_set`."""
+    total = PEagleGenerationStats.merge(
+        [PEagleGenerationStats.from_dict(r["stats"]) for r in per_set.values()]
+    )
+    prompts = sum(r["prompts"] for r in per_set.values())
+    out = summarise(total, prompts, all(r["lossless"] for r in per_set.values()))
+    out["per_set"] = per_set
+    return out
+
+
+POOLED_SETTINGS = ("num_speculative_tokens", "max_new_tokens", "head_dtype")
+"""Settings every pooled run must share: the measure is the same only under them."""
+
+
+def pool_results(runs: list[dict]) -> dict:
+    """Decoding results of several runs (their `--out` JSON) -> one result over all their example sets.
+
+    The runs must share `POOLED_SETTINGS` and their heads, and no example may be counted twice (two sets over the
+    same folder must not overlap); each head's generation stats are summed, so the pooled ratios are exact: total
+    new tokens over total target passes."""
+    if not runs:
+        raise ValueError("nothing to pool")
+    first = runs[0]
+    for run in runs:
+        if run["settings"].get("teacher_forced"):
+            raise ValueError("a --teacher-forced result has no generation stats to pool")
+        differ = [k for k in POOLED_SETTINGS if run["settings"].get(k) != first["settings"].get(k)]
+        if differ:
+            raise ValueError(f"the runs were measured with other settings: {', '.join(differ)}")
+        if set(run["results"]) != set(first["results"]):
+            raise ValueError("the runs evaluated different heads")
+    results = {}
+    for head in first["results"]:
+        per_set: dict[str, dict] = {}
+        for run in runs:
+            sets = run["results"][head].get("per_set")
+            if not sets or any("stats" not in r for r in sets.values()):
+                raise ValueError(
+                    f"{head}: a result without its generation stats (written before --pool existed)"
+                )
+            for spec, r in sets.items():
+                for other_spec, other in per_set.items():
+                    if other["examples"] == r["examples"] and (
+                        r["skip"] < other["skip"] + other["limit"] and other["skip"] < r["skip"] + r["limit"]
+                    ):
+                        raise ValueError(f"{head}: example sets {other_spec} and {spec} overlap")
+                per_set[spec] = r
+        results[head] = pooled_summary(per_set)
+    settings = {k: first["settings"].get(k) for k in POOLED_SETTINGS}
+    settings["examples"] = [spec for run in runs for spec in run["settings"]["examples"]]
+    return {"settings": settings, "results": results}
+
+
+def report(results: dict, k: int) -> None:
+    for folder, r in results.items():
         print(
-            f"{folder}: {total.tokens_per_target_pass:.3f} tokens/target pass, acceptance length "
-            f"{total.acceptance_length:.3f} (K={args.num_speculative_tokens}, {len(prompts)} prompts, "
-            f"lossless {lossless})"
+            f"{folder}: {r['tokens_per_target_pass']:.3f} tokens/target pass, acceptance length "
+            f"{r['acceptance_length']:.3f} (K={k}, {r['prompts']} prompts, {r['new_tokens']} new tokens in "
+            f"{r['target_passes']} target passes, lossless {r['lossless']})"
         )
-    if args.out:
-        Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
+        if len(r["per_set"]) > 1:
+            for spec, s in r["per_set"].items():
+                print(
+                    f"    {spec}: {s['tokens_per_target_pass']:.3f} ({s['prompts']} prompts, lossless {s['lossless']})"
+                )
 
 
 def teacher_forced(target, args) -> dict:

@@ -31,7 +31,7 @@ from peagle.training.recipe import training_budget
 from peagle.training.shards import file_sha256
 
 sys.path.insert(0, str(Path(__file__).parent))
-from eval_acceptance import teacher_forced  # noqa: E402
+from eval_acceptance import heldout_spec, teacher_forced  # noqa: E402
 
 
 def checkpoint_budget(step: int, final_summary: dict) -> int:
@@ -56,14 +56,6 @@ SET_FIELDS = {
     "decoded_tokens_per_target_pass": "decoded_tokens_per_target_pass",
 }
 """What a point keeps of each held-out set (`per_set`), next to the pooled measures."""
-
-
-def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
-    """`FOLDER` or `FOLDER:SKIP:LIMIT` -> (folder, skip, limit)."""
-    parts = spec.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-        return parts[0], int(parts[1]), int(parts[2])
-    return spec, skip, limit
 
 
 def pooled(results: list[dict]) -> dict:

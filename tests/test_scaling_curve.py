@@ -1,4 +1,4 @@
-"""The evaluation scripts' rules: scaling_curve.py's held-out set specs, pooling of several sets, checkpoint budgets,
+"""The evaluation scripts' rules: scaling_curve.py's pooling of several held-out sets, checkpoint budgets,
 fit and the matching of reused points by weights; ablate_heads.py's collection of its evaluations."""
 
 from __future__ import annotations
@@ -17,17 +17,10 @@ from scaling_curve import (  # noqa: E402
     checkpoint_budget,
     fit_log_linear,
     head_budgets,
-    heldout_spec,
     merge_points,
     pooled,
     weights_fingerprint,
 )
-
-
-def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
-    assert heldout_spec("data/heldout:48:24", 0, 10) == ("data/heldout", 48, 24)
-    assert heldout_spec("data/heldout", 3, 5) == ("data/heldout", 3, 5)
-    assert heldout_spec("c:/data/heldout", 3, 5) == ("c:/data/heldout", 3, 5)  # a colon that is not a range
 
 
 def set_result(anchors: int, every_anchor: float, depth: list[float], tokens: int, passes: int) -> dict:

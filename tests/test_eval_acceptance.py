@@ -1,0 +1,92 @@
+"""scripts/eval_acceptance.py's rules: held-out set specs, and decoding results pooled exactly over example sets
+and over runs (`--pool`), refusing what would not be the same measure."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from eval_acceptance import heldout_spec, pool_results, pooled_summary, summarise  # noqa: E402
+
+from peagle.generation import PEagleGenerationStats  # noqa: E402
+
+
+def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
+    assert heldout_spec("data/heldout:48:24", 0, 10) == ("data/heldout", 48, 24)
+    assert heldout_spec("data/heldout", 3, 5) == ("data/heldout", 3, 5)
+    assert heldout_spec("c:/data/heldout", 3, 5) == ("c:/data/heldout", 3, 5)  # a colon that is not a range
+
+
+def one_set(
+    folder: str, skip: int, prompts: int, rounds: int, accepted: int, plain: int, lossless=True
+) -> dict:
+    """A set's entry as decode() writes it: where the prompts came from and the summed stats of their decoding."""
+    stats = PEagleGenerationStats(
+        num_speculative_tokens=7,
+        rounds=rounds,
+        draft_tokens=7 * rounds,
+        accepted_tokens=accepted,
+        plain_steps=plain,
+        generated_tokens=accepted + rounds + plain,
+        accepted_per_depth=[accepted, 0, 0, 0, 0, 0, 0],
+        drafted_per_depth=[rounds] * 7,
+        calls=prompts,
+    )
+    return {"examples": folder, "skip": skip, "limit": prompts, **summarise(stats, prompts, lossless)}
+
+
+def run(sets: dict[str, dict], k: int = 7, head: str = "heads/h") -> dict:
+    """A decoding run's --out JSON over `sets` for one head."""
+    settings = {
+        "num_speculative_tokens": k,
+        "max_new_tokens": 128,
+        "head_dtype": "bfloat16",
+        "examples": list(sets),
+    }
+    return {"settings": settings, "results": {head: pooled_summary(sets)}}
+
+
+def test_pooling_sums_the_counts_before_it_divides():
+    a = one_set("heldout", 48, 16, rounds=900, accepted=800, plain=16)  # 1716 tokens / 916 passes
+    b = one_set("heldout-set2", 0, 40, rounds=2000, accepted=2400, plain=40)  # 4440 / 2040
+    c = one_set("heldout-set2", 40, 80, rounds=4000, accepted=4100, plain=80, lossless=False)
+    pooled = pool_results([run({"heldout:48:16": a, "heldout-set2:0:40": b}), run({"heldout-set2:40:80": c})])
+    r = pooled["results"]["heads/h"]
+    tokens = 1716 + 4440 + (4100 + 4000 + 80)
+    passes = 916 + 2040 + 4080
+    assert (r["new_tokens"], r["target_passes"], r["prompts"]) == (tokens, passes, 136)
+    assert r["tokens_per_target_pass"] == pytest.approx(tokens / passes)
+    # not the mean of the sets' ratios, which would weigh a small set like a large one
+    ratios = [s["tokens_per_target_pass"] for s in r["per_set"].values()]
+    assert r["tokens_per_target_pass"] != pytest.approx(sum(ratios) / 3)
+    assert r["acceptance_length"] == pytest.approx((800 + 2400 + 4100 + 6900) / 6900)
+    assert r["lossless"] is False  # one set whose output differed from plain greedy taints the pool
+    assert list(r["per_set"]) == ["heldout:48:16", "heldout-set2:0:40", "heldout-set2:40:80"]
+    assert pooled["settings"]["examples"] == list(r["per_set"])
+    # pooling is the same whether the sets came in one run or in several
+    once = run({"heldout:48:16": a, "heldout-set2:0:40": b, "heldout-set2:40:80": c})["results"]["heads/h"]
+    assert {k: v for k, v in once.items() if k != "stats"} == {k: v for k, v in r.items() if k != "stats"}
+
+
+def test_pooling_refuses_what_is_not_the_same_measure():
+    a = one_set("heldout", 48, 16, rounds=900, accepted=800, plain=16)
+    overlapping = one_set("heldout", 60, 10, rounds=500, accepted=400, plain=10)
+    with pytest.raises(ValueError, match="overlap"):
+        pool_results([run({"heldout:48:16": a}), run({"heldout:60:10": overlapping})])
+    adjacent = one_set("heldout", 64, 10, rounds=500, accepted=400, plain=10)
+    pool_results([run({"heldout:48:16": a}), run({"heldout:64:10": adjacent})])  # 48-63 and 64-73: fine
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        pool_results([run({"heldout:48:16": a}), run({"heldout:64:10": adjacent}, k=5)])
+    with pytest.raises(ValueError, match="different heads"):
+        pool_results([run({"heldout:48:16": a}), run({"heldout:64:10": adjacent}, head="heads/other")])
+    old = run({"heldout:48:16": a})
+    old["results"]["heads/h"] = {k: v for k, v in old["results"]["heads/h"].items() if k != "per_set"}
+    with pytest.raises(ValueError, match="generation stats"):
+        pool_results([old, run({"heldout:64:10": adjacent})])
+    forced = run({"heldout:64:10": adjacent})
+    forced["settings"]["teacher_forced"] = True
+    with pytest.raises(ValueError, match="teacher-forced"):
+        pool_results([run({"heldout:48:16": a}), forced])
