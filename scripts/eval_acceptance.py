@@ -129,12 +129,14 @@ def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
 
 def decode(target, args) -> dict:
     """Each head decodes every prompt of every `--examples` set drafting K every round; every output is checked
-    against plain greedy.  Returns per head the pooled summary (`pooled_summary`), each set under `per_set`."""
+    against plain greedy (decoded once per prompt, whatever the number of heads).  Returns per head the pooled
+    summary (`pooled_summary`), each set under `per_set`."""
     sets = {}
     for spec in args.examples:
         folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
         prompts = prompts_of_examples(load_examples(folder)[skip : skip + limit])
         sets[spec] = ({"examples": folder, "skip": skip, "limit": len(prompts)}, prompts)
+    plain = {}  # (set, prompt index) -> plain greedy's new tokens, computed once and shared by every head
     results = {}
     for folder in args.heads:
         head = PEagleDrafter.from_pretrained(folder, dtype=getattr(torch, args.head_dtype)).attach_target(
@@ -144,8 +146,9 @@ def decode(target, args) -> dict:
         per_set = {}
         for spec, (where, prompts) in sets.items():
             stats, lossless = [], True
-            for ids in tqdm(prompts, desc=f"{Path(folder).name} {spec}"):
-                plain = timed_generate(target, ids, args.max_new_tokens)
+            for i, ids in enumerate(tqdm(prompts, desc=f"{Path(folder).name} {spec}")):
+                if (spec, i) not in plain:
+                    plain[spec, i] = timed_generate(target, ids, args.max_new_tokens).output
                 run = timed_generate(
                     target,
                     ids,
@@ -155,7 +158,7 @@ def decode(target, args) -> dict:
                     num_assistant_tokens_schedule="constant",
                     assistant_confidence_threshold=0.0,
                 )
-                lossless &= run.output == plain.output
+                lossless &= run.output == plain[spec, i]
                 stats.append(run.stats)
             per_set[spec] = {**where, **summarise(PEagleGenerationStats.merge(stats), len(prompts), lossless)}
         results[folder] = pooled_summary(per_set)

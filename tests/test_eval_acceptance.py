@@ -3,15 +3,20 @@ and over runs (`--pool`), refusing what would not be the same measure."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import eval_acceptance  # noqa: E402
 from eval_acceptance import heldout_spec, pool_results, pooled_summary, summarise  # noqa: E402
 
+from helpers import make_head  # noqa: E402
 from peagle.generation import PEagleGenerationStats  # noqa: E402
+from peagle.training import save_examples  # noqa: E402
 
 
 def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():
@@ -90,3 +95,41 @@ def test_pooling_refuses_what_is_not_the_same_measure():
     forced["settings"]["teacher_forced"] = True
     with pytest.raises(ValueError, match="teacher-forced"):
         pool_results([run({"heldout:48:16": a}), forced])
+
+
+def test_decoding_several_heads_runs_plain_greedy_once_per_prompt(tiny_target, tmp_path, monkeypatch):
+    examples = [
+        {"input_ids": [5 + i, 17, 30 + i, 9, 40, 41], "loss_mask": [0, 0, 0, 0, 1, 1]} for i in range(3)
+    ]
+    save_examples(examples, tmp_path / "heldout.jsonl")
+    heads = []
+    for seed in (1, 2):
+        make_head(tiny_target, seed=seed).save_pretrained(tmp_path / f"head{seed}")
+        heads.append(str(tmp_path / f"head{seed}"))
+    plain_calls = []
+
+    def counting(target, ids, max_new_tokens, assistant=None, **kwargs):
+        if assistant is None:
+            plain_calls.append(ids[0].tolist())
+        return real(target, ids, max_new_tokens, assistant=assistant, **kwargs)
+
+    real = eval_acceptance.timed_generate
+    monkeypatch.setattr(eval_acceptance, "timed_generate", counting)
+    args = argparse.Namespace(
+        heads=heads,
+        examples=[f"{tmp_path / 'heldout.jsonl'}:1:2", f"{tmp_path / 'heldout.jsonl'}:0:1"],
+        skip=0,
+        limit=10,
+        head_dtype="float32",
+        max_new_tokens=12,
+        num_speculative_tokens=3,
+    )
+    with torch.no_grad():
+        results = eval_acceptance.decode(tiny_target, args)
+    assert sorted(plain_calls) == sorted(
+        ex["input_ids"][:4] for ex in examples
+    )  # once each, not once per head
+    for head in heads:  # both heads checked against the shared plain outputs, per set and pooled
+        assert results[head]["lossless"] is True
+        assert results[head]["prompts"] == 3
+        assert [s["limit"] for s in results[head]["per_set"].values()] == [2, 1]
