@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import make_head
-from peagle.training.merge import average_heads, average_state_dicts, merged_summary
+from peagle.training.merge import average_heads, average_state_dicts, chain_summary, merged_summary
 from peagle.training.recipe import training_budget
 
 
@@ -96,3 +96,43 @@ def test_average_heads_refuses_heads_of_other_shapes(tiny_target, tmp_path):
         average_heads([tmp_path / "two", tmp_path / "one"], tmp_path / "out")
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         average_heads([tmp_path / "two", tmp_path / "missing"], tmp_path / "out")
+
+
+def test_chain_average_keeps_the_newest_stages_budget(tiny_target, tmp_path):
+    head = make_head(tiny_target).float()
+    first = {"response_tokens_trained": 1000, "optimizer_steps": 10, "seconds": 100.0, "threads": 1}
+    second = {"response_tokens_trained": 400, "optimizer_steps": 4, "seconds": 40.0, "previous_stage": first}
+    third = {"response_tokens_trained": 300, "optimizer_steps": 3, "seconds": 30.0, "previous_stage": second}
+    _arm(head, tmp_path / "s1", 0.3, first)
+    _arm(head, tmp_path / "s2", 0.0, second)
+    _arm(head, tmp_path / "s3", -0.6, third)
+    out = average_heads([tmp_path / "s1", tmp_path / "s2", tmp_path / "s3"], tmp_path / "chain", chain=True)
+    avg = load_file(out / "model.safetensors")
+    assert torch.allclose(avg["fc.weight"], head.state_dict()["fc.weight"] - 0.1, atol=1e-6)
+    summary = json.loads((out / "train_summary.json").read_text())
+    # averaging trains nothing: the budget is the newest stage's, not the sum an arm average would give
+    assert training_budget(summary)["response_tokens_trained"] == 1700
+    assert summary["cumulative"] == training_budget(summary)
+    assert summary["previous_stage"] == second
+    assert summary["chain_average"]["token_passes"] == [1000, 1400, 1700]
+    assert summary["chain_average"]["from"] == [str(tmp_path / s) for s in ("s1", "s2", "s3")]
+    # the next stage trained from it chains on as from any head
+    assert (
+        training_budget({"response_tokens_trained": 50, "previous_stage": summary})["response_tokens_trained"]
+        == 1750
+    )
+
+
+def test_chain_average_refuses_what_is_not_one_chain(tiny_target, tmp_path):
+    first = {"response_tokens_trained": 1000}
+    second = {"response_tokens_trained": 400, "previous_stage": first}
+    other = {"response_tokens_trained": 400, "previous_stage": {"response_tokens_trained": 999}}
+    with pytest.raises(ValueError, match="not an earlier stage"):
+        chain_summary([first, other])
+    with pytest.raises(ValueError, match="not an earlier stage"):
+        chain_summary([second, first])  # newest first
+    head = make_head(tiny_target)
+    _arm(head, tmp_path / "a", 0.1, first)
+    _arm(head, tmp_path / "b", 0.1)
+    with pytest.raises(FileNotFoundError, match="train_summary.json"):
+        average_heads([tmp_path / "a", tmp_path / "b"], tmp_path / "out", chain=True)
