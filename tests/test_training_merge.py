@@ -105,6 +105,7 @@ def test_chain_average_keeps_the_newest_stages_budget(tiny_target, tmp_path):
     third = {"response_tokens_trained": 300, "optimizer_steps": 3, "seconds": 30.0, "previous_stage": second}
     _arm(head, tmp_path / "s1", 0.3, first)
     _arm(head, tmp_path / "s2", 0.0, second)
+    head.config.confidence_threshold = 0.25  # a setting the newest stage changed
     _arm(head, tmp_path / "s3", -0.6, third)
     out = average_heads([tmp_path / "s1", tmp_path / "s2", tmp_path / "s3"], tmp_path / "chain", chain=True)
     avg = load_file(out / "model.safetensors")
@@ -116,6 +117,9 @@ def test_chain_average_keeps_the_newest_stages_budget(tiny_target, tmp_path):
     assert summary["previous_stage"] == second
     assert summary["chain_average"]["token_passes"] == [1000, 1400, 1700]
     assert summary["chain_average"]["from"] == [str(tmp_path / s) for s in ("s1", "s2", "s3")]
+    # the config is the newest stage's (without its calibration), not the oldest's
+    config = json.loads((out / "config.json").read_text())
+    assert config["confidence_threshold"] == 0.25 and config["draft_calibration"] is None
     # the next stage trained from it chains on as from any head
     assert (
         training_budget({"response_tokens_trained": 50, "previous_stage": summary})["response_tokens_trained"]

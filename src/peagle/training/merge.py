@@ -116,7 +116,8 @@ def average_heads(
 ) -> Path:
     """Average the weights of peagle-layout head folders into `output_dir`.
 
-    The config and remote code are the first head's, without its `draft_calibration` (fitted to other weights)
+    The config and remote code are the first head's (with `chain=True` the newest stage's, the last), without its
+    `draft_calibration` (fitted to other weights)
     and without a model card (it would describe another head).  Heads trained side by side (the default): when
     every head has a train_summary.json, the output gets [`merged_summary`]'s, with the cumulative budget.
     `chain=True`: the heads are successive stages of one chain, oldest first, each with a train_summary.json; the
@@ -154,12 +155,13 @@ def average_heads(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, out / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
-    config = dict(configs[0])
-    # a calibration was fitted to the first head's weights, not to the average's
+    source = -1 if chain else 0  # the head whose config and remote code the average takes
+    config = dict(configs[source])
+    # a calibration was fitted to that head's weights, not to the average's
     if config.get("draft_calibration") is not None:
         config["draft_calibration"] = None
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    for code in folders[0].glob("*.py"):  # the remote code that config.json's auto_map names
+    for code in folders[source].glob("*.py"):  # the remote code that config.json's auto_map names
         shutil.copyfile(code, out / code.name)
     if chain:
         if weights is not None:
