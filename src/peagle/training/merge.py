@@ -117,8 +117,7 @@ def average_heads(
     """Average the weights of peagle-layout head folders into `output_dir`.
 
     The config and remote code are the first head's (with `chain=True` the newest stage's, the last), without its
-    `draft_calibration` (fitted to other weights)
-    and without a model card (it would describe another head).  Heads trained side by side (the default): when
+    `draft_calibration` (fitted to other weights) and without a model card (it would describe another head).  Heads trained side by side (the default): when
     every head has a train_summary.json, the output gets [`merged_summary`]'s, with the cumulative budget.
     `chain=True`: the heads are successive stages of one chain, oldest first, each with a train_summary.json; the
     output gets [`chain_summary`]'s, whose budget is the newest stage's.  Calibrate the result (`peagle
@@ -133,11 +132,13 @@ def average_heads(
             raise FileNotFoundError(
                 f"{folder}: no {SAFE_WEIGHTS_NAME} (a peagle-layout head folder is expected)"
             )
-    has_summary = all((f / SUMMARY).is_file() for f in folders)
+    summaries = None
+    if all((f / SUMMARY).is_file() for f in folders):
+        summaries = [json.loads((f / SUMMARY).read_text()) for f in folders]
     if chain:
-        if not has_summary:
+        if summaries is None:
             raise FileNotFoundError(f"a chain average reads every stage's {SUMMARY} (to check the chain)")
-        summary = chain_summary([json.loads((f / SUMMARY).read_text()) for f in folders])
+        summary = chain_summary(summaries)  # checked before any weight is read
         summary["chain_average"]["from"] = [str(f) for f in folders]
     configs = [json.loads((f / CONFIG_NAME).read_text()) for f in folders]
     shape_keys = (
@@ -166,12 +167,12 @@ def average_heads(
     if chain:
         if weights is not None:
             summary["chain_average"]["weights"] = [float(w) for w in weights]
-    elif has_summary:
-        summary = merged_summary([json.loads((f / SUMMARY).read_text()) for f in folders])
+    elif summaries is not None:
+        summary = merged_summary(summaries)
         summary["merged_from"] = [str(f) for f in folders]
         if weights is not None:
             summary["merge_weights"] = [float(w) for w in weights]
-    if chain or has_summary:
+    if summaries is not None:
         summary["cumulative"] = training_budget(summary)
         (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
     return out
