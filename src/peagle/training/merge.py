@@ -116,12 +116,13 @@ def average_heads(
 ) -> Path:
     """Average the weights of peagle-layout head folders into `output_dir`.
 
-    The config and remote code are the first head's (with `chain=True` the newest stage's, the last), without its
-    `draft_calibration` (fitted to other weights) and without a model card (it would describe another head).  Heads trained side by side (the default): when
-    every head has a train_summary.json, the output gets [`merged_summary`]'s, with the cumulative budget.
-    `chain=True`: the heads are successive stages of one chain, oldest first, each with a train_summary.json; the
-    output gets [`chain_summary`]'s, whose budget is the newest stage's.  Calibrate the result (`peagle
-    calibrate`) before cost-aware drafting uses it.  Returns the output folder."""
+    The config and remote code are the first head's (with `chain=True` the newest stage's, the last),
+    without its `draft_calibration` (fitted to other weights) and without a model card (it would describe
+    another head).  Heads trained side by side (the default): when every head has a train_summary.json, the
+    output gets [`merged_summary`]'s, with the cumulative budget.  `chain=True`: the heads are successive
+    stages of one chain, oldest first, each with a train_summary.json; the output gets [`chain_summary`]'s,
+    whose budget is the newest stage's.  Calibrate the result (`peagle calibrate`) before cost-aware drafting
+    uses it.  Returns the output folder."""
     from safetensors.torch import load_file, save_file
 
     folders = [Path(h) for h in heads]
