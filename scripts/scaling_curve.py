@@ -13,6 +13,9 @@ Usage:
         --heads src/peagle/default_heads/smollm2-135m-peagle heads/smollm2-135m-peagle-stage4 runs/stage5-peagle \
         --checkpoints runs/stage5-peagle-run/checkpoints=runs/stage5-peagle \
         --ablations docs/results/ablations.json --out docs/results/scaling.json
+    # a stage's folder left heads/: its point keeps its number under a git label, nothing is measured
+    python scripts/scaling_curve.py --heldout training_data/smollm2-135m-instruct/heldout \
+        --reuse docs/results/scaling.json --relabel heads/NAME=git:COMMIT:heads/NAME --out docs/results/scaling.json
 """
 
 from __future__ import annotations
@@ -153,6 +156,30 @@ def merge_points(new: list[dict], kept: list[dict]) -> tuple[list[dict], list[st
     return merged, notes
 
 
+def relabel_points(points: list[dict], specs: list[str]) -> list[dict]:
+    """The points with --relabel OLD=NEW applied: the point labelled OLD takes the label NEW, e.g. a stage's
+    folder that left heads/ becomes `git:<commit>:<path>`, or a head walked under runs/ and kept under heads/
+    takes its heads/ path.  Raises ValueError for a spec without `=`, an OLD that labels no point, or a NEW
+    that would label two points."""
+    mapping = {}
+    for spec in specs:
+        old, sep, new = spec.partition("=")
+        if not sep or not old or not new:
+            raise ValueError(f"--relabel {spec}: expected OLD=NEW")
+        mapping[old] = new
+    labels = [p["head"] for p in points]
+    missing = [old for old in mapping if old not in labels]
+    if missing:
+        raise ValueError(f"--relabel: no point is labelled {', '.join(missing)}")
+    relabelled = [dict(p, head=mapping.get(p["head"], p["head"])) for p in points]
+    seen: set[str] = set()
+    for p in relabelled:
+        if p["head"] in seen:
+            raise ValueError(f"--relabel: two points would be labelled {p['head']}")
+        seen.add(p["head"])
+    return relabelled
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -203,6 +230,14 @@ def main() -> None:
         help="an earlier result JSON measured with the same settings: its points are kept, not evaluated again "
         "(a folder measured again replaces its point only if it still holds the same weights, by sha256)",
     )
+    ap.add_argument(
+        "--relabel",
+        nargs="*",
+        default=[],
+        metavar="OLD=NEW",
+        help="label a point anew once measured or reused: a folder that left the tree as git:<commit>:<path>, or a "
+        "head walked under runs/ by the path it is kept under",
+    )
     args = ap.parse_args()
     args.head_dtype = resolve_dtype_name(args.head_dtype)  # recorded resolved
     kept: list[dict] = []
@@ -241,32 +276,34 @@ def main() -> None:
             budgets[str(ckpt)] = checkpoint_budget(step, summary)
     # hashed before the evaluation loads them: a point records the weights it measured
     fingerprints = {folder: weights_fingerprint(folder) for folder in folders}
-    try:  # refuse an unmatchable --reuse point before the evaluation, not after it
-        merge_points([{"head": f, "weights_sha256": fp} for f, fp in fingerprints.items()], kept)
+    try:  # refuse an unmatchable --reuse point or --relabel before the evaluation, not after it
+        dry_run, _ = merge_points([{"head": f, "weights_sha256": fp} for f, fp in fingerprints.items()], kept)
+        relabel_points(dry_run, args.relabel)
     except ValueError as err:
         ap.error(str(err))
-    target, _ = load_default_target()
     per_set = []
-    for i, spec in enumerate(args.heldout):
-        folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
-        per_set.append(
-            teacher_forced(
-                target,
-                argparse.Namespace(
-                    heads=folders,
-                    examples=folder,
-                    skip=skip,
-                    limit=limit,
-                    num_speculative_tokens=args.num_speculative_tokens,
-                    head_dtype=args.head_dtype,
-                    feature_cache=f"{args.feature_cache}-{i}"
-                    if len(args.heldout) > 1
-                    else args.feature_cache,
-                    max_new_tokens=args.max_new_tokens,
-                    truncate=args.measure == "decoded",
-                ),
+    if folders:  # with only --reuse (and --relabel) there is nothing to evaluate
+        target, _ = load_default_target()
+        for i, spec in enumerate(args.heldout):
+            folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
+            per_set.append(
+                teacher_forced(
+                    target,
+                    argparse.Namespace(
+                        heads=folders,
+                        examples=folder,
+                        skip=skip,
+                        limit=limit,
+                        num_speculative_tokens=args.num_speculative_tokens,
+                        head_dtype=args.head_dtype,
+                        feature_cache=f"{args.feature_cache}-{i}"
+                        if len(args.heldout) > 1
+                        else args.feature_cache,
+                        max_new_tokens=args.max_new_tokens,
+                        truncate=args.measure == "decoded",
+                    ),
+                )
             )
-        )
     points = [
         {
             "head": folder,
@@ -288,6 +325,7 @@ def main() -> None:
     points, notes = merge_points(points, kept)
     for note in notes:
         print(note)
+    points = relabel_points(points, args.relabel)
     points.sort(key=lambda p: p["token_passes"])
     scratch = {}
     if args.ablations and Path(args.ablations).exists():

@@ -1,5 +1,6 @@
 """The evaluation scripts' rules: scaling_curve.py's pooling of several held-out sets, checkpoint budgets,
-fit and the matching of reused points by weights; ablate_heads.py's collection of its evaluations."""
+fit, the matching of reused points by weights and their relabelling; ablate_heads.py's collection of its
+evaluations."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import scaling_curve  # noqa: E402
 from ablate_heads import collect  # noqa: E402
 from scaling_curve import (  # noqa: E402
     checkpoint_budget,
@@ -19,6 +21,7 @@ from scaling_curve import (  # noqa: E402
     head_budgets,
     merge_points,
     pooled,
+    relabel_points,
     weights_fingerprint,
 )
 
@@ -141,3 +144,61 @@ def test_reused_points_are_matched_by_weights_not_by_folder(tmp_path):
     with pytest.raises(ValueError, match="no weights fingerprint"):
         merge_points(new, [{"head": same, "tokens_per_target_pass": 1.2}])
     assert merge_points([], [{"head": same, "tokens_per_target_pass": 1.2}])[0][0]["head"] == same
+
+
+def test_relabel_points_renames_a_stage_that_left_the_tree_and_a_kept_candidate():
+    points = [
+        {"head": "heads/stage24", "tokens_per_target_pass": 2.027},
+        {"head": "runs/stage25-chain2", "tokens_per_target_pass": 2.03},
+        {"head": "runs/stage25A", "tokens_per_target_pass": 2.01},
+    ]
+    got = relabel_points(
+        points, ["heads/stage24=git:abc1234:heads/stage24", "runs/stage25-chain2=heads/stage25"]
+    )
+    assert [p["head"] for p in got] == ["git:abc1234:heads/stage24", "heads/stage25", "runs/stage25A"]
+    assert [p["tokens_per_target_pass"] for p in got] == [2.027, 2.03, 2.01]
+    assert points[0]["head"] == "heads/stage24"  # the input is not changed
+    assert relabel_points(points, []) == points
+    with pytest.raises(ValueError, match="no point is labelled runs/gone"):
+        relabel_points(points, ["runs/gone=heads/x"])
+    with pytest.raises(ValueError, match="two points would be labelled runs/stage25A"):
+        relabel_points(points, ["runs/stage25-chain2=runs/stage25A"])
+    with pytest.raises(ValueError, match="expected OLD=NEW"):
+        relabel_points(points, ["heads/stage24"])
+
+
+def test_reuse_with_relabel_alone_rewrites_the_result_without_evaluating(tmp_path, monkeypatch):
+    settings = {"heldout": ["held"], "skip": 48, "limit": 48, "num_speculative_tokens": 7}
+    settings.update(head_dtype="float32", measure="decoded", max_new_tokens=128)
+    points = [
+        {
+            "head": f"heads/stage{n}",
+            "token_passes": budget,
+            "tokens_per_target_pass": walk,
+            "weights_sha256": None,
+        }
+        for n, budget, walk in ((1, 10**6, 1.5), (2, 10**7, 1.9))
+    ]
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"settings": settings, "points": points}))
+    out = tmp_path / "relabelled.json"
+
+    def no_target():
+        raise AssertionError("nothing to evaluate: the target must not be loaded")
+
+    monkeypatch.setattr(scaling_curve, "load_default_target", no_target)
+    argv = ["scaling_curve.py", "--heldout", "held", "--measure", "decoded", "--head-dtype", "float32"]
+    argv += ["--reuse", str(earlier), "--relabel", "heads/stage1=git:abc1234:heads/stage1", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    scaling_curve.main()
+    got = json.loads(out.read_text())
+    assert [p["head"] for p in got["points"]] == ["git:abc1234:heads/stage1", "heads/stage2"]
+    assert got["fit"]["b"] == pytest.approx(0.4)
+    assert out.with_suffix(".png").is_file()
+    # an OLD that labels no point is refused before anything is evaluated or written
+    monkeypatch.setattr(
+        sys, "argv", argv[:-4] + ["--relabel", "heads/stage9=x", "--out", str(tmp_path / "no.json")]
+    )
+    with pytest.raises(SystemExit):
+        scaling_curve.main()
+    assert not (tmp_path / "no.json").exists()
