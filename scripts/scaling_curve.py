@@ -159,13 +159,15 @@ def merge_points(new: list[dict], kept: list[dict]) -> tuple[list[dict], list[st
 def relabel_points(points: list[dict], specs: list[str]) -> list[dict]:
     """The points with --relabel OLD=NEW applied: the point labelled OLD takes the label NEW, e.g. a stage's
     folder that left heads/ becomes `git:<commit>:<path>`, or a head walked under runs/ and kept under heads/
-    takes its heads/ path.  Raises ValueError for a spec without `=`, an OLD that labels no point, or a NEW
-    that would label two points."""
+    takes its heads/ path.  Raises ValueError for a spec without `=`, an OLD given twice or labelling no
+    point, or a NEW that would label two points."""
     mapping = {}
     for spec in specs:
         old, sep, new = spec.partition("=")
         if not sep or not old or not new:
             raise ValueError(f"--relabel {spec}: expected OLD=NEW")
+        if old in mapping:
+            raise ValueError(f"--relabel: {old} is relabelled twice")
         mapping[old] = new
     labels = [p["head"] for p in points]
     missing = [old for old in mapping if old not in labels]

@@ -165,6 +165,8 @@ def test_relabel_points_renames_a_stage_that_left_the_tree_and_a_kept_candidate(
         relabel_points(points, ["runs/stage25-chain2=runs/stage25A"])
     with pytest.raises(ValueError, match="expected OLD=NEW"):
         relabel_points(points, ["heads/stage24"])
+    with pytest.raises(ValueError, match="runs/stage25A is relabelled twice"):
+        relabel_points(points, ["runs/stage25A=heads/a", "runs/stage25A=heads/b"])
 
 
 def test_reuse_with_relabel_alone_rewrites_the_result_without_evaluating(tmp_path, monkeypatch):
