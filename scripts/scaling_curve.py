@@ -98,13 +98,22 @@ def fit_log_linear(points: list[dict], goals: list[float]) -> tuple[dict | None,
     return fit, {str(goal): 10 ** ((goal - a) / b) if b > 0 else None for goal in goals}
 
 
+def split_spec(option: str, spec: str, form: str) -> tuple[str, str]:
+    """The two sides of a command-line LEFT=RIGHT spec (split at the first `=`), both non-empty; ValueError
+    naming the option, the spec and the expected form otherwise."""
+    left, sep, right = spec.partition("=")
+    if not sep or not left or not right:
+        raise ValueError(f"{option} {spec}: expected {form}")
+    return left, right
+
+
 def head_budgets(heads: list[str], specs: list[str]) -> tuple[dict[str, int], set[str]]:
     """Each head's training budget in token-passes: the one a HEAD=TOKEN_PASSES spec states (a checkpoint, or a
     head from before the token-pass count; these come back in the second value, as estimates), else its
     train_summary.json's, earlier stages included."""
     given = {}
     for spec in specs:
-        head, value = spec.split("=", 1)
+        head, value = split_spec("--budget", spec, "HEAD=TOKEN_PASSES")
         if head not in heads:
             raise ValueError(f"--budget {spec}: {head} is not one of --heads")
         given[head] = int(float(value))
@@ -163,9 +172,7 @@ def relabel_points(points: list[dict], specs: list[str]) -> list[dict]:
     point, or a NEW that would label two points."""
     mapping = {}
     for spec in specs:
-        old, sep, new = spec.partition("=")
-        if not sep or not old or not new:
-            raise ValueError(f"--relabel {spec}: expected OLD=NEW")
+        old, new = split_spec("--relabel", spec, "OLD=NEW")
         if old in mapping:
             raise ValueError(f"--relabel: {old} is relabelled twice")
         mapping[old] = new
@@ -264,11 +271,11 @@ def main() -> None:
 
     try:
         budgets, given = head_budgets(args.heads, args.budget)
+        runs = [split_spec("--checkpoints", spec, "CHECKPOINTS_DIR=FINAL_HEAD") for spec in args.checkpoints]
     except ValueError as err:
         ap.error(str(err))
     folders = list(args.heads)
-    for spec in args.checkpoints:
-        ckpt_dir, final = spec.split("=", 1)
+    for ckpt_dir, final in runs:
         summary = json.loads((Path(final) / "train_summary.json").read_text())
         for ckpt in sorted(Path(ckpt_dir).glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1])):
             step = int(ckpt.name.rsplit("-", 1)[1])

@@ -59,6 +59,8 @@ def test_head_budgets_reads_summaries_and_marks_stated_budgets_as_estimates(tmp_
     assert estimated == {checkpoint}
     with pytest.raises(ValueError, match="not one of --heads"):
         head_budgets([str(staged)], [f"{checkpoint}=1000"])
+    with pytest.raises(ValueError, match="expected HEAD=TOKEN_PASSES"):
+        head_budgets([str(staged)], [str(staged)])
 
 
 def test_checkpoint_budget_adds_the_earlier_stages():
