@@ -12,8 +12,8 @@ each average's members, weights, budget, walk and per-set walks, next to the hea
         --label runs/old/stage23=git:9d5b860:heads/smollm2-135m-peagle-stage23 \
         --kept "none: no average beat stage 24's walk" --out docs/results/stage27/chain_averages.json
 
-`--label FOLDER=LABEL` names a member folder by the label under which it is kept (e.g. a stage that left heads/
-for a local copy, named by its commit); `--relabel OLD=NEW` renames an average itself (e.g. the one kept as the
+`--label FOLDER=LABEL` names a member or compared folder by the label under which it is kept (e.g. a stage that
+left heads/ for a local copy, named by its commit); `--relabel OLD=NEW` renames an average itself (e.g. the one kept as the
 stage's head under heads/).
 """
 
@@ -112,7 +112,7 @@ def chain_record(
         "what": "decoding walk of chain averages (scripts/average_heads.py --chain), equal weights unless a point "
         "lists its own; the newest member's budget",
         "settings": settings,
-        "compare": {h: round(measured_point(h, points)[WALK], 4) for h in compare},
+        "compare": {label_of.get(h, h): round(measured_point(h, points)[WALK], 4) for h in compare},
         "points": rows,
         "kept": kept,
     }
@@ -124,7 +124,10 @@ def main() -> None:
     ap.add_argument("--averages", nargs="+", required=True, help="chain-average head folders, as walked")
     ap.add_argument("--compare", nargs="*", default=[], help="heads (walked) to list beside the averages")
     ap.add_argument(
-        "--label", action="append", default=[], help="FOLDER=LABEL: a member's name in the record"
+        "--label",
+        action="append",
+        default=[],
+        help="FOLDER=LABEL: a member's or compared head's name in the record",
     )
     ap.add_argument("--relabel", action="append", default=[], help="OLD=NEW: an average's name in the record")
     ap.add_argument("--kept", required=True, help="which average the stage kept, and why (or none, and why)")

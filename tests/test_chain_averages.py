@@ -65,8 +65,11 @@ def test_record_joins_walks_from_both_cores_with_the_members_each_average_record
     assert (two["walk"], three["walk"]) == (2.01, 2.02)
     assert three["per_set"] == {"a:0:8": pytest.approx(1.92)}
     assert three["weights_sha256"] == weights_fingerprint(chain3)
-    kept = chain_record([core0, core1], [chain2], [], [], [f"{chain2}=heads/stage27"], "chain2")
-    assert [p["head"] for p in kept["points"]] == ["heads/stage27"]
+    kept = chain_record(
+        [core0, core1], [chain2], [start], [f"{start}=git:def:start"], [f"{chain2}=heads/s27"], ""
+    )
+    assert [p["head"] for p in kept["points"]] == ["heads/s27"]
+    assert kept["points"][0]["chain_of"][0] == "git:def:start" and kept["compare"] == {"git:def:start": 2.0}
 
 
 def test_record_refuses_mismatched_walks_stale_points_and_plain_heads(stage):
