@@ -51,7 +51,8 @@ def load_walks(paths: list[str]) -> tuple[dict, dict[str, dict]]:
             if seen is not None and seen[WALK] != point[WALK]:
                 raise ValueError(f"{point['head']} has two different walks in the results given")
             points[point["head"]] = point
-    assert settings is not None
+    if settings is None:
+        raise ValueError("no walk results given")
     return settings, points
 
 
@@ -133,7 +134,10 @@ def main() -> None:
     ap.add_argument("--kept", required=True, help="which average the stage kept, and why (or none, and why)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    record = chain_record(args.walks, args.averages, args.compare, args.label, args.relabel, args.kept)
+    try:
+        record = chain_record(args.walks, args.averages, args.compare, args.label, args.relabel, args.kept)
+    except (ValueError, OSError) as err:  # a wrong folder, label or result: one line, not a traceback
+        ap.error(str(err))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")

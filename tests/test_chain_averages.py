@@ -90,6 +90,8 @@ def test_record_refuses_mismatched_walks_stale_points_and_plain_heads(stage):
     every_anchor = write(tmp_path / "ea.json", [point(chain2, 2.01)], measure="every-anchor")
     with pytest.raises(ValueError, match="not a decoding walk"):
         chain_record([every_anchor], [chain2], [], [], [], "none")
+    with pytest.raises(ValueError, match="no walk results"):
+        chain_record([], [chain2], [], [], [], "none")
 
 
 def test_command_writes_the_record(stage, monkeypatch, capsys):
@@ -100,3 +102,9 @@ def test_command_writes_the_record(stage, monkeypatch, capsys):
     chain_averages.main()
     assert json.loads(out.read_text())["points"][0]["walk"] == 2.01
     assert "walk 2.0100" in capsys.readouterr().out
+    # a wrong spec is a usage error naming it, and nothing is written
+    out.unlink()
+    monkeypatch.setattr(sys, "argv", argv + ["--relabel", "runs/gone=x", "--kept", "none", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        chain_averages.main()
+    assert "no point is labelled runs/gone" in capsys.readouterr().err and not out.exists()
