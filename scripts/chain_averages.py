@@ -13,8 +13,8 @@ each average's members, weights, budget, walk and per-set walks, next to the hea
         --kept "none: no average beat stage 24's walk" --out docs/results/stage27/chain_averages.json
 
 `--label FOLDER=LABEL` names a member or compared folder by the label under which it is kept (e.g. a stage that
-left heads/ for a local copy, named by its commit); `--relabel OLD=NEW` renames an average itself (e.g. the one kept as the
-stage's head under heads/).
+left heads/ for a local copy, named by its commit); `--relabel OLD=NEW` renames an average itself (e.g. the one
+kept as the stage's head under heads/).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from scaling_curve import MEASURES, relabel_points, split_spec, weights_fingerprint
 
-SUMMARY = "train_summary.json"
+from peagle.training.merge import SUMMARY
+
 WALK = MEASURES["decoded"]
 SHARED_SETTINGS = ("heldout", "num_speculative_tokens", "max_new_tokens", "head_dtype", "measure")
 
