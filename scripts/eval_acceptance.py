@@ -85,6 +85,14 @@ def main() -> None:
         "that the decoding walk reads (the average over every anchor then covers only them); about half the cost",
     )
     ap.add_argument(
+        "--write-greedy",
+        metavar="FOLDER",
+        default=None,
+        help="decode no head: write plain greedy's continuation of every --examples prompt (this target and dtype, "
+        "batch 1, --max-new-tokens) to this shard folder, one shard per set; the decoding walk over them counts "
+        "what decoding with a head gives, passes and all",
+    )
+    ap.add_argument(
         "--feature-cache",
         default="runs/cache-heldout",
         help="--teacher-forced: where the target's features of the examples are cached",
@@ -101,6 +109,11 @@ def main() -> None:
         report(pooled["results"], pooled["settings"]["num_speculative_tokens"])
         if args.out:
             Path(args.out).write_text(json.dumps(pooled, indent=2))
+        return
+    if args.write_greedy:
+        if args.heads or args.teacher_forced or not args.examples:
+            ap.error("--write-greedy decodes plain greedy only: give --examples and no heads")
+        write_greedy(load_default_target()[0], args)
         return
     if not args.heads or not args.examples:
         ap.error("give head folders and --examples (or --pool)")
@@ -163,6 +176,39 @@ def decode(target, args) -> dict:
             per_set[spec] = {**where, **summarise(PEagleGenerationStats.merge(stats), len(prompts), lossless)}
         results[folder] = pooled_summary(per_set)
     return results
+
+
+def write_greedy(target, args) -> None:
+    """Plain greedy's continuation of each `--examples` prompt, written as one shard per set to `--write-greedy`:
+    prompt tokens unsupervised, the new tokens (up to `--max-new-tokens`, end of turn included) supervised.
+
+    Held-out responses were generated in bfloat16 and longer; decoding runs this target in its own dtype, and where
+    the two greedy continuations part, the walk over the stored response reads other text than decoding does.
+    Over these references the walk reads decoding's own text."""
+    from peagle.training.shards import write_shard
+
+    for spec in args.examples:
+        folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
+        prompts = prompts_of_examples(load_examples(folder)[skip : skip + limit])
+        examples = []
+        for ids in tqdm(prompts, desc=f"greedy {spec}"):
+            new = timed_generate(target, ids, args.max_new_tokens).output
+            prompt = ids[0].tolist()
+            examples.append({"input_ids": prompt + new, "loss_mask": [0] * len(prompt) + [1] * len(new)})
+        entry = write_shard(
+            examples,
+            args.write_greedy,
+            source="greedy-reference",
+            target_name=target.config.name_or_path,
+            dtype=target.dtype,
+            extra={
+                "prompts_of": {"examples": folder, "skip": skip, "limit": len(prompts)},
+                "max_new_tokens": args.max_new_tokens,
+            },
+        )
+        print(
+            f"{spec}: {entry['examples']} continuations, {entry['response_tokens']} new tokens -> {entry['file']}"
+        )
 
 
 def summarise(total: PEagleGenerationStats, prompts: int, lossless: bool) -> dict:

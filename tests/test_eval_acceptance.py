@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import eval_acceptance  # noqa: E402
 from eval_acceptance import heldout_spec, pool_results, pooled_summary, summarise  # noqa: E402
 
-from helpers import make_head  # noqa: E402
+from helpers import make_args, make_head  # noqa: E402
 from peagle.generation import PEagleGenerationStats  # noqa: E402
 from peagle.training import save_examples  # noqa: E402
 
@@ -132,3 +132,71 @@ def test_decoding_several_heads_runs_plain_greedy_once_per_prompt(tiny_target, t
         assert results[head]["lossless"] is True
         assert results[head]["prompts"] == 3
         assert [s["limit"] for s in results[head]["per_set"].values()] == [2, 1]
+
+
+def test_greedy_references_are_what_decoding_reads(tiny_target, tmp_path):
+    """`--write-greedy` writes plain greedy's continuation of each prompt (prompt unsupervised, new tokens
+    supervised, one shard per set), and the decoding walk over those references counts the new tokens and target
+    passes that decoding with a head reports on the same prompts; the stored responses, which are longer and
+    differ from the target's greedy continuation, count otherwise."""
+    from peagle.training.shards import read_manifest, read_shards
+    from peagle.training.trainer import PEagleTrainer
+
+    torch.manual_seed(3)
+    examples = [
+        {"input_ids": torch.randint(3, 120, (5 + i + 30,)).tolist(), "loss_mask": [0] * (5 + i) + [1] * 30}
+        for i in range(4)
+    ]
+    save_examples(examples, tmp_path / "heldout.jsonl")
+    head_dir = tmp_path / "head"
+    args = argparse.Namespace(
+        heads=[str(head_dir)],
+        examples=[f"{tmp_path / 'heldout.jsonl'}:0:3", f"{tmp_path / 'heldout.jsonl'}:3:1"],
+        skip=0,
+        limit=10,
+        head_dtype="float32",
+        max_new_tokens=12,
+        num_speculative_tokens=3,
+        write_greedy=str(tmp_path / "refs"),
+    )
+    with torch.no_grad():
+        eval_acceptance.write_greedy(tiny_target, args)
+    refs = read_shards(tmp_path / "refs")
+    head = make_head(tiny_target, seed=2)  # trained on the references, so that its rounds accept drafts
+    trainer = PEagleTrainer(
+        model=head,
+        target_model=tiny_target,
+        args=make_args(tmp_path, max_steps=25, per_device_train_batch_size=4, learning_rate=0.5),
+        train_dataset=refs,
+    )
+    trainer.train()
+    head.save_pretrained(head_dir)
+    with torch.no_grad():
+        decoded = eval_acceptance.decode(tiny_target, args)[str(head_dir)]
+    assert decoded["lossless"] and decoded["stats"]["accepted_tokens"] > 0
+    manifest = read_manifest(tmp_path / "refs")
+    assert [s["examples"] for s in manifest["shards"]] == [3, 1]
+    assert (
+        manifest["shards"][0]["prompts_of"]["skip"] == 0 and manifest["shards"][1]["prompts_of"]["skip"] == 3
+    )
+    for ex, ref in zip(examples, refs):
+        prompt = ex["input_ids"][: ex["loss_mask"].index(1)]
+        with torch.no_grad():
+            plain = tiny_target.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=12,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(prompt)),
+            )
+        assert ref["input_ids"] == plain[0].tolist()
+        assert ref["loss_mask"] == [0] * len(prompt) + [1] * (plain.shape[1] - len(prompt))
+
+    walk = trainer.evaluate_acceptance(refs, num_speculative_tokens=3, progress=False, max_new_tokens=12)
+    assert (walk["decoded_tokens"], walk["decoded_target_passes"]) == (
+        decoded["new_tokens"],
+        decoded["target_passes"],
+    )
+    stored = trainer.evaluate_acceptance(
+        examples, num_speculative_tokens=3, progress=False, max_new_tokens=12
+    )
+    assert stored["decoded_tokens_per_target_pass"] != walk["decoded_tokens_per_target_pass"]
