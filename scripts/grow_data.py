@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from peagle.runtime import resolve_dtype_name
+from peagle.runtime import DTYPE_CHOICES, resolve_dtype_name
 from peagle.targets import default_target_path, load_default_target
 from peagle.training.distill import self_distill, synthesize_prompts
 from peagle.training.prompts import (
@@ -97,6 +97,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--prompt-set", type=int, choices=sorted(PROMPT_SETS), default=2)
     ap.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="the target's dtype while it writes (auto: bfloat16 where this machine computes it natively, else "
+        "float32); float32 gives the continuations float32 decoding follows (docs/training.md section 4)",
+    )
     ap.add_argument("--vllm-python", help="the vLLM environment's interpreter (default $PEAGLE_VLLM_PYTHON)")
     ap.add_argument(
         "--packed",
@@ -120,8 +127,8 @@ def main() -> None:
     for folder in args.packed:  # cycles already in git: never generated again (same seed -> same data)
         if Path(folder, "manifest.json").is_file():
             done_cycles |= packed_cycles(folder)
-    # the target generates in bfloat16 only where this machine computes it natively (AVX2 CPUs crawl in bf16)
-    dtype = resolve_dtype_name("auto")
+    # auto: bfloat16 only where this machine computes it natively (AVX2 CPUs crawl in bf16)
+    dtype = resolve_dtype_name(args.dtype)
     if args.engine == "vllm":  # the same target served by vLLM; transformers only tokenizes
         tokenizer = AutoTokenizer.from_pretrained(default_target_path())
         target = VLLMEngine(default_target_path(), python=args.vllm_python, dtype=dtype)
