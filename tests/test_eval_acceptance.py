@@ -97,6 +97,20 @@ def test_pooling_refuses_what_is_not_the_same_measure():
         pool_results([run({"heldout:48:16": a}), forced])
 
 
+def decode_args(heads: list[str], examples: list[str], **extra) -> argparse.Namespace:
+    """eval_acceptance's arguments for decoding `examples` with `heads` on the tiny target: K=3, 12 new tokens."""
+    return argparse.Namespace(
+        heads=heads,
+        examples=examples,
+        skip=0,
+        limit=10,
+        head_dtype="float32",
+        max_new_tokens=12,
+        num_speculative_tokens=3,
+        **extra,
+    )
+
+
 def test_decoding_several_heads_runs_plain_greedy_once_per_prompt(tiny_target, tmp_path, monkeypatch):
     examples = [
         {"input_ids": [5 + i, 17, 30 + i, 9, 40, 41], "loss_mask": [0, 0, 0, 0, 1, 1]} for i in range(3)
@@ -115,15 +129,7 @@ def test_decoding_several_heads_runs_plain_greedy_once_per_prompt(tiny_target, t
 
     real = eval_acceptance.timed_generate
     monkeypatch.setattr(eval_acceptance, "timed_generate", counting)
-    args = argparse.Namespace(
-        heads=heads,
-        examples=[f"{tmp_path / 'heldout.jsonl'}:1:2", f"{tmp_path / 'heldout.jsonl'}:0:1"],
-        skip=0,
-        limit=10,
-        head_dtype="float32",
-        max_new_tokens=12,
-        num_speculative_tokens=3,
-    )
+    args = decode_args(heads, [f"{tmp_path / 'heldout.jsonl'}:1:2", f"{tmp_path / 'heldout.jsonl'}:0:1"])
     with torch.no_grad():
         results = eval_acceptance.decode(tiny_target, args)
     # plain greedy ran once for each prompt, not once per head
@@ -149,14 +155,9 @@ def test_greedy_references_are_what_decoding_reads(tiny_target, tmp_path):
     ]
     save_examples(examples, tmp_path / "heldout.jsonl")
     head_dir = tmp_path / "head"
-    args = argparse.Namespace(
-        heads=[str(head_dir)],
-        examples=[f"{tmp_path / 'heldout.jsonl'}:0:3", f"{tmp_path / 'heldout.jsonl'}:3:1"],
-        skip=0,
-        limit=10,
-        head_dtype="float32",
-        max_new_tokens=12,
-        num_speculative_tokens=3,
+    args = decode_args(
+        [str(head_dir)],
+        [f"{tmp_path / 'heldout.jsonl'}:0:3", f"{tmp_path / 'heldout.jsonl'}:3:1"],
         write_greedy=str(tmp_path / "refs"),
     )
     with torch.no_grad():
