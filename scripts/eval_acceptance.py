@@ -140,15 +140,21 @@ def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
     return spec, skip, limit
 
 
-def decode(target, args) -> dict:
-    """Each head decodes every prompt of every `--examples` set drafting K every round; every output is checked
-    against plain greedy (decoded once per prompt, whatever the number of heads).  Returns per head the pooled
-    summary (`pooled_summary`), each set under `per_set`."""
+def prompt_sets(args) -> dict[str, tuple[dict, list[torch.Tensor]]]:
+    """Each `--examples` spec -> (where its prompts came from: folder, skip, count; the `(1, T)` prompt ids)."""
     sets = {}
     for spec in args.examples:
         folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
         prompts = prompts_of_examples(load_examples(folder)[skip : skip + limit])
         sets[spec] = ({"examples": folder, "skip": skip, "limit": len(prompts)}, prompts)
+    return sets
+
+
+def decode(target, args) -> dict:
+    """Each head decodes every prompt of every `--examples` set drafting K every round; every output is checked
+    against plain greedy (decoded once per prompt, whatever the number of heads).  Returns per head the pooled
+    summary (`pooled_summary`), each set under `per_set`."""
+    sets = prompt_sets(args)
     plain = {}  # (set, prompt index) -> plain greedy's new tokens, computed once and shared by every head
     results = {}
     for folder in args.heads:
@@ -185,26 +191,21 @@ def write_greedy(target, args) -> None:
     Held-out responses were generated in bfloat16 and longer; decoding runs this target in its own dtype, and where
     the two greedy continuations part, the walk over the stored response reads other text than decoding does.
     Over these references the walk reads decoding's own text."""
+    from peagle.training.distill import example_of
     from peagle.training.shards import write_shard
 
-    for spec in args.examples:
-        folder, skip, limit = heldout_spec(spec, args.skip, args.limit)
-        prompts = prompts_of_examples(load_examples(folder)[skip : skip + limit])
-        examples = []
-        for ids in tqdm(prompts, desc=f"greedy {spec}"):
-            new = timed_generate(target, ids, args.max_new_tokens).output
-            prompt = ids[0].tolist()
-            examples.append({"input_ids": prompt + new, "loss_mask": [0] * len(prompt) + [1] * len(new)})
+    for spec, (where, prompts) in prompt_sets(args).items():
+        examples = [
+            example_of(ids[0].tolist(), timed_generate(target, ids, args.max_new_tokens).output)
+            for ids in tqdm(prompts, desc=f"greedy {spec}")
+        ]
         entry = write_shard(
             examples,
             args.write_greedy,
             source="greedy-reference",
             target_name=target.config.name_or_path,
             dtype=target.dtype,
-            extra={
-                "prompts_of": {"examples": folder, "skip": skip, "limit": len(prompts)},
-                "max_new_tokens": args.max_new_tokens,
-            },
+            extra={"prompts_of": where, "max_new_tokens": args.max_new_tokens},
         )
         print(
             f"{spec}: {entry['examples']} continuations, {entry['response_tokens']} new tokens -> {entry['file']}"

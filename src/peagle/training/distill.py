@@ -198,11 +198,15 @@ def self_distill(
         progress=progress,
         desc="self-distillation",
     )
-    return [
-        {"input_ids": p + r, "loss_mask": [0] * len(p) + [1] * len(r)}
-        for p, r in zip(ids, responses)
-        if len(r) > 0
-    ]
+    return [example_of(p, r) for p, r in zip(ids, responses) if len(r) > 0]
+
+
+def example_of(prompt: Sequence[int], response: Sequence[int]) -> dict[str, list[int]]:
+    """One example: `prompt` then `response`, only the response supervised."""
+    return {
+        "input_ids": [*prompt, *response],
+        "loss_mask": [0] * len(prompt) + [1] * len(response),
+    }
 
 
 def synthesize_prompts(
@@ -292,4 +296,4 @@ def _is_evaluation_turn(turn: list[int], tokenizer) -> bool:
     return evalsets.is_evaluation_prompt(prompt_text(turn, tokenizer) or "")
 
 
-__all__ = ["eos_token_ids", "generate_responses", "self_distill", "synthesize_prompts"]
+__all__ = ["eos_token_ids", "example_of", "generate_responses", "self_distill", "synthesize_prompts"]
