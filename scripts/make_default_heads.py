@@ -51,7 +51,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--layers", type=int, default=None, help="decoder layers of a new head (default 2)")
     ap.add_argument(
-        "--draft-vocab", type=int, default=None, help="draft vocabulary of a new head (default 8192)"
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft vocabulary of a new head (default 8192); with --init-from, grow (or shrink) the head's to this size",
     )
     ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train of a new head")
     ap.add_argument(
@@ -118,7 +121,8 @@ def main() -> None:
     ap.add_argument(
         "--init-from",
         default=None,
-        help="continue training this head folder (keeps its layers, draft vocabulary and K) instead of a new head",
+        help="continue training this head folder (keeps its layers, K and, without --draft-vocab, its draft "
+        "vocabulary) instead of a new head",
     )
     ap.add_argument(
         "--cache-only",
@@ -127,14 +131,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.init_from and (
-        args.layers is not None
-        or args.draft_vocab is not None
-        or args.lm_head_init is not None
-        or args.layers_init is not None
+        args.layers is not None or args.lm_head_init is not None or args.layers_init is not None
     ):
         ap.error(
-            "--layers, --draft-vocab, --lm-head-init and --layers-init shape a new head; --init-from continues a "
-            "head with its own"
+            "--layers, --lm-head-init and --layers-init shape a new head; --init-from continues a head with its own"
         )
     if args.out is None and not args.cache_only:
         ap.error("--out is required unless --cache-only")
@@ -218,6 +218,7 @@ def main() -> None:
         output_dir=run_dir,
         examples=examples,
         head=head,
+        draft_vocab_size=args.draft_vocab if args.init_from else None,
         feature_cache=args.feature_cache,
         training_args=training_args,
         resume_from_checkpoint=args.resume_from_checkpoint,

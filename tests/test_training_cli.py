@@ -87,6 +87,15 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     assert "no native bfloat16" in caplog.text
     assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"
 
+    # continue the first head with a larger draft vocabulary: its 64 ids stay, 16 more come from the examples
+    out3 = tmp_path / "grown"
+    grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base-head", str(out)]
+    assert main([*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80"]) == 0
+    grown = PEagleDrafter.from_pretrained(out3)
+    assert grown.config.draft_vocab_size == 80 and bool(grown.t2d[head.t2d].all())
+    with pytest.raises(ValueError, match="--draft-vocab-size resizes"):
+        main([*grow, "--output", str(tmp_path / "x"), "--lora", "--draft-vocab-size", "80"])
+
 
 def test_train_spells_k_train_one_way():
     from peagle.cli import build_parser

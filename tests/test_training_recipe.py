@@ -177,3 +177,63 @@ def test_build_head_layers_from_the_targets_last_layers():
     target.model.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(8))  # another layer family
     with pytest.raises(ValueError, match="shares no weight"):
         init_layers_from_target(random, target)
+
+
+def test_resize_draft_vocab_keeps_trained_rows_and_maps_the_targets_rows_for_new_ids(tmp_path):
+    """Kept ids keep their trained LM-head rows, every other weight is copied, and new ids' rows are the target's
+    output rows through the linear map fitted on the kept ones (a single scale when too few are kept)."""
+    from peagle import PEagleDrafter
+    from peagle.training import resize_draft_vocab
+
+    target = make_target(hidden_size=16, intermediate_size=32)
+    rows_of = target.get_output_embeddings().weight.detach()
+    examples = [{"input_ids": list(range(3, 120)), "loss_mask": [1] * 117}]
+    head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=40, num_parallel_positions=3)
+    own = torch.arange(40) + head.d2t
+    mapping = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        head.lm_head.weight.copy_(rows_of[own] @ mapping)
+    ids = torch.cat([own, torch.tensor([120, 121, 125])]).sort().values
+    new = resize_draft_vocab(head, target, ids)
+    assert new.config.draft_vocab_size == 43 and (torch.arange(43) + new.d2t).tolist() == ids.tolist()
+    assert new.t2d.nonzero().flatten().tolist() == ids.tolist() and head.config.draft_vocab_size == 40
+    rows = dict(zip(ids.tolist(), new.lm_head.weight.detach()))
+    for i, t in enumerate(own.tolist()):
+        assert torch.equal(rows[t], head.lm_head.weight[i].detach())
+    for t in (120, 121, 125):
+        torch.testing.assert_close(rows[t], rows_of[t] @ mapping, atol=1e-4, rtol=1e-4)
+    old = head.state_dict()
+    for name, value in new.state_dict().items():
+        if name not in ("lm_head.weight", "d2t", "t2d"):
+            assert torch.equal(value, old[name]), name
+    new.save_pretrained(tmp_path / "grown")
+    assert PEagleDrafter.from_pretrained(tmp_path / "grown").config.draft_vocab_size == 43
+
+    few = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=8, num_parallel_positions=3)
+    few_ids = torch.arange(8) + few.d2t
+    with torch.no_grad():
+        few.lm_head.weight.copy_(3 * rows_of[few_ids])
+    grown = resize_draft_vocab(few, target, torch.cat([few_ids, torch.tensor([126])]))
+    torch.testing.assert_close(grown.lm_head.weight[-1].detach(), 3 * rows_of[126])
+
+
+def test_train_head_grows_a_continued_heads_draft_vocabulary(tmp_path, caplog):
+    """train_head(head=..., draft_vocab_size=larger) keeps every id the head had, adds the examples' most frequent
+    others, logs the coverage before and after, and trains the grown head."""
+    target = make_target(eos_token_id=2)
+    first = [{"input_ids": list(range(3, 40)), "loss_mask": [1] * 37}]
+    head = build_head(target, first, num_hidden_layers=1, draft_vocab_size=32, num_parallel_positions=3)
+    own = set((torch.arange(32) + head.d2t).tolist())
+    later = [{"input_ids": [5] * 4 + list(range(60, 100)) * 2, "loss_mask": [0] * 4 + [1] * 80}] * 2
+    args = training_arguments(
+        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="peagle.training.recipe"):
+        trained, summary = train_head(
+            target, output_dir=tmp_path / "head", examples=later, head=head, training_args=args,
+            draft_vocab_size=48, progress=False,
+        )  # fmt: skip
+    ids = set(trained.t2d.nonzero().flatten().tolist())
+    assert summary["draft_vocab_size"] == 48 and own <= ids and len(ids & set(range(60, 100))) == 16
+    assert "32 -> 48 ids" in caplog.text and "0.0% -> 40.0%" in caplog.text

@@ -48,7 +48,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--draft-vocab-size",
         type=int,
         default=None,
-        help="LM-head rows (default: the smallest covering 99.5%% of the data's response tokens, within the size rule)",
+        help="LM-head rows (default: the smallest covering 99.5%% of the data's response tokens, within the size "
+        "rule); with --base-head, resize the base head's vocabulary first (a larger one keeps its ids and rows)",
     )
     head.add_argument(
         "--embed-from-target",
@@ -139,6 +140,8 @@ def _calibration_count(value: str) -> int | str:
 def run(args: argparse.Namespace) -> int:
     if args.lora and args.base_head is None and not _is_default(args.target):
         raise ValueError("--lora with --target needs --base-head (the head to adapt).")
+    if args.lora and args.draft_vocab_size is not None:
+        raise ValueError("--lora adapts the base head's own draft vocabulary; --draft-vocab-size resizes it.")
     import logging
 
     import torch

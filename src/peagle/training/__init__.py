@@ -52,7 +52,14 @@ _EXPORTS = {
     "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
     "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
     "trainer": ["PEagleTrainer", "PEagleTrainingArguments"],
-    "recipe": ["train_head", "training_arguments", "build_head", "end_distributed"],
+    "recipe": [
+        "train_head",
+        "training_arguments",
+        "build_head",
+        "grow_draft_vocab",
+        "resize_draft_vocab",
+        "end_distributed",
+    ],
     "merge": ["average_heads"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -76,7 +83,14 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
         stdlib_stub_prompts,
         user_turn_template,
     )
-    from .recipe import build_head, end_distributed, train_head, training_arguments  # noqa: F401
+    from .recipe import (  # noqa: F401
+        build_head,
+        end_distributed,
+        grow_draft_vocab,
+        resize_draft_vocab,
+        train_head,
+        training_arguments,
+    )
     from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
     from .trainer import PEagleTrainer, PEagleTrainingArguments  # noqa: F401
     from .vllm_engine import VLLMEngine  # noqa: F401
