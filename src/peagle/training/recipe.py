@@ -206,7 +206,7 @@ def grow_draft_vocab(
     A head continued on data unlike the data its vocabulary was chosen from can miss many of the tokens its target
     writes: the shipped SmolLM2 head's 8,192 ids, chosen from its first 549k response tokens, cover 93.7% of its
     held-out greedy continuations, and the most frequent 16,384 of its 10M training tokens 99.4%
-    (docs/training.md, section 4).
+    (docs/training.md, section 3).
     """
     import torch
 
@@ -305,9 +305,8 @@ def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> 
     others start from the target's output-embedding rows mapped through the least-squares linear fit of the
     trained rows on the target's rows of the kept ids, which gives them the trained rows' scale and as much of
     their geometry as the fit explains (when fewer ids are kept than twice the hidden size, the fit is a single
-    scale).  Train the result before using it: until the new rows are trained they rarely win a draft (measured
-    on stage 27 of the shipped head's chain: held-out tokens per target pass unchanged within 0.001 with 8,192
-    ids added).  [`select_draft_vocab`] with the head's own ids as `extra_ids` grows a vocabulary.
+    scale).  Train the result before using it: untrained, the new rows do not win drafts (docs/training.md,
+    section 3).  [`grow_draft_vocab`] chooses the ids from training examples.
     """
     import torch
 
