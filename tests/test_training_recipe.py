@@ -189,13 +189,13 @@ def test_resize_draft_vocab_keeps_trained_rows_and_maps_the_targets_rows_for_new
     rows_of = target.get_output_embeddings().weight.detach()
     examples = [{"input_ids": list(range(3, 120)), "loss_mask": [1] * 117}]
     head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=40, num_parallel_positions=3)
-    own = torch.arange(40) + head.d2t
+    own = head.draft_vocab_ids
     mapping = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         head.lm_head.weight.copy_(rows_of[own] @ mapping)
     ids = torch.cat([own, torch.tensor([120, 121, 125])]).sort().values
     new = resize_draft_vocab(head, target, ids)
-    assert new.config.draft_vocab_size == 43 and (torch.arange(43) + new.d2t).tolist() == ids.tolist()
+    assert new.config.draft_vocab_size == 43 and new.draft_vocab_ids.tolist() == ids.tolist()
     assert new.t2d.nonzero().flatten().tolist() == ids.tolist() and head.config.draft_vocab_size == 40
     rows = dict(zip(ids.tolist(), new.lm_head.weight.detach()))
     for i, t in enumerate(own.tolist()):
@@ -210,7 +210,7 @@ def test_resize_draft_vocab_keeps_trained_rows_and_maps_the_targets_rows_for_new
     assert PEagleDrafter.from_pretrained(tmp_path / "grown").config.draft_vocab_size == 43
 
     few = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=8, num_parallel_positions=3)
-    few_ids = torch.arange(8) + few.d2t
+    few_ids = few.draft_vocab_ids
     with torch.no_grad():
         few.lm_head.weight.copy_(3 * rows_of[few_ids])
     grown = resize_draft_vocab(few, target, torch.cat([few_ids, torch.tensor([126])]))
@@ -223,7 +223,7 @@ def test_train_head_grows_a_continued_heads_draft_vocabulary(tmp_path, caplog):
     target = make_target(eos_token_id=2)
     first = [{"input_ids": list(range(3, 40)), "loss_mask": [1] * 37}]
     head = build_head(target, first, num_hidden_layers=1, draft_vocab_size=32, num_parallel_positions=3)
-    own = set((torch.arange(32) + head.d2t).tolist())
+    own = set(head.draft_vocab_ids.tolist())
     later = [{"input_ids": [5] * 4 + list(range(60, 100)) * 2, "loss_mask": [0] * 4 + [1] * 80}] * 2
     args = training_arguments(
         tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,

@@ -379,6 +379,11 @@ class PEagleDrafter(PEaglePreTrainedModel):
         self.t2d.zero_()
         self.t2d[ids] = True
 
+    @property
+    def draft_vocab_ids(self) -> torch.Tensor:
+        """The target ids of the draft vocabulary, ascending, shape `(draft_vocab_size,)` (`i + d2t[i]`)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary ids to target ids: `target = i + d2t[i]`."""
         return draft_ids + self.d2t[draft_ids]
@@ -388,8 +393,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
         if self.config.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
             return logits
         out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        target_ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t
-        out[..., target_ids] = logits
+        out[..., self.draft_vocab_ids.to(logits.device)] = logits
         return out
 
     def check_target(self, target) -> None:

@@ -208,12 +208,11 @@ def grow_draft_vocab(
     held-out greedy continuations, and the most frequent 16,384 of its 10M training tokens 99.4%
     (docs/training.md, section 3).
     """
-    import torch
 
     from .vocab import select_draft_vocab, token_counts
 
     vocab_size = head.config.vocab_size
-    own = (torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t).cpu()
+    own = head.draft_vocab_ids.cpu()
     extra = _eos_ids(target) + (own.tolist() if draft_vocab_size >= own.numel() else [])
     ids = select_draft_vocab(examples, draft_vocab_size, vocab_size, extra)
     counts = token_counts(examples, vocab_size)[0]
@@ -291,7 +290,7 @@ def init_lm_head_from_target(head: PEagleDrafter, target) -> None:
             f"the target's output embeddings have shape {tuple(weight.shape)}; the head's LM head takes rows of "
             f"({head.config.vocab_size}, {head.config.hidden_size})."
         )
-    ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+    ids = head.draft_vocab_ids
     with torch.no_grad():
         rows = weight.detach()[ids.to(weight.device)].float()
         rows = rows * (head.config.initializer_range / rows.std().clamp_min(1e-12))
@@ -326,7 +325,7 @@ def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> 
             f"the head's weights do not fit its own config: missing {missing}, unexpected {unexpected}."
         )
     new.set_draft_vocab(ids)
-    old_ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+    old_ids = head.draft_vocab_ids
     with torch.no_grad():
         trained = head.lm_head.weight.detach().float().cpu()
         rows_of = target.get_output_embeddings().weight.detach().float().cpu()

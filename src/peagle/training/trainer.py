@@ -323,7 +323,7 @@ class PEagleTrainer(Trainer):
         """Rows of the target's `lm_head` for the draft vocabulary, `(V_draft, H_t)` (cached)."""
         head = self._head()
         if self._draft_weight is None:
-            ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+            ids = head.draft_vocab_ids
             weight = self.target_model.get_output_embeddings().weight
             self._draft_weight = weight.detach()[ids.to(weight.device)]
         return self._draft_weight
@@ -374,7 +374,7 @@ class PEagleTrainer(Trainer):
             )
         if self._elements is not None:
             head = self._head()
-            ids = torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+            ids = head.draft_vocab_ids
             lm = self.target_model.get_output_embeddings().weight.detach()
             target.mark_global_argmax(last_hidden, lm, ids, softcap)
         return target
