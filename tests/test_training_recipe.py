@@ -11,6 +11,14 @@ from peagle.training import PEagleTrainingArguments, build_head, train_head, tra
 from peagle.training.recipe import format_summary, init_layers_from_target
 
 
+def one_step_args(tmp_path):
+    """The recipe's arguments for one optimizer step of one example, K_train 3, on the CPU, saving nothing."""
+    return training_arguments(
+        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False,
+    )  # fmt: skip
+
+
 def test_training_arguments_recipe_defaults_and_overrides(tmp_path):
     args = training_arguments(tmp_path / "ckpt", use_cpu=True)
     assert isinstance(args, PEagleTrainingArguments)
@@ -60,10 +68,7 @@ def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypa
         {"input_ids": tok("write code please the bot of the", add_special_tokens=False)["input_ids"],
          "loss_mask": [0, 0, 0, 1, 1, 1, 1]},
     ] * 2  # fmt: skip
-    args = training_arguments(
-        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
-        save_strategy="no", progress=False,
-    )  # fmt: skip
+    args = one_step_args(tmp_path)
     head, summary = train_head(
         target, tok, output_dir=tmp_path / "head", examples=examples, training_args=args
     )
@@ -88,10 +93,7 @@ def test_train_head_fits_the_draft_calibration_on_held_out_examples(tmp_path):
         {"input_ids": torch.randint(3, 120, (30,), generator=g).tolist(), "loss_mask": [0] * 6 + [1] * 24}
         for _ in range(12)
     ]
-    args = training_arguments(
-        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
-        save_strategy="no", progress=False,
-    )  # fmt: skip
+    args = one_step_args(tmp_path)
     head, summary = train_head(
         target, output_dir=tmp_path / "head", examples=examples, training_args=args, calibration_examples=4,
         draft_vocab_size=64, progress=False,
@@ -118,10 +120,7 @@ def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
     ]
     head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=64, num_parallel_positions=3)
     head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.0, 1.0]]}
-    args = training_arguments(
-        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
-        save_strategy="no", progress=False,
-    )  # fmt: skip
+    args = one_step_args(tmp_path)
     with caplog.at_level("WARNING", logger="peagle.training.recipe"):
         trained, _ = train_head(
             target,
@@ -225,10 +224,7 @@ def test_train_head_grows_a_continued_heads_draft_vocabulary(tmp_path, caplog):
     head = build_head(target, first, num_hidden_layers=1, draft_vocab_size=32, num_parallel_positions=3)
     own = set(head.draft_vocab_ids.tolist())
     later = [{"input_ids": [5] * 4 + list(range(60, 100)) * 2, "loss_mask": [0] * 4 + [1] * 80}] * 2
-    args = training_arguments(
-        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
-        save_strategy="no", progress=False,
-    )  # fmt: skip
+    args = one_step_args(tmp_path)
     with caplog.at_level("INFO", logger="peagle.training.recipe"):
         trained, summary = train_head(
             target, output_dir=tmp_path / "head", examples=later, head=head, training_args=args,
