@@ -317,7 +317,7 @@ def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> 
         )
     ids = torch.as_tensor(draft_ids, dtype=torch.long).flatten().unique()  # sorted, as set_draft_vocab wants
     config = head.config.__class__.from_dict({**head.config.to_dict(), "draft_vocab_size": int(ids.numel())})
-    new = PEagleDrafter(config).to(head.lm_head.weight.dtype)
+    new = PEagleDrafter(config).to(head.lm_head.weight.device, head.lm_head.weight.dtype)
     state = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     missing, unexpected = new.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}:
