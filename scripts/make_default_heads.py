@@ -81,6 +81,11 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=-1)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--grad-accum", type=int, default=4)
+    ap.add_argument(
+        "--trainable-parameters",
+        default=None,
+        help="regex over the head's parameter names: train only those (e.g. lm_head), freeze the rest",
+    )
     ap.add_argument("--feature-cache", default=None)
     ap.add_argument(
         "--resume-from-checkpoint",
@@ -211,6 +216,7 @@ def main() -> None:
         save_steps=args.save_steps,
         save_total_limit=args.save_total_limit,
         seed=0,
+        trainable_parameters=args.trainable_parameters,
     )
     head, summary = train_head(
         target,

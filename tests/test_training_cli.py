@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from helpers import make_target, tiny_tokenizer
 from peagle import PEagleDrafter
@@ -87,14 +88,27 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     assert "no native bfloat16" in caplog.text
     assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"
 
-    # continue the first head with a larger draft vocabulary: its 64 ids stay, 16 more come from the examples
+    # continue the first head with a larger draft vocabulary: its 64 ids stay, 16 more come from the examples;
+    # --trainable-parameters lm_head trains the new LM head only and leaves every other weight as it was
     out3 = tmp_path / "grown"
     grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base-head", str(out)]
-    assert main([*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80"]) == 0
+    only_lm_head = ["--trainable-parameters", "lm_head", "--lr", "1e-2", "--warmup-ratio", "0"]
+    assert (
+        main([*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80", *only_lm_head])
+        == 0
+    )
     grown = PEagleDrafter.from_pretrained(out3)
     assert grown.config.draft_vocab_size == 80 and bool(grown.t2d[head.t2d].all())
+    before, after = head.state_dict(), grown.state_dict()
+    frozen = [k for k in before if k not in ("lm_head.weight", "d2t", "t2d", "embed_tokens.weight")]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    where = {t: i for i, t in enumerate(grown.draft_vocab_ids.tolist())}
+    rows = [where[t] for t in head.draft_vocab_ids.tolist()]  # the 64 kept ids' rows in the grown head
+    assert not torch.allclose(before["lm_head.weight"], after["lm_head.weight"][rows])  # the LM head trained
     with pytest.raises(ValueError, match="--draft-vocab-size resizes"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", "--draft-vocab-size", "80"])
+    with pytest.raises(ValueError, match="--trainable-parameters"):
+        main([*grow, "--output", str(tmp_path / "x"), "--lora", *only_lm_head])
 
 
 def test_train_spells_k_train_one_way():

@@ -222,6 +222,29 @@ def test_target_stays_frozen_and_embeddings_come_from_it(tmp_path):
     )
 
 
+def test_trainable_parameters_train_only_the_matching_weights(tmp_path):
+    target = make_target()
+    head = make_head(target).float()
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    args = make_args(tmp_path, trainable_parameters=r"^lm_head\.")
+    trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=random_examples(2))
+    trainer.train()
+    after = head.state_dict()
+    assert not torch.equal(after["lm_head.weight"], before["lm_head.weight"])
+    changed = [k for k in before if k != "lm_head.weight" and not torch.equal(after[k], before[k])]
+    assert changed == [], changed
+    assert [n for n, p in head.named_parameters() if p.requires_grad] == ["lm_head.weight"]
+    with pytest.raises(ValueError, match="matches no trainable parameter"):
+        PEagleTrainer(
+            model=make_head(target),
+            target_model=target,
+            args=make_args(tmp_path, trainable_parameters="no_such_weight"),
+            train_dataset=random_examples(1),
+        )
+    with pytest.raises(ValueError, match="not a regex"):
+        make_args(tmp_path, trainable_parameters="lm_head(")
+
+
 def test_resume_from_checkpoint_continues_identically(tmp_path):
     target = make_target()
     data = random_examples(8, seed=5)

@@ -86,6 +86,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "after training; 'auto' (default): min(32, 10%% of the examples), none below 40; 0: none",
     )
     tr.add_argument("--cod-min-ratio", type=float, default=0.2)
+    tr.add_argument(
+        "--trainable-parameters",
+        default=None,
+        metavar="REGEX",
+        help="train only the head parameters whose names match (e.g. lm_head, after --draft-vocab-size grows a "
+        "head's vocabulary); the rest stay frozen",
+    )
     tr.add_argument("--partitions", type=int, default=1, help="sequence partitions per example")
     tr.add_argument("--max-length", type=int, default=2048)
     tr.add_argument("--loss", default="kl", choices=["kl", "ce"])
@@ -142,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--lora with --target needs --base-head (the head to adapt).")
     if args.lora and args.draft_vocab_size is not None:
         raise ValueError("--lora adapts the base head's own draft vocabulary; --draft-vocab-size resizes it.")
+    if args.lora and args.trainable_parameters is not None:
+        raise ValueError(
+            "--lora trains only its adapters; --trainable-parameters chooses among the head's own weights."
+        )
     import logging
 
     import torch
@@ -199,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         logging_steps=args.logging_steps,
         seed=args.seed,
         use_cpu=device == "cpu",
+        trainable_parameters=args.trainable_parameters,
     )
     head = None
     if args.lora or args.base_head:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,9 @@ class PEagleTrainingArguments(TrainingArguments):
         flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
         flush_denormal: flush denormal floats to zero while training on a CPU: softmaxes over the draft
             vocabulary produce many, and CPU arithmetic on them is 10-20x slower (no effect on GPUs).
+        trainable_parameters: a regular expression over the head's parameter names; when set, only the
+            parameters it matches (`re.search`) are trained and the rest stay frozen, e.g. `"lm_head"` to fit the
+            rows of a grown draft vocabulary with the decoder layers kept as they are.
     """
 
     num_parallel_positions: int | None = field(
@@ -75,9 +79,19 @@ class PEagleTrainingArguments(TrainingArguments):
         default=True, metadata={"help": "Flush denormal floats to zero (CPU speed)."}
     )
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep every example column."})
+    trainable_parameters: str | None = field(
+        default=None, metadata={"help": "Regex over head parameter names: train only those (default: all)."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
+        if self.trainable_parameters is not None:
+            try:
+                re.compile(self.trainable_parameters)
+            except re.error as err:
+                raise ValueError(
+                    f"trainable_parameters {self.trainable_parameters!r} is not a regex: {err}"
+                ) from err
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type is {self.loss_type!r}; expected one of {LOSS_TYPES}.")
         if self.sequence_partitions < 1:
@@ -89,6 +103,25 @@ class PEagleTrainingArguments(TrainingArguments):
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
+def freeze_except(model: torch.nn.Module, pattern: str) -> list[str]:
+    """Freeze every parameter of `model` whose name `pattern` does not match (`re.search`); return the names left
+    trainable.  Parameters already frozen (the target's shared embeddings) stay frozen."""
+    regex = re.compile(pattern)
+    kept = []
+    for name, param in model.named_parameters():
+        if param.requires_grad and regex.search(name):
+            kept.append(name)
+        else:
+            param.requires_grad_(False)
+    if not kept:
+        names = ", ".join(n for n, _ in model.named_parameters())
+        raise ValueError(
+            f"trainable_parameters {pattern!r} matches no trainable parameter of the head ({names})."
+        )
+    logger.info("training %d of the head's parameter tensors: %s", len(kept), ", ".join(kept))
+    return kept
+
+
 def epoch_order(num_examples: int, seed: int, epoch: int = 0) -> list[int]:
     """The order in which a single-process [`PEagleTrainer`] run with `seed` visits the examples in `epoch`.
 
@@ -227,6 +260,8 @@ class PEagleTrainer(Trainer):
             model.mask_hidden.requires_grad_(False)
             if model.mask_embedding is not None:
                 model.mask_embedding.requires_grad_(False)
+        if args.trainable_parameters is not None:
+            freeze_except(model, args.trainable_parameters)
         if data_collator is None:
             data_collator = PEagleDataCollator(pad_token_id=cfg.pad_token_id or 0, max_length=args.max_length)
         super().__init__(model=model, args=args, data_collator=data_collator, **kwargs)
