@@ -99,6 +99,7 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     )
     grown = PEagleDrafter.from_pretrained(out3)
     assert grown.config.draft_vocab_size == 80 and bool(grown.t2d[head.t2d].all())
+    assert json.loads((out3 / "train_summary.json").read_text())["trainable_parameters"] == "lm_head"
     before, after = head.state_dict(), grown.state_dict()
     frozen = [k for k in before if k not in ("lm_head.weight", "d2t", "t2d", "embed_tokens.weight")]
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)

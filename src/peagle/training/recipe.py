@@ -533,6 +533,11 @@ def train_head(
         "num_parallel_positions": head.config.num_parallel_positions,
         "draft_vocab_size": head.config.draft_vocab_size,
         "head_parameters": head_parameters(head.config.to_dict()),
+        **(
+            {"trainable_parameters": args.trainable_parameters}
+            if args.trainable_parameters is not None
+            else {}
+        ),
         "target_parameters": target_parameters(target)[0],
         "examples": len(examples),
         "tokens": sum(len(e["input_ids"]) for e in examples),
