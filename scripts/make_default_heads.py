@@ -86,6 +86,14 @@ def main() -> None:
         default=None,
         help="regex over the head's parameter names: train only those (e.g. lm_head), freeze the rest",
     )
+    ap.add_argument(
+        "--lr-scale",
+        action="append",
+        default=[],
+        dest="lr_scales",
+        metavar="REGEX=SCALE",
+        help="head parameters whose names match train at SCALE times --lr (repeatable), e.g. lm_head=0.1",
+    )
     ap.add_argument("--feature-cache", default=None)
     ap.add_argument(
         "--resume-from-checkpoint",
@@ -217,6 +225,7 @@ def main() -> None:
         save_total_limit=args.save_total_limit,
         seed=0,
         trainable_parameters=args.trainable_parameters,
+        lr_scales=args.lr_scales,
     )
     head, summary = train_head(
         target,

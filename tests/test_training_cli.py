@@ -94,12 +94,16 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base-head", str(out)]
     only_lm_head = ["--trainable-parameters", "lm_head", "--lr", "1e-2", "--warmup-ratio", "0"]
     assert (
-        main([*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80", *only_lm_head])
+        main(
+            [*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80", *only_lm_head]
+            + ["--lr-scale", "lm_head=0.5"]
+        )
         == 0
     )
     grown = PEagleDrafter.from_pretrained(out3)
     assert grown.config.draft_vocab_size == 80 and bool(grown.t2d[head.t2d].all())
-    assert json.loads((out3 / "train_summary.json").read_text())["trainable_parameters"] == "lm_head"
+    summary3 = json.loads((out3 / "train_summary.json").read_text())
+    assert summary3["trainable_parameters"] == "lm_head" and summary3["lr_scales"] == ["lm_head=0.5"]
     before, after = head.state_dict(), grown.state_dict()
     frozen = [k for k in before if k not in ("lm_head.weight", "d2t", "t2d", "embed_tokens.weight")]
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)

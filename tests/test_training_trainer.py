@@ -245,10 +245,53 @@ def test_trainable_parameters_train_only_the_matching_weights(tmp_path):
         make_args(tmp_path, trainable_parameters="lm_head(")
 
 
-def test_resume_from_checkpoint_continues_identically(tmp_path):
+def test_lr_scales_set_each_parameter_group_rate(tmp_path):
+    # one SGD step from the same weights on the same batch: a parameter scaled by s moves s times as far
+    target = make_target()
+    data = random_examples(2)
+    plain = make_head(target).float()
+    scaled = make_head(target).float()
+    scaled.load_state_dict(plain.state_dict())
+    before = {k: v.clone() for k, v in plain.state_dict().items()}
+    PEagleTrainer(
+        model=plain, target_model=target, args=make_args(tmp_path / "a"), train_dataset=data
+    ).train()
+    args = make_args(tmp_path / "b", lr_scales=["lm_head=0.5", r"^fc\.=0"])
+    trainer = PEagleTrainer(model=scaled, target_model=target, args=args, train_dataset=data)
+    trainer.train()
+    floats = [k for k, v in before.items() if v.is_floating_point()]
+    step = {k: plain.state_dict()[k] - before[k] for k in floats}
+    moved = {k: scaled.state_dict()[k] - before[k] for k in floats}
+    assert step["lm_head.weight"].abs().max() > 0 and step["fc.weight"].abs().max() > 0
+    torch.testing.assert_close(moved["lm_head.weight"], 0.5 * step["lm_head.weight"])
+    assert torch.equal(moved["fc.weight"], torch.zeros_like(step["fc.weight"]))
+    torch.testing.assert_close(moved["layers.0.mlp.up_proj.weight"], step["layers.0.mlp.up_proj.weight"])
+    rates = sorted(g["lr"] for g in trainer.optimizer.param_groups if g["params"])
+    assert rates[0] == 0.0 and 0.5 in rates and rates[-1] == 1.0
+    with pytest.raises(ValueError, match="matches no trainable parameter"):
+        PEagleTrainer(
+            model=make_head(target),
+            target_model=target,
+            args=make_args(tmp_path, lr_scales=["no_such_weight=0.1"]),
+        )
+    for bad in ("lm_head", "lm_head=x", "lm_head=-1", "lm_head(=0.1"):
+        with pytest.raises(ValueError, match="lr_scales entry"):
+            make_args(tmp_path, lr_scales=[bad])
+
+
+@pytest.mark.parametrize(
+    "lr_scales", [[], ["lm_head=0.1"]]
+)  # with scales, the optimizer's extra groups resume
+def test_resume_from_checkpoint_continues_identically(tmp_path, lr_scales):
     target = make_target()
     data = random_examples(8, seed=5)
-    common = dict(optim="adamw_torch", learning_rate=1e-2, per_device_train_batch_size=2, max_steps=4)
+    common = dict(
+        optim="adamw_torch",
+        learning_rate=1e-2,
+        per_device_train_batch_size=2,
+        max_steps=4,
+        lr_scales=lr_scales,
+    )
 
     head_a = make_head(target).float()
     args_a = make_args(tmp_path / "a", **common)

@@ -93,6 +93,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="train only the head parameters whose names match (e.g. lm_head, after --draft-vocab-size grows a "
         "head's vocabulary); the rest stay frozen",
     )
+    tr.add_argument(
+        "--lr-scale",
+        action="append",
+        default=[],
+        dest="lr_scales",
+        metavar="REGEX=SCALE",
+        help="train the head parameters whose names match at SCALE times --lr (repeatable; the first match "
+        "wins), e.g. lm_head=0.1",
+    )
     tr.add_argument("--partitions", type=int, default=1, help="sequence partitions per example")
     tr.add_argument("--max-length", type=int, default=2048)
     tr.add_argument("--loss", default="kl", choices=["kl", "ce"])
@@ -211,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         use_cpu=device == "cpu",
         trainable_parameters=args.trainable_parameters,
+        lr_scales=args.lr_scales,
     )
     head = None
     if args.lora or args.base_head:

@@ -538,6 +538,7 @@ def train_head(
             if args.trainable_parameters is not None
             else {}
         ),
+        **({"lr_scales": list(args.lr_scales)} if args.lr_scales else {}),
         "target_parameters": target_parameters(target)[0],
         "examples": len(examples),
         "tokens": sum(len(e["input_ids"]) for e in examples),

@@ -62,6 +62,9 @@ class PEagleTrainingArguments(TrainingArguments):
         trainable_parameters: a regular expression over the head's parameter names; when set, only the
             parameters it matches (`re.search`) are trained and the rest stay frozen, e.g. `"lm_head"` to fit the
             rows of a grown draft vocabulary with the decoder layers kept as they are.
+        lr_scales: per-parameter learning rates, as `"REGEX=SCALE"` strings: a parameter whose name the first
+            matching regex finds (`re.search`) trains at `SCALE * learning_rate` (under the same schedule), the
+            others at `learning_rate`; e.g. `["lm_head=0.1"]` moves the LM head ten times slower than the layers.
     """
 
     num_parallel_positions: int | None = field(
@@ -82,6 +85,10 @@ class PEagleTrainingArguments(TrainingArguments):
     trainable_parameters: str | None = field(
         default=None, metadata={"help": "Regex over head parameter names: train only those (default: all)."}
     )
+    lr_scales: list[str] = field(
+        default_factory=list,
+        metadata={"help": "'REGEX=SCALE' entries: matching head parameters train at SCALE * learning_rate."},
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -92,6 +99,7 @@ class PEagleTrainingArguments(TrainingArguments):
                 raise ValueError(
                     f"trainable_parameters {self.trainable_parameters!r} is not a regex: {err}"
                 ) from err
+        parse_lr_scales(self.lr_scales)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type is {self.loss_type!r}; expected one of {LOSS_TYPES}.")
         if self.sequence_partitions < 1:
@@ -120,6 +128,62 @@ def freeze_except(model: torch.nn.Module, pattern: str) -> list[str]:
         )
     logger.info("training %d of the head's parameter tensors: %s", len(kept), ", ".join(kept))
     return kept
+
+
+def parse_lr_scales(entries: list[str] | tuple[str, ...]) -> list[tuple[re.Pattern, float]]:
+    """`"REGEX=SCALE"` entries as `(compiled regex, scale)` pairs, in order; the last `=` separates the two, so
+    the regex may hold one (`(?=...)`).  Refuses a missing `=`, a bad regex and a scale that is not a
+    non-negative number."""
+    scales = []
+    for entry in entries:
+        pattern, sep, value = str(entry).rpartition("=")
+        if not sep or not pattern:
+            raise ValueError(f"lr_scales entry {entry!r} is not 'REGEX=SCALE' (e.g. 'lm_head=0.1').")
+        try:
+            scale = float(value)
+        except ValueError:
+            scale = float("nan")
+        if not scale >= 0.0:
+            raise ValueError(f"lr_scales entry {entry!r}: the scale {value!r} is not a number >= 0.")
+        try:
+            scales.append((re.compile(pattern), scale))
+        except re.error as err:
+            raise ValueError(f"lr_scales entry {entry!r}: {pattern!r} is not a regex: {err}") from err
+    return scales
+
+
+def split_lr_groups(
+    optimizer: torch.optim.Optimizer, named_parameters, entries: list[str] | tuple[str, ...]
+) -> dict[str, float]:
+    """Move the parameters `entries` (see [`parse_lr_scales`]) scale out of the freshly built `optimizer`'s groups
+    into groups of their own, with the same hyper-parameters (weight decay, betas) and `lr` times the scale,
+    before the learning-rate scheduler records the groups' initial rates.  Returns `{parameter name: scale}` of
+    the parameters moved."""
+    scales = parse_lr_scales(entries)
+    if not scales:
+        return {}
+    names = {id(p): n for n, p in named_parameters}
+    moved: dict[str, float] = {}
+    new_groups = []
+    for group in optimizer.param_groups:
+        kept, by_scale = [], {}
+        for param in group["params"]:
+            name = names.get(id(param), "")
+            hit = next((i for i, (regex, _) in enumerate(scales) if regex.search(name)), None)
+            if hit is None:
+                kept.append(param)
+                continue
+            scale = scales[hit][1]
+            moved[name] = scale
+            by_scale.setdefault(scale, []).append(param)
+        group["params"] = kept
+        for scale, params in by_scale.items():
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            new_groups.append({**hyper, "params": params, "lr": group["lr"] * scale, "lr_scale": scale})
+    for group in new_groups:
+        optimizer.add_param_group(group)
+    logger.info("per-parameter learning-rate scales: %s", moved)
+    return moved
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int = 0) -> list[int]:
@@ -262,6 +326,10 @@ class PEagleTrainer(Trainer):
                 model.mask_embedding.requires_grad_(False)
         if args.trainable_parameters is not None:
             freeze_except(model, args.trainable_parameters)
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        for entry, (regex, _) in zip(args.lr_scales, parse_lr_scales(args.lr_scales)):
+            if not any(regex.search(n) for n in trainable):
+                raise ValueError(f"lr_scales entry {entry!r} matches no trainable parameter of the head.")
         if data_collator is None:
             data_collator = PEagleDataCollator(pad_token_id=cfg.pad_token_id or 0, max_length=args.max_length)
         super().__init__(model=model, args=args, data_collator=data_collator, **kwargs)
@@ -287,6 +355,15 @@ class PEagleTrainer(Trainer):
         self._seconds_before = 0.0  # training seconds recorded by the checkpoint this run resumed from
         self._train_started: float | None = None
         self.add_callback(_BudgetCheckpointCallback(self))
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """transformers' optimizer, with the parameters `args.lr_scales` names in groups at their own rates."""
+        built_here = self.optimizer is None  # an optimizer passed in (`optimizers=`) keeps its own groups
+        optimizer = super().create_optimizer(model)
+        if self.args.lr_scales and built_here:
+            opt_model = self.model if model is None else model
+            split_lr_groups(optimizer, opt_model.named_parameters(), self.args.lr_scales)
+        return optimizer
 
     # ----------------------------------------------------------------------------------------- helpers
     def _head(self):
