@@ -268,6 +268,13 @@ def test_lr_scales_set_each_parameter_group_rate(tmp_path):
     torch.testing.assert_close(moved["layers.0.mlp.up_proj.weight"], step["layers.0.mlp.up_proj.weight"])
     rates = sorted(g["lr"] for g in trainer.optimizer.param_groups if g["params"])
     assert rates[0] == 0.0 and 0.5 in rates and rates[-1] == 1.0
+    # an optimizer passed in keeps its own groups
+    own = make_head(target).float()
+    opt = torch.optim.SGD([p for p in own.parameters() if p.requires_grad], lr=1.0)
+    PEagleTrainer(
+        model=own, target_model=target, args=args, train_dataset=data, optimizers=(opt, None)
+    ).train()
+    assert len(opt.param_groups) == 1 and "lr_scale" not in opt.param_groups[0]
     with pytest.raises(ValueError, match="matches no trainable parameter"):
         PEagleTrainer(
             model=make_head(target),

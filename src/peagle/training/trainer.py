@@ -155,8 +155,8 @@ def parse_lr_scales(entries: list[str] | tuple[str, ...]) -> list[tuple[re.Patte
 def split_lr_groups(
     optimizer: torch.optim.Optimizer, named_parameters, entries: list[str] | tuple[str, ...]
 ) -> dict[str, float]:
-    """Move the parameters `entries` (see [`parse_lr_scales`]) scale out of the freshly built `optimizer`'s groups
-    into groups of their own, with the same hyper-parameters (weight decay, betas) and `lr` times the scale,
+    """Move the parameters that `entries` (see [`parse_lr_scales`]) scale out of the freshly built `optimizer`'s
+    groups into groups of their own, with the same hyper-parameters (weight decay, betas) and `lr` times the scale,
     before the learning-rate scheduler records the groups' initial rates.  Returns `{parameter name: scale}` of
     the parameters moved."""
     scales = parse_lr_scales(entries)
@@ -363,6 +363,10 @@ class PEagleTrainer(Trainer):
         if self.args.lr_scales and built_here:
             opt_model = self.model if model is None else model
             split_lr_groups(optimizer, opt_model.named_parameters(), self.args.lr_scales)
+        elif self.args.lr_scales:
+            logger.warning(
+                "lr_scales are ignored: the optimizer passed in (optimizers=) keeps its own groups."
+            )
         return optimizer
 
     # ----------------------------------------------------------------------------------------- helpers
