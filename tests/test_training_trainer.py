@@ -286,9 +286,8 @@ def test_lr_scales_set_each_parameter_group_rate(tmp_path):
             make_args(tmp_path, lr_scales=[bad])
 
 
-@pytest.mark.parametrize(
-    "lr_scales", [[], ["lm_head=0.1"]]
-)  # with scales, the optimizer's extra groups resume
+# with scales, the optimizer's extra parameter groups resume too
+@pytest.mark.parametrize("lr_scales", [[], ["lm_head=0.1"]])
 def test_resume_from_checkpoint_continues_identically(tmp_path, lr_scales):
     target = make_target()
     data = random_examples(8, seed=5)
