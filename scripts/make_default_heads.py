@@ -49,7 +49,12 @@ def main() -> None:
     ap.add_argument("--examples", required=True)
     ap.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--layers", type=int, default=None, help="decoder layers of a new head (default 2)")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="decoder layers of a new head (default 2); with --init-from, grow the head to this many (grow_layers)",
+    )
     ap.add_argument(
         "--draft-vocab",
         type=int,
@@ -233,6 +238,7 @@ def main() -> None:
         output_dir=run_dir,
         examples=examples,
         head=head,
+        num_hidden_layers=args.layers if args.init_from else None,
         draft_vocab_size=args.draft_vocab if args.init_from else None,
         feature_cache=args.feature_cache,
         training_args=training_args,

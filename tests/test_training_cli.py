@@ -88,20 +88,22 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     assert "no native bfloat16" in caplog.text
     assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"
 
-    # continue the first head with a larger draft vocabulary: its 64 ids stay, 16 more come from the examples;
-    # --trainable-parameters lm_head trains the new LM head only and leaves every other weight as it was
+    # continue the first head with a larger draft vocabulary (its 64 ids stay, 16 more come from the examples)
+    # and one more layer; --trainable-parameters lm_head trains the new LM head only and leaves every other weight
+    # as it was
     out3 = tmp_path / "grown"
     grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base-head", str(out)]
     only_lm_head = ["--trainable-parameters", "lm_head", "--lr", "1e-2", "--warmup-ratio", "0"]
     assert (
         main(
             [*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80", *only_lm_head]
-            + ["--lr-scale", "lm_head=0.5"]
+            + ["--lr-scale", "lm_head=0.5", "--num-layers", str(head.config.num_hidden_layers + 1)]
         )
         == 0
     )
     grown = PEagleDrafter.from_pretrained(out3)
     assert grown.config.draft_vocab_size == 80 and bool(grown.t2d[head.t2d].all())
+    assert grown.config.num_hidden_layers == head.config.num_hidden_layers + 1  # --num-layers grew it
     summary3 = json.loads((out3 / "train_summary.json").read_text())
     assert summary3["trainable_parameters"] == "lm_head" and summary3["lr_scales"] == ["lm_head=0.5"]
     before, after = head.state_dict(), grown.state_dict()
@@ -112,6 +114,8 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     assert not torch.allclose(before["lm_head.weight"], after["lm_head.weight"][rows])  # the LM head trained
     with pytest.raises(ValueError, match="--draft-vocab-size resizes"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", "--draft-vocab-size", "80"])
+    with pytest.raises(ValueError, match="--num-layers grows"):
+        main([*grow, "--output", str(tmp_path / "x"), "--lora", "--num-layers", "3"])
     with pytest.raises(ValueError, match="--trainable-parameters"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", *only_lm_head])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import make_target, tiny_tokenizer
+from helpers import make_head, make_target, tiny_tokenizer
 from peagle import evalsets
 from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
 from peagle.training.recipe import format_summary, init_layers_from_target
@@ -233,3 +233,54 @@ def test_train_head_grows_a_continued_heads_draft_vocabulary(tmp_path, caplog):
     ids = set(trained.t2d.nonzero().flatten().tolist())
     assert summary["draft_vocab_size"] == 48 and own <= ids and len(ids & set(range(60, 100))) == 16
     assert "32 -> 48 ids" in caplog.text and "0.0% -> 40.0%" in caplog.text
+
+
+@pytest.mark.parametrize("have", [1, 2])
+def test_grow_layers_appends_layers_that_add_nothing_until_trained(tmp_path, have):
+    """The grown head keeps every weight, its new layers copy the last plain layer (fresh ones after a fused-only
+    head) with zeroed output projections, so it drafts exactly as before; training then moves the new layers."""
+    from peagle import PEagleDrafter
+    from peagle.training import grow_layers
+
+    target = make_target()
+    head = make_head(target, num_hidden_layers=have)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (1, 9), generator=g)
+    feats = torch.randn(1, 9, 3 * head.config.target_hidden_size, generator=g)
+    grown = grow_layers(head, have + 2)
+    assert grown.config.num_hidden_layers == have + 2 and len(grown.layers) == have + 2
+    torch.testing.assert_close(grown(ids, feats).logits, head(ids, feats).logits, atol=0, rtol=0)
+    old = head.state_dict()
+    for name, value in grown.state_dict().items():
+        if name in old:
+            assert torch.equal(value, old[name]), name
+    for layer in grown.layers[have:]:
+        assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
+        if have > 1:  # a copy of the last plain layer, but for the zeroed projections
+            assert torch.equal(layer.self_attn.q_proj.weight, head.layers[-1].self_attn.q_proj.weight)
+        else:
+            assert layer.self_attn.q_proj.weight.abs().sum() > 0
+    grown.save_pretrained(tmp_path / "grown")
+    assert PEagleDrafter.from_pretrained(tmp_path / "grown").config.num_hidden_layers == have + 2
+    with pytest.raises(ValueError, match="does not shrink"):
+        grow_layers(head, have)
+    with pytest.raises(TypeError, match="PEagleDrafter"):
+        grow_layers(torch.nn.Linear(2, 2), 3)
+
+
+def test_train_head_grows_a_continued_heads_layers(tmp_path):
+    """train_head(head=..., num_hidden_layers=more) appends layers and trains them: their zeroed output
+    projections move, and the summary records the new depth."""
+    target = make_target(eos_token_id=2)
+    examples = [{"input_ids": list(range(3, 40)), "loss_mask": [0] * 5 + [1] * 32}]
+    head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=32, num_parallel_positions=3)
+    args = training_arguments(
+        tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
+        save_strategy="no", progress=False, warmup_steps=0, learning_rate=1e-2,
+    )  # fmt: skip
+    trained, summary = train_head(
+        target, output_dir=tmp_path / "head", examples=examples, head=head, training_args=args,
+        num_hidden_layers=2, progress=False,
+    )  # fmt: skip
+    assert summary["num_hidden_layers"] == 2 and trained.config.num_hidden_layers == 2
+    assert trained.layers[1].mlp.down_proj.weight.abs().sum() > 0

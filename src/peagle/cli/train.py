@@ -42,7 +42,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--num-layers",
         type=int,
         default=None,
-        help="drafter layers (default: 2, or 1 when the size rule's budgets leave 2 too small a draft vocabulary)",
+        help="drafter layers (default: 2, or 1 when the size rule's budgets leave 2 too small a draft vocabulary); "
+        "with --base-head, grow the base head to this many first (the new layers start adding nothing)",
     )
     head.add_argument(
         "--draft-vocab-size",
@@ -158,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--lora with --target needs --base-head (the head to adapt).")
     if args.lora and args.draft_vocab_size is not None:
         raise ValueError("--lora adapts the base head's own draft vocabulary; --draft-vocab-size resizes it.")
+    if args.lora and args.num_layers is not None:
+        raise ValueError("--lora adapts the base head's own layers; --num-layers grows it.")
     if args.lora and args.trainable_parameters is not None:
         raise ValueError(
             "--lora trains only its adapters; --trainable-parameters chooses among the head's own weights."

@@ -10,7 +10,7 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
   [`build_head`], [`train_head`], which `peagle train` calls, [`grow_draft_vocab`] / [`resize_draft_vocab`]: a
-  trained head with another draft vocabulary); `merge` ([`average_heads`]: one head from several trained side by
+  trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers); `merge` ([`average_heads`]: one head from several trained side by
   side from the same start).
 
 Example:
@@ -58,6 +58,7 @@ _EXPORTS = {
         "training_arguments",
         "build_head",
         "grow_draft_vocab",
+        "grow_layers",
         "resize_draft_vocab",
         "end_distributed",
     ],
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
         build_head,
         end_distributed,
         grow_draft_vocab,
+        grow_layers,
         resize_draft_vocab,
         train_head,
         training_arguments,

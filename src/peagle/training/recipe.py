@@ -346,6 +346,56 @@ def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> 
     return new
 
 
+def grow_layers(head: PEagleDrafter, num_hidden_layers: int) -> PEagleDrafter:
+    """A copy of a trained `head` with `num_hidden_layers` decoder layers: new layers appended after its last.
+
+    Every weight the head has is copied.  Each new layer starts as a copy of the head's last plain layer (a fresh
+    one when the head has only its fused first layer) with the two projections that write into the residual stream,
+    `self_attn.o_proj` and `mlp.down_proj`, set to zero, so it adds nothing: the grown head drafts exactly as the
+    head did, and training opens the new layers from there (block expansion, as LLaMA Pro grows a trained model).
+    The gradient reaches the zeroed projections first and the rest of the layer once they move.
+
+    Raises:
+        TypeError: `head` is not a plain `PEagleDrafter` (merge a LoRA-wrapped head first).
+        ValueError: `num_hidden_layers` is not larger than the head's.
+    """
+    import torch
+
+    from ..modeling_peagle import PEagleDrafter
+
+    if not isinstance(head, PEagleDrafter):
+        raise TypeError(
+            f"grow_layers takes a PEagleDrafter (a LoRA-wrapped head merges first), got {type(head).__name__}."
+        )
+    have = head.config.num_hidden_layers
+    if num_hidden_layers <= have:
+        raise ValueError(
+            f"grow_layers adds layers: the head has {have}, asked for {num_hidden_layers} (a head does not shrink)."
+        )
+    config = head.config.__class__.from_dict(
+        {**head.config.to_dict(), "num_hidden_layers": num_hidden_layers}
+    )
+    weight = head.lm_head.weight
+    new = PEagleDrafter(config).to(weight.device, weight.dtype)
+    state = head.state_dict()
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    added = {f"layers.{i}." for i in range(have, num_hidden_layers)}
+    if unexpected or any(not k.startswith(tuple(added)) and k != "embed_tokens.weight" for k in missing):
+        raise ValueError(
+            f"the head's weights do not fit its own config: missing {missing}, unexpected {unexpected}."
+        )
+    with torch.no_grad():
+        for layer in new.layers[have:]:
+            if have > 1:  # the fused first layer has another shape; a head of one layer grows fresh layers
+                layer.load_state_dict(head.layers[have - 1].state_dict())
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                proj.weight.zero_()
+                if proj.bias is not None:
+                    proj.bias.zero_()
+    new.train(head.training)
+    return new
+
+
 def load_head_for_training(path: str | os.PathLike, target, *, lora=None):
     """An existing head to continue training, in float32 and attached to `target`; with `lora` (a
     `peft.LoraConfig`, see `peagle.adapters.lora_config`) a LoRA adapter on the frozen head instead."""
@@ -407,6 +457,8 @@ def train_head(
             head drops it (with a warning) unless `calibration_examples` fits a new one.  With `draft_vocab_size`
             too, a head whose vocabulary has another size is first given one of that size ([`grow_draft_vocab`]:
             a larger one keeps its ids and trained rows and adds the examples' most frequent other tokens).
+            With `num_hidden_layers` too, a head with fewer layers first gets that many ([`grow_layers`]: the new
+            layers are appended and start adding nothing, so the grown head drafts as the head did).
         feature_cache: directory of a [`FeatureCache`] (built or reused) instead of online feature capture.
         calibration_examples: hold out the last N examples from training and, after it, fit the head's per-depth
             draft calibration (`config.draft_calibration`, used by cost-aware drafting) on their prompts with
@@ -500,8 +552,15 @@ def train_head(
             lm_head_init=lm_head_init,
             layers_init=layers_init,
         )
-    elif draft_vocab_size is not None and draft_vocab_size != head.config.draft_vocab_size:
-        head = grow_draft_vocab(head, target, examples, draft_vocab_size)
+    else:
+        if num_hidden_layers is not None and num_hidden_layers != head.config.num_hidden_layers:
+            head = grow_layers(head, num_hidden_layers)
+            logger.info(
+                "grew the head to %d decoder layers (the new ones add nothing until trained)",
+                num_hidden_layers,
+            )
+        if draft_vocab_size is not None and draft_vocab_size != head.config.draft_vocab_size:
+            head = grow_draft_vocab(head, target, examples, draft_vocab_size)
 
     dataset: Any = examples
     cache_info = None
