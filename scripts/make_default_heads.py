@@ -148,11 +148,9 @@ def main() -> None:
         help="only build --feature-cache (shared by both heads), then exit",
     )
     args = ap.parse_args()
-    if args.init_from and (
-        args.layers is not None or args.lm_head_init is not None or args.layers_init is not None
-    ):
+    if args.init_from and (args.lm_head_init is not None or args.layers_init is not None):
         ap.error(
-            "--layers, --lm-head-init and --layers-init shape a new head; --init-from continues a head with its own"
+            "--lm-head-init and --layers-init shape a new head; --init-from continues a head with its own"
         )
     if args.out is None and not args.cache_only:
         ap.error("--out is required unless --cache-only")
