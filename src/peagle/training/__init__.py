@@ -10,8 +10,8 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
   [`build_head`], [`train_head`], which `peagle train` calls, [`grow_draft_vocab`] / [`resize_draft_vocab`]: a
-  trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers); `merge` ([`average_heads`]: one head from several trained side by
-  side from the same start).
+  trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers); `merge`
+  ([`average_heads`]: one head from several trained side by side from the same start).
 
 Example:
 
