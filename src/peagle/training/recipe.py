@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -297,6 +297,34 @@ def init_lm_head_from_target(head: PEagleDrafter, target) -> None:
         head.lm_head.weight.copy_(rows.to(head.lm_head.weight.device, head.lm_head.weight.dtype))
 
 
+def _require_plain_head(head, caller: str) -> None:
+    from ..modeling_peagle import PEagleDrafter
+
+    if not isinstance(head, PEagleDrafter):
+        raise TypeError(
+            f"{caller} takes a PEagleDrafter (a LoRA-wrapped head merges first), got {type(head).__name__}."
+        )
+
+
+def _rebuilt_head(
+    head: PEagleDrafter, fresh: Callable[[str], bool], *, skip=(), **config_changes
+) -> PEagleDrafter:
+    """A new head of `head`'s config with `config_changes`, on its device and dtype, holding every weight of `head`
+    but those named in `skip`.  Only the weights `fresh(name)` accepts (and the target's shared embeddings) may
+    stay unloaded; any other mismatch is a ValueError."""
+    from ..modeling_peagle import PEagleDrafter
+
+    config = head.config.__class__.from_dict({**head.config.to_dict(), **config_changes})
+    new = PEagleDrafter(config).to(head.lm_head.weight.device, head.lm_head.weight.dtype)
+    state = {k: v for k, v in head.state_dict().items() if k not in skip}
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    if unexpected or any(not fresh(k) and k != "embed_tokens.weight" for k in missing):
+        raise ValueError(
+            f"the head's weights do not fit its own config: missing {missing}, unexpected {unexpected}."
+        )
+    return new
+
+
 def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> PEagleDrafter:
     """A copy of a trained `head` whose draft vocabulary is `draft_ids` (target ids, any size).
 
@@ -309,21 +337,11 @@ def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> 
     """
     import torch
 
-    from ..modeling_peagle import PEagleDrafter
-
-    if not isinstance(head, PEagleDrafter):
-        raise TypeError(
-            f"resize_draft_vocab takes a PEagleDrafter (a LoRA-wrapped head merges first), got {type(head).__name__}."
-        )
+    _require_plain_head(head, "resize_draft_vocab")
     ids = torch.as_tensor(draft_ids, dtype=torch.long).flatten().unique()  # sorted, as set_draft_vocab wants
-    config = head.config.__class__.from_dict({**head.config.to_dict(), "draft_vocab_size": int(ids.numel())})
-    new = PEagleDrafter(config).to(head.lm_head.weight.device, head.lm_head.weight.dtype)
-    state = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
-    missing, unexpected = new.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}:
-        raise ValueError(
-            f"the head's weights do not fit its own config: missing {missing}, unexpected {unexpected}."
-        )
+    lm = ("lm_head.weight", "d2t", "t2d")
+    new = _rebuilt_head(head, lambda name: name in lm, skip=lm, draft_vocab_size=int(ids.numel()))
+    config = new.config
     new.set_draft_vocab(ids)
     old_ids = head.draft_vocab_ids
     with torch.no_grad():
@@ -361,29 +379,14 @@ def grow_layers(head: PEagleDrafter, num_hidden_layers: int) -> PEagleDrafter:
     """
     import torch
 
-    from ..modeling_peagle import PEagleDrafter
-
-    if not isinstance(head, PEagleDrafter):
-        raise TypeError(
-            f"grow_layers takes a PEagleDrafter (a LoRA-wrapped head merges first), got {type(head).__name__}."
-        )
+    _require_plain_head(head, "grow_layers")
     have = head.config.num_hidden_layers
     if num_hidden_layers <= have:
         raise ValueError(
             f"grow_layers adds layers: the head has {have}, asked for {num_hidden_layers} (a head does not shrink)."
         )
-    config = head.config.__class__.from_dict(
-        {**head.config.to_dict(), "num_hidden_layers": num_hidden_layers}
-    )
-    weight = head.lm_head.weight
-    new = PEagleDrafter(config).to(weight.device, weight.dtype)
-    state = head.state_dict()
-    missing, unexpected = new.load_state_dict(state, strict=False)
-    added = {f"layers.{i}." for i in range(have, num_hidden_layers)}
-    if unexpected or any(not k.startswith(tuple(added)) and k != "embed_tokens.weight" for k in missing):
-        raise ValueError(
-            f"the head's weights do not fit its own config: missing {missing}, unexpected {unexpected}."
-        )
+    added = tuple(f"layers.{i}." for i in range(have, num_hidden_layers))
+    new = _rebuilt_head(head, lambda name: name.startswith(added), num_hidden_layers=num_hidden_layers)
     with torch.no_grad():
         for layer in new.layers[have:]:
             if have > 1:  # the fused first layer has another shape; a head of one layer grows fresh layers
