@@ -54,6 +54,10 @@ def main() -> None:
                 f"; the last stage on {examples} examples of "
                 "training_data/smollm2-135m-instruct/train (heads/README.md)"
             )
+        chain = summary.get("chain_average")  # average_heads.py --chain: averaged with the stages before it
+        if chain:
+            before = "the stage" if chain["stages"] == 2 else f"the {chain['stages'] - 1} stages"
+            data += f", then weight-averaged with {before} before it"
         logged = [a.get("last_logged_accuracy") or {} for a in last]
         accuracy = {
             k: round(sum(a[k] for a in logged) / len(logged), 4)
@@ -69,7 +73,8 @@ def main() -> None:
             "optimizer_steps": " + ".join(_steps(s) for s in stages),
             "token_passes": f"{budget['response_tokens_trained']:,} response tokens trained, all stages"
             + (" (earlier stages estimated from steps x examples per step)" if budget["estimated"] else ""),
-            "budget": f"{budget['cpu_hours']:.2f} CPU-hours on a 2-core CPU (one thread), bf16 autocast",
+            "budget": f"{budget['cpu_hours']:.2f} CPU-hours on a 2-core CPU (one thread), "
+            "bf16 autocast (float32 on CPUs without native bf16)",
             (
                 "last_logged_top1_by_depth (mean of the arms)" if arms else "last_logged_top1_by_depth"
             ): accuracy or None,
