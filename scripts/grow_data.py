@@ -112,6 +112,7 @@ def main() -> None:
             "training_data/smollm2-135m-instruct/train",
             "training_data/smollm2-135m-instruct/heldout",
             "training_data/smollm2-135m-instruct/heldout-set2",
+            "training_data/smollm2-135m-instruct/heldout-set3",
         ],
         help="shard folders whose manifests list cycles already generated (skipped)",
     )
