@@ -41,7 +41,7 @@ from peagle.training.prompts import (
     stdlib_code_prompts,
     stdlib_stub_prompts,
 )
-from peagle.training.shards import packed_cycles
+from peagle.training.shards import dataset_folders, packed_cycles
 from peagle.training.vllm_engine import VLLMEngine
 
 SYSTEM_PROMPTS = [
@@ -108,13 +108,9 @@ def main() -> None:
     ap.add_argument(
         "--packed",
         nargs="*",
-        default=[
-            "training_data/smollm2-135m-instruct/train",
-            "training_data/smollm2-135m-instruct/heldout",
-            "training_data/smollm2-135m-instruct/heldout-set2",
-            "training_data/smollm2-135m-instruct/heldout-set3",
-        ],
-        help="shard folders whose manifests list cycles already generated (skipped)",
+        default=dataset_folders("training_data/smollm2-135m-instruct"),
+        help="shard folders whose manifests list cycles already generated (skipped; default: every shard folder "
+        "of training_data/smollm2-135m-instruct, the held-out sets included)",
     )
     args = ap.parse_args()
 

@@ -22,7 +22,7 @@ import os
 from collections import defaultdict
 
 from peagle.targets import DEFAULT_TARGET_NAME
-from peagle.training.shards import MANIFEST, packed_cycles, read_manifest, write_shard
+from peagle.training.shards import MANIFEST, dataset_folders, packed_cycles, read_manifest, write_shard
 
 
 def _same_file(shard: dict, rows_file: str, head: str) -> bool:
@@ -56,14 +56,9 @@ def complete_lines(path: str, start: int) -> list[str]:
 def sibling_cycles(folder: str) -> set[int]:
     """Cycles held by the other shard folders of the same dataset (e.g. `heldout/` beside `train/`): a rows file
     holds every cycle grow_data.py generated, and a held-out cycle must never be packed into training data."""
-    parent = os.path.dirname(os.path.abspath(folder))
     cycles: set[int] = set()
-    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
-        other = os.path.join(parent, name)
-        if os.path.abspath(other) != os.path.abspath(folder) and os.path.exists(
-            os.path.join(other, MANIFEST)
-        ):
-            cycles |= packed_cycles(other)
+    for other in dataset_folders(os.path.dirname(os.path.abspath(folder)), exclude=folder):
+        cycles |= packed_cycles(other)
     return cycles
 
 

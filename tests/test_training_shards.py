@@ -204,3 +204,24 @@ def test_parse_cycle_ranges_reads_single_closed_and_open_ranges_and_names_a_bad_
     for bad, says in (("9-3", "ends before"), ("a-3", "is not"), ("78-93,,1", "is not")):
         with pytest.raises(ValueError, match=says):
             parse_cycle_ranges(bad)
+
+
+def test_dataset_folders_lists_the_shard_folders_of_a_dataset(tmp_path):
+    """grow_data.py skips and pack_shards.py refuses the cycles of every folder this lists: a held-out set added
+    beside `train/` is covered without naming it anywhere."""
+    from peagle.training.shards import dataset_folders
+
+    for name in ("train", "heldout", "heldout-set3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(
+            '{"format": "peagle-token-shards", "version": 1, "shards": []}'
+        )
+    (tmp_path / "notes").mkdir()  # no manifest: not a shard folder
+    (tmp_path / "README.md").write_text("x")
+    names = [os.path.basename(f) for f in dataset_folders(tmp_path)]
+    assert names == ["heldout", "heldout-set3", "train"]
+    assert [os.path.basename(f) for f in dataset_folders(tmp_path, exclude=tmp_path / "train")] == [
+        "heldout",
+        "heldout-set3",
+    ]
+    assert dataset_folders(tmp_path / "missing") == []

@@ -81,6 +81,20 @@ def packed_cycles(
     return done
 
 
+def dataset_folders(parent: str | os.PathLike, exclude: str | os.PathLike | None = None) -> list[str]:
+    """The shard folders directly under `parent` (those with a manifest), sorted, `exclude` left out: the folders of
+    one dataset (e.g. `train/`, `heldout/` and the other held-out sets), whose cycles no other folder may hold."""
+    parent = os.fspath(parent)
+    skip = os.path.abspath(exclude) if exclude is not None else None
+    names = sorted(os.listdir(parent)) if os.path.isdir(parent) else []
+    return [
+        os.path.join(parent, name)
+        for name in names
+        if os.path.isfile(os.path.join(parent, name, MANIFEST))
+        and os.path.abspath(os.path.join(parent, name)) != skip
+    ]
+
+
 def write_shard(
     examples: Sequence[dict[str, Any]],
     folder: str | os.PathLike,
