@@ -84,8 +84,8 @@ def pooled(results: list[dict]) -> dict:
 
 def fit_log_linear(points: list[dict], goals: list[float]) -> tuple[dict | None, dict[str, float | None]]:
     """Least-squares fit of tokens_per_target_pass = a + b log10(token_passes) over the points with a budget, and
-    the budget it predicts for each goal (None where the fit does not rise).  (None, {}) with fewer than two
-    points."""
+    the budget it predicts for each goal (None where the fit does not rise, or rises so slowly that the budget is
+    beyond any float, as with heads of nearly one budget).  (None, {}) with fewer than two points."""
     used = [p for p in points if p["token_passes"] > 0]
     if len(used) < 2:
         return None, {}
@@ -95,7 +95,17 @@ def fit_log_linear(points: list[dict], goals: list[float]) -> tuple[dict | None,
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
     a = my - b * mx
     fit = {"a": a, "b": b, "form": "tokens_per_target_pass = a + b * log10(token_passes)"}
-    return fit, {str(goal): 10 ** ((goal - a) / b) if b > 0 else None for goal in goals}
+    return fit, {str(goal): _budget_for(goal, a, b) for goal in goals}
+
+
+def _budget_for(goal: float, a: float, b: float) -> float | None:
+    """10 ** ((goal - a) / b), the fit's budget for `goal`; None where the fit does not rise or overflows."""
+    if b <= 0:
+        return None
+    try:
+        return 10 ** ((goal - a) / b)
+    except OverflowError:
+        return None
 
 
 def split_spec(option: str, spec: str, form: str) -> tuple[str, str]:

@@ -89,6 +89,11 @@ def test_fit_log_linear_recovers_a_line_and_predicts_budgets():
         {"token_passes": 1e6, "tokens_per_target_pass": 1.5},
     ]
     assert fit_log_linear(falling, [2.5])[1] == {"2.5": None}
+    flat = [  # a fit that barely rises: the budget for 3.0 is beyond any float
+        {"token_passes": 1e6, "tokens_per_target_pass": 2.0},
+        {"token_passes": 1e7, "tokens_per_target_pass": 2.0001},
+    ]
+    assert fit_log_linear(flat, [3.0])[1] == {"3.0": None}
     assert fit_log_linear(points[:1], [2.0]) == (None, {})
 
 
