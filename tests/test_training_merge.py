@@ -89,6 +89,46 @@ def test_arms_from_different_starts_keep_no_common_stage():
     assert "previous_stage" not in merged and merged["response_tokens_trained"] == 10
 
 
+def test_arms_that_share_an_older_stage_count_their_own_stages_since_it():
+    start = {"response_tokens_trained": 1000, "optimizer_steps": 10}
+    # run R: 10 steps finalised as a stage, then resumed from its checkpoint to 17 steps (counting all 17)
+    r_early = {
+        "output_dir": "runs/R",
+        "response_tokens_trained": 100,
+        "optimizer_steps": 10,
+        "previous_stage": start,
+    }
+    r_late = {
+        "output_dir": "runs/R",
+        "response_tokens_trained": 170,
+        "optimizer_steps": 17,
+        "previous_stage": start,
+    }
+    from_early = {
+        "output_dir": "runs/C",
+        "response_tokens_trained": 70,
+        "optimizer_steps": 7,
+        "previous_stage": r_early,
+    }
+    merged = merged_summary([r_late, from_early])
+    assert merged["previous_stage"] == start
+    assert training_budget(merged)["response_tokens_trained"] == 1000 + 170 + 70
+    assert training_budget(merged)["optimizer_steps"] == 10 + 17 + 7
+    assert "after_common_stage" not in merged["arms"][1]
+    # a stage of another run between the common stage and an arm counts, and is kept in the arm's record
+    other = {
+        "output_dir": "runs/O",
+        "response_tokens_trained": 100,
+        "optimizer_steps": 10,
+        "previous_stage": start,
+    }
+    merged = merged_summary([r_late, {**from_early, "previous_stage": other}])
+    assert training_budget(merged)["response_tokens_trained"] == 1000 + 170 + 70 + 100
+    assert merged["arms"][1]["after_common_stage"] == [
+        {k: v for k, v in other.items() if k != "previous_stage"}
+    ]
+
+
 def test_average_heads_refuses_heads_of_other_shapes(tiny_target, tmp_path):
     make_head(tiny_target).save_pretrained(tmp_path / "two")
     make_head(tiny_target, num_hidden_layers=1).save_pretrained(tmp_path / "one")

@@ -60,27 +60,65 @@ def average_state_dicts(
     return out
 
 
+def _own(summary: dict[str, Any]) -> dict[str, Any]:
+    """A stage's own record: its summary without the stages before it."""
+    return {k: v for k, v in summary.items() if k not in ("previous_stage", "cumulative")}
+
+
+def _ancestors(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stages before `summary`, newest first, along `previous_stage`."""
+    chain, stage = [], summary.get("previous_stage")
+    while stage:
+        chain.append(stage)
+        stage = stage.get("previous_stage")
+    return chain
+
+
 def merged_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A train_summary.json for the average of heads trained side by side: its own stage counts every arm's
     token-passes, optimizer steps and CPU-seconds (so budgets add up along `previous_stage`), keeps each arm's
-    record under `arms`, and continues the arms' common earlier stage (no `previous_stage` when they differ)."""
-    own = [{k: v for k, v in s.items() if k not in ("previous_stage", "cumulative")} for s in summaries]
-    previous = [s.get("previous_stage") for s in summaries]
-    cpu_seconds = sum(float(s.get("seconds") or 0.0) * int(s.get("threads") or 1) for s in summaries)
+    record under `arms`, and continues the arms' newest common earlier stage (no `previous_stage` when they share
+    none).
+
+    An arm that reached the common stage through stages of its own (say, it continued another arm's head) counts
+    those too, recorded under its `after_common_stage`, except a stage that is an earlier finalisation of another
+    arm's own run (same `output_dir`, no more optimizer steps): a run resumed from its checkpoints counts the steps
+    before the resume again."""
+    chains = [_ancestors(s) for s in summaries]
+    common = next((stage for stage in chains[0] if all(stage in chain for chain in chains[1:])), None)
+    runs = {
+        (s.get("output_dir"), int(s.get("optimizer_steps") or 0)) for s in summaries if s.get("output_dir")
+    }
+    own = []
+    for summary, chain in zip(summaries, chains):
+        record = _own(summary)
+        between = chain[: chain.index(common)] if common is not None else chain
+        counted = [
+            _own(stage)
+            for stage in between
+            if not any(
+                stage.get("output_dir") == out and int(stage.get("optimizer_steps") or 0) <= steps
+                for out, steps in runs
+            )
+        ]
+        if common is not None and counted:
+            record["after_common_stage"] = counted
+        own.append(record)
+    # with a common stage, every arm's stages after it count; without one, each arm only counts itself
+    stages = [s for r in own for s in (r, *r.get("after_common_stage", []))]
+    cpu_seconds = sum(float(s.get("seconds") or 0.0) * int(s.get("threads") or 1) for s in stages)
     merged = {
         "merge": "weight average",
         "arms": own,
-        "response_tokens_trained": sum(int(s.get("response_tokens_trained") or 0) for s in summaries),
-        "response_tokens_trained_estimated": any(
-            s.get("response_tokens_trained_estimated") for s in summaries
-        ),
-        "optimizer_steps": sum(int(s.get("optimizer_steps") or 0) for s in summaries),
+        "response_tokens_trained": sum(int(s.get("response_tokens_trained") or 0) for s in stages),
+        "response_tokens_trained_estimated": any(s.get("response_tokens_trained_estimated") for s in stages),
+        "optimizer_steps": sum(int(s.get("optimizer_steps") or 0) for s in stages),
         "seconds": round(cpu_seconds, 1),
         "threads": 1,  # seconds above are CPU-seconds of all arms
         "wall_seconds": max(float(s.get("seconds") or 0.0) for s in summaries),
     }
-    if all(p == previous[0] for p in previous) and previous[0] is not None:
-        merged["previous_stage"] = previous[0]
+    if common is not None:
+        merged["previous_stage"] = common
     return merged
 
 
