@@ -92,7 +92,8 @@ def merged_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     own = []
     for summary, chain in zip(summaries, chains):
         record = _own(summary)
-        between = chain[: chain.index(common)] if common is not None else chain
+        # an arm's own stages since the common one (without a common stage, each arm counts only itself)
+        between = chain[: chain.index(common)] if common is not None else []
         counted = [
             _own(stage)
             for stage in between
@@ -101,10 +102,9 @@ def merged_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 for out, steps in runs
             )
         ]
-        if common is not None and counted:
+        if counted:
             record["after_common_stage"] = counted
         own.append(record)
-    # with a common stage, every arm's stages after it count; without one, each arm only counts itself
     stages = [s for r in own for s in (r, *r.get("after_common_stage", []))]
     cpu_seconds = sum(float(s.get("seconds") or 0.0) * int(s.get("threads") or 1) for s in stages)
     merged = {
@@ -130,10 +130,7 @@ def chain_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(summaries) < 2:
         raise ValueError("a chain average needs at least two stages")
     for i, (older, newer) in enumerate(zip(summaries, summaries[1:])):
-        stage = newer.get("previous_stage")
-        while stage is not None and stage != older:
-            stage = stage.get("previous_stage")
-        if stage is None:
+        if older not in _ancestors(newer):
             raise ValueError(
                 f"head {i} is not an earlier stage of head {i + 1}: a chain average takes stages of one chain, "
                 "oldest first"
