@@ -1,12 +1,16 @@
 """Write the model cards of the shipped default heads (README.md in each head folder).
 
-Usage: python scripts/write_default_cards.py [--bench bench_results/bench.json]
+Usage: python scripts/write_default_cards.py [--bench bench_results/bench.json] [--heldout peagle=decoded.json]
+
+`--heldout KIND=JSON` adds the held-out decoding of that kind's head to its card: a `scripts/eval_acceptance.py`
+JSON (one head, pooled or not).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from peagle import PEagleDrafter
 from peagle.hub import render_model_card
@@ -22,10 +26,50 @@ def _steps(stage: dict) -> str:
     return str(stage.get("optimizer_steps"))
 
 
+def _layers(stage: dict) -> int | None:
+    """A stage's decoder layers; a weight average of arms records them per arm."""
+    arms = stage.get("arms") or [stage]
+    return arms[0].get("num_hidden_layers")
+
+
+def _heldout_line(path: str) -> str:
+    """The card's line for an `eval_acceptance.py` record of one head."""
+    record = json.loads(Path(path).read_text())
+    results = list(record["results"].values())
+    if len(results) != 1:
+        raise SystemExit(f"{path}: expected the decoding of one head, found {len(results)}")
+    result, settings = results[0], record["settings"]
+    sets = sorted({e.split(":")[0] for e in settings["examples"]})
+    return (
+        f"{result['tokens_per_target_pass']:.3f} new tokens per target pass at K={settings['num_speculative_tokens']} "
+        f"(K drafts every round, greedy, {settings['max_new_tokens']} new tokens, {settings['head_dtype']} head): "
+        f"{result['new_tokens']:,} tokens in {result['target_passes']:,} target passes over {result['prompts']} "
+        f"held-out examples of {', '.join(sets)}, "
+        + (
+            "every output identical to plain greedy"
+            if result["lossless"]
+            else "NOT identical to plain greedy"
+        )
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default=None, help="a `peagle bench` JSON to include")
+    ap.add_argument(
+        "--heldout",
+        action="append",
+        default=[],
+        metavar="KIND=JSON",
+        help=f"an eval_acceptance.py JSON of one head's held-out decoding; KIND one of {', '.join(DEFAULT_HEADS)}",
+    )
     args = ap.parse_args()
+    heldout = dict(item.split("=", 1) for item in args.heldout)
+    unknown = set(heldout) - set(DEFAULT_HEADS)
+    if unknown:
+        raise SystemExit(
+            f"--heldout: unknown head kind(s) {sorted(unknown)}; known: {', '.join(DEFAULT_HEADS)}"
+        )
     for kind in DEFAULT_HEADS:
         folder = default_drafter_path(kind)
         head = PEagleDrafter.from_pretrained(folder)
@@ -54,6 +98,9 @@ def main() -> None:
                 f"; the last stage on {examples} examples of "
                 "training_data/smollm2-135m-instruct/train (heads/README.md)"
             )
+        previous = summary.get("previous_stage")
+        if previous and _layers(previous) and _layers(previous) != _layers(summary):
+            data += f"; grown from {_layers(previous)} to {_layers(summary)} decoder layers at its start (grow_layers)"
         chain = summary.get("chain_average")  # average_heads.py --chain: averaged with the stages before it
         if chain:
             before = "the stage" if chain["stages"] == 2 else f"the {chain['stages'] - 1} stages"
@@ -79,6 +126,8 @@ def main() -> None:
                 "last_logged_top1_by_depth (mean of the arms)" if arms else "last_logged_top1_by_depth"
             ): accuracy or None,
         }
+        if kind in heldout:
+            training["held_out_decoding"] = _heldout_line(heldout[kind])
         card = render_model_card(
             head,
             base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
