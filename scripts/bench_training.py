@@ -11,6 +11,8 @@ Usage:
     python scripts/bench_training.py --examples ... --bf16          # the same with bf16 autocast
     python scripts/bench_training.py --examples ... --bf16 --feature-cache runs/cache-bench   # features read, not computed
     python scripts/bench_training.py --examples ... --bf16 --cod-ratio 0.5 --num-parallel-positions 4  # the levers
+    python scripts/bench_training.py --examples ... --bf16 --trainable-parameters '^(?!lm_head)'  # LM head frozen
+    python scripts/bench_training.py --examples ... --bf16 --num-layers 4   # the shipped P-EAGLE head's depth
 """
 
 from __future__ import annotations
@@ -68,6 +70,13 @@ def main() -> None:
     ap.add_argument(
         "--cod-ratio", type=float, default=0.7, help="COD keep ratio per depth (the recipe's 0.7)"
     )
+    ap.add_argument("--num-layers", type=int, default=2, help="the head's decoder layers (the recipe's 2)")
+    ap.add_argument(
+        "--trainable-parameters",
+        default=None,
+        help="a regular expression over the head's parameter names: only those train (e.g. '^(?!lm_head)', the "
+        "LM head frozen, as the P-EAGLE head's stages since 35)",
+    )
     ap.add_argument(
         "--feature-cache",
         default=None,
@@ -84,7 +93,7 @@ def main() -> None:
     head = build_head(
         target,
         examples,
-        num_hidden_layers=2,
+        num_hidden_layers=args.num_layers,
         draft_vocab_size=8192,
         num_parallel_positions=args.num_parallel_positions,
         embed_from_target=True,
@@ -119,6 +128,7 @@ def main() -> None:
             save_strategy="no",
             logging_steps=10_000,
             progress=False,
+            trainable_parameters=args.trainable_parameters,
         )
         trainer = PEagleTrainer(
             model=head.attach_target(target), target_model=target, args=targs, train_dataset=dataset
