@@ -53,6 +53,19 @@ def _heldout_line(path: str) -> str:
     )
 
 
+def _heldout_files(items: list[str]) -> dict[str, str]:
+    """`--heldout KIND=JSON` values as {kind: path}; SystemExit for a value without `=` or an unknown kind."""
+    files = {}
+    for item in items:
+        kind, sep, path = item.partition("=")
+        if not sep or not path:
+            raise SystemExit(f"--heldout {item!r}: expected KIND=JSON, e.g. peagle=decoded.json")
+        if kind not in DEFAULT_HEADS:
+            raise SystemExit(f"--heldout: unknown head kind {kind!r}; known: {', '.join(DEFAULT_HEADS)}")
+        files[kind] = path
+    return files
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default=None, help="a `peagle bench` JSON to include")
@@ -64,12 +77,7 @@ def main() -> None:
         help=f"an eval_acceptance.py JSON of one head's held-out decoding; KIND one of {', '.join(DEFAULT_HEADS)}",
     )
     args = ap.parse_args()
-    heldout = dict(item.split("=", 1) for item in args.heldout)
-    unknown = set(heldout) - set(DEFAULT_HEADS)
-    if unknown:
-        raise SystemExit(
-            f"--heldout: unknown head kind(s) {sorted(unknown)}; known: {', '.join(DEFAULT_HEADS)}"
-        )
+    heldout = _heldout_files(args.heldout)
     for kind in DEFAULT_HEADS:
         folder = default_drafter_path(kind)
         head = PEagleDrafter.from_pretrained(folder)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from write_default_cards import _heldout_line, _layers  # noqa: E402
+from write_default_cards import _heldout_files, _heldout_line, _layers  # noqa: E402
 
 
 def record(tmp_path, results: dict) -> str:
@@ -50,3 +50,11 @@ def test_layers_of_a_stage_and_of_a_weight_average_of_arms():
     assert _layers({"num_hidden_layers": 4}) == 4
     assert _layers({"arms": [{"num_hidden_layers": 2}, {"num_hidden_layers": 2}]}) == 2
     assert _layers({}) is None
+
+
+def test_heldout_option_takes_kind_equals_file_and_refuses_anything_else():
+    assert _heldout_files(["peagle=a.json", "eagle3=b=c.json"]) == {"peagle": "a.json", "eagle3": "b=c.json"}
+    with pytest.raises(SystemExit, match="expected KIND=JSON"):
+        _heldout_files(["a.json"])
+    with pytest.raises(SystemExit, match="unknown head kind 'medusa'"):
+        _heldout_files(["medusa=a.json"])
