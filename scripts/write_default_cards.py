@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from peagle import PEagleDrafter
 from peagle.hub import render_model_card
 from peagle.targets import DEFAULT_HEADS, default_drafter_path
 from peagle.training.recipe import training_budget
+
+sys.path.insert(0, str(Path(__file__).parent))
+from eval_acceptance import heldout_spec  # noqa: E402
+from scaling_curve import split_spec  # noqa: E402
 
 
 def _steps(stage: dict) -> str:
@@ -39,7 +44,7 @@ def _heldout_line(path: str) -> str:
     if len(results) != 1:
         raise SystemExit(f"{path}: expected the decoding of one head, found {len(results)}")
     result, settings = results[0], record["settings"]
-    sets = sorted({e.split(":")[0] for e in settings["examples"]})
+    sets = sorted({heldout_spec(spec, 0, 0)[0] for spec in settings["examples"]})
     return (
         f"{result['tokens_per_target_pass']:.3f} new tokens per target pass at K={settings['num_speculative_tokens']} "
         f"(K drafts every round, greedy, {settings['max_new_tokens']} new tokens, {settings['head_dtype']} head): "
@@ -57,9 +62,10 @@ def _heldout_files(items: list[str]) -> dict[str, str]:
     """`--heldout KIND=JSON` values as {kind: path}; SystemExit for a value without `=` or an unknown kind."""
     files = {}
     for item in items:
-        kind, sep, path = item.partition("=")
-        if not sep or not path:
-            raise SystemExit(f"--heldout {item!r}: expected KIND=JSON, e.g. peagle=decoded.json")
+        try:
+            kind, path = split_spec("--heldout", item, "KIND=JSON, e.g. peagle=decoded.json")
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
         if kind not in DEFAULT_HEADS:
             raise SystemExit(f"--heldout: unknown head kind {kind!r}; known: {', '.join(DEFAULT_HEADS)}")
         files[kind] = path
@@ -106,9 +112,9 @@ def main() -> None:
                 f"; the last stage on {examples} examples of "
                 "training_data/smollm2-135m-instruct/train (heads/README.md)"
             )
-        previous = summary.get("previous_stage")
-        if previous and _layers(previous) and _layers(previous) != _layers(summary):
-            data += f"; grown from {_layers(previous)} to {_layers(summary)} decoder layers at its start (grow_layers)"
+        layers_before = _layers(summary.get("previous_stage") or {})
+        if layers_before and layers_before != _layers(summary):
+            data += f"; grown from {layers_before} to {_layers(summary)} decoder layers at its start (grow_layers)"
         chain = summary.get("chain_average")  # average_heads.py --chain: averaged with the stages before it
         if chain:
             before = "the stage" if chain["stages"] == 2 else f"the {chain['stages'] - 1} stages"
