@@ -171,6 +171,32 @@ def test_greedy_lossless_past_the_sliding_window(family, target):
     assert accepted > 10
 
 
+def test_default_settings_past_the_sliding_window(family, target, tmp_path, monkeypatch):
+    """Default settings (the cost rule) on a context longer than the window: the rule measures this target's
+    verify cost first (a fresh cost cache), which rolls a cache back past the window; then rounds verify drafts
+    and roll the target's cache back across it.  Output identical to plain greedy."""
+    from peagle.generation.cost import forget_cost_models
+
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
+    forget_cost_models()
+    head = new_head(target, confidence_threshold=None)
+    assert head.config.confidence_threshold is None  # the default: cost-aware drafting
+    ids = prompt(5, length=12)  # longer than the window
+    ref = target.generate(ids, do_sample=False, max_new_tokens=3 * WINDOW, min_new_tokens=3 * WINDOW)
+    oracle = Oracle(head, ref, p=0.9, seed=5)
+    try:
+        out = target.generate(
+            ids, do_sample=False, max_new_tokens=3 * WINDOW, min_new_tokens=3 * WINDOW, assistant_model=head
+        )
+    finally:
+        oracle.handle.remove()
+        forget_cost_models()
+    assert torch.equal(out, ref), f"{family}: default-settings output differs from plain greedy"
+    stats = head.last_generation_stats
+    assert stats.draft_policy == "cost" and list(tmp_path.glob("*.json")), "the verify cost was not measured"
+    assert stats.accepted_tokens > 0, "no draft was verified: the rollback path did not run"
+
+
 def test_sampling_stays_in_the_targets_distribution(family, target):
     """Sampling with top-k 3: every token is in the target's own top 3 given its prefix, and the second token's
     frequencies match the target's exact marginal (drafts are accepted or resampled, never passed through)."""

@@ -336,11 +336,20 @@ def measure_cost_model(
     from transformers.cache_utils import DynamicCache
 
     device = next(target.parameters()).device
-    vocab = int(target.config.get_text_config().vocab_size)
+    text = target.config.get_text_config()
+    vocab = int(text.vocab_size)
+    # a target with a short position range (learned positions, e.g. GPT-2) is timed at a shorter context
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    if positions:
+        context = max(1, min(context, int(positions) - max_tokens))
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-    cache = DynamicCache(config=target.config)
+    cache = DynamicCache(config=target.config)  # the measurement's own cache, never the user's
     target(input_ids=prefix, use_cache=True, **cache_kwarg(cache))
+    # sliding-window layers drop what falls out of the window unless told to keep it until the next crop; after
+    # the prefill (as transformers' assisted decoding does), so the prefix itself is trimmed to the window
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
     seconds = []
     for n in range(1, max_tokens + 1):
