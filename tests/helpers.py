@@ -161,23 +161,75 @@ class Oracle:
     """Forward hook: each drafting slot's logits point at the reference continuation with probability `p`.
 
     A random head almost never drafts a right token; the oracle makes rounds accept 0..K drafts, so the cache
-    crop/append path and the stats see real acceptance.  The slot at position q predicts token q + 2.
+    crop/append path and the stats see real acceptance.  The slot at position q predicts token q + 2 of its
+    row's reference.
+
+    `reference`: `(1, n)` for one row, or one unpadded sequence per row of a batch (a `(B, n)` tensor or a list),
+    with `p` a float or one probability per row (1.0: always right, 0.0: never).  Rows leave a batch when they
+    finish, so each drafter call finds its rows' references by their real slots' tokens.
     """
 
-    def __init__(self, head, reference: torch.LongTensor, p: float = 0.7, seed: int = 0):
-        self.reference = reference[0].tolist()
-        self.p = p
+    def __init__(self, head, reference, p: float | list[float] = 0.7, seed: int = 0):
+        self.references = [r.tolist() for r in reference]
+        self.p = [p] * len(self.references) if isinstance(p, (int, float)) else list(p)
         self.generator = torch.Generator().manual_seed(seed)
         target_ids = (torch.arange(head.config.draft_vocab_size) + head.d2t).tolist()
         self.draft_index = {t: i for i, t in enumerate(target_ids)}
+        self.mask_token_id = head.config.mask_token_id
+        self.rows: list[int] = list(range(len(self.references)))
         self.handle = head.register_forward_hook(self, with_kwargs=True)
 
+    @property
+    def reference(self) -> list[int]:
+        return self.references[0]
+
+    def _find_rows(self, kwargs) -> None:
+        ids, pos = kwargs["input_ids"], kwargs["position_ids"]
+        par = kwargs.get("parallel_mask")
+        rows = []
+        for b in range(ids.shape[0]):
+            slots = [
+                (q, t)
+                for q, t, is_par in zip(
+                    pos[b].tolist(),
+                    ids[b].tolist(),
+                    par[b].tolist() if par is not None else [False] * ids.shape[1],
+                )
+                if not is_par and t != self.mask_token_id and q >= 0
+            ]
+            match = [
+                r
+                for r, ref in enumerate(self.references)
+                if all(q + 1 < len(ref) and ref[q + 1] == t for q, t in slots)
+            ]
+            rows.append(match[0] if match else -1)
+        self.rows = rows
+
     def __call__(self, module, args, kwargs, out):
+        if len(self.references) > 1 and kwargs.get("projected_hidden_states") is None:
+            self._find_rows(kwargs)
         k = out.logits.shape[1]
         logits = out.logits.clone()
-        for j, q in enumerate(kwargs["position_ids"][0, -k:].tolist()):
-            hit = torch.rand((), generator=self.generator).item() < self.p
-            if q + 2 < len(self.reference) and hit and self.reference[q + 2] in self.draft_index:
-                logits[0, j, self.draft_index[self.reference[q + 2]]] = logits[0, j].max() + 10.0
+        for b in range(logits.shape[0]):
+            r = self.rows[b] if len(self.references) > 1 else 0
+            if r < 0:
+                continue
+            ref = self.references[r]
+            for j, q in enumerate(kwargs["position_ids"][b, -k:].tolist()):
+                hit = torch.rand((), generator=self.generator).item() < self.p[r]
+                if q + 2 < len(ref) and hit and ref[q + 2] in self.draft_index:
+                    logits[b, j, self.draft_index[ref[q + 2]]] = logits[b, j].max() + 10.0
         out.logits = logits
         return out
+
+
+def left_pad(rows: list[torch.LongTensor], pad: int = 0) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """A left-padded batch `(input_ids, attention_mask)` of 1D prompts, as a tokenizer with
+    `padding_side="left"` makes it."""
+    width = max(r.shape[0] for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - r.shape[0] :] = r
+        mask[i, width - r.shape[0] :] = 1
+    return ids, mask

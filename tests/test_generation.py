@@ -472,10 +472,11 @@ def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
     returned = []
     original = gen.PEagleCandidateGenerator.get_candidates
 
-    def spy(self, input_ids, **kwargs):
-        ids, logits = original(self, input_ids, **kwargs)
-        returned.append((input_ids, ids, logits))
-        return ids, logits
+    def spy(self, histories, max_drafts, **kwargs):
+        drafts, logits = original(self, histories, max_drafts, **kwargs)
+        if histories:  # one row: its history, then the round's drafts after it
+            returned.append((histories[0], torch.cat([histories[0], drafts], dim=1), logits))
+        return drafts, logits
 
     monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", spy)
     rec = Recorder(head)
@@ -527,9 +528,10 @@ def test_sampling_matches_target_distribution(monkeypatch):
     context = {}
     original = gen.PEagleCandidateGenerator.get_candidates
 
-    def remember_context(self, input_ids, **kwargs):
-        context["ids"] = input_ids
-        return original(self, input_ids, **kwargs)
+    def remember_context(self, histories, max_drafts, **kwargs):
+        if histories:
+            context["ids"] = histories[0]
+        return original(self, histories, max_drafts, **kwargs)
 
     monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", remember_context)
     draft_ids = torch.arange(6) + head.d2t
@@ -572,12 +574,10 @@ def test_sampling_matches_target_distribution(monkeypatch):
 def test_unsupported_requests_raise(target):
     head = make_head(target)
     ids = prompt_ids(71, 5)
-    with pytest.raises(ValueError, match="batch size 1; got a batch of 2"):
-        target.generate(ids.repeat(2, 1), max_new_tokens=3, assistant_model=head)
     with pytest.raises(ValueError, match="num_beams=1; got num_beams=2"):
         target.generate(ids, max_new_tokens=3, num_beams=2, assistant_model=head)
-    with pytest.raises(ValueError, match="num_return_sequences=2"):
-        target.generate(ids, max_new_tokens=3, do_sample=True, num_return_sequences=2, assistant_model=head)
+    with pytest.raises(ValueError, match="num_return_sequences"):  # greedy: transformers refuses it itself
+        target.generate(ids, max_new_tokens=3, num_return_sequences=2, assistant_model=head)
     with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
         target.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=3, assistant_model=head)
 
@@ -606,12 +606,11 @@ def test_version_guard(target, monkeypatch):
 
 
 def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):
-    dispatch = GenerationMixin._get_candidate_generator
-    validate = GenerationMixin._validate_generation_mode
-    assert dispatch._peagle_hook and validate._peagle_hook
+    hooked = GenerationMixin.generate
+    assert hooked._peagle_hook
     assert peagle.install_generate_hook()
-    assert GenerationMixin._get_candidate_generator is dispatch
-    assert not getattr(dispatch.__wrapped__, "_peagle_hook", False)  # wrapped once, not twice
+    assert GenerationMixin.generate is hooked
+    assert not getattr(hooked.__wrapped__, "_peagle_hook", False)  # wrapped once, not twice
 
     # an ordinary assistant goes through transformers' own AssistedCandidateGenerator
     torch.manual_seed(0)
@@ -619,25 +618,23 @@ def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):
     ids = prompt_ids(91, 6)
     ref = greedy(target, ids, max_new_tokens=8)
     seen = []
-    original = dispatch.__wrapped__
+    dispatch = GenerationMixin._get_candidate_generator
 
     def spy(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
+        result = dispatch(self, *args, **kwargs)
         seen.append(type(result).__name__)
         return result
 
     try:
-        peagle.uninstall_generate_hook()
-        assert GenerationMixin._get_candidate_generator is original
         GenerationMixin._get_candidate_generator = spy
+        peagle.uninstall_generate_hook()
+        assert GenerationMixin.generate is hooked.__wrapped__
         peagle.install_generate_hook()  # wraps whatever is there, once
         out = greedy(target, ids, max_new_tokens=8, assistant_model=assistant)
     finally:
-        peagle.uninstall_generate_hook()
-        GenerationMixin._get_candidate_generator = original
-        peagle.install_generate_hook()
+        GenerationMixin._get_candidate_generator = dispatch
     assert torch.equal(out, ref) and seen == ["AssistedCandidateGenerator"]
-    assert GenerationMixin._get_candidate_generator._peagle_hook
+    assert GenerationMixin.generate._peagle_hook
 
 
 # ---------------------------------------------------------------------------------------------- the real target

@@ -568,13 +568,16 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
     # ------------------------------------------------------------------ one drafting round
     def parallel_slots(
-        self, input_ids: torch.LongTensor, start_position: int, num_speculative_tokens: int
+        self,
+        input_ids: torch.LongTensor,
+        start_position: int | torch.LongTensor,
+        num_speculative_tokens: int,
     ) -> tuple[torch.LongTensor, torch.LongTensor, torch.BoolTensor]:
         """Append K-1 parallel slots to a block of real slots.
 
         Args:
             input_ids: `(B, R)` tokens of the R new real slots (the last one is the bonus token).
-            start_position: RoPE position of the first real slot.
+            start_position: RoPE position of the first real slot: an int, or `(B,)` one per row.
             num_speculative_tokens: K.
 
         Returns:
@@ -585,10 +588,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
         extra = num_speculative_tokens - 1
         fill = input_ids.new_full((bsz, extra), self.config.mask_token_id)
         ids = torch.cat([input_ids, fill], dim=1)
-        positions = torch.arange(start_position, start_position + real + extra, device=input_ids.device)
         par = torch.zeros_like(ids, dtype=torch.bool)
         par[:, real:] = True
-        return ids, positions.unsqueeze(0).expand(bsz, -1), par
+        return ids, _block_positions(start_position, bsz, real + extra, input_ids.device), par
 
     @torch.no_grad()
     @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
@@ -598,8 +600,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
         target_hidden_states: torch.Tensor,
         num_speculative_tokens: int,
         cache: Cache,
-        start_position: int,
+        start_position: int | torch.LongTensor,
         select: DraftSelector,
+        attention_mask: torch.Tensor | None = None,
     ) -> PEagleDraft:
         """THE drafting round (docs/DESIGN.md section 3): the one implementation `draft()`, the `generate()`
         candidate generator and the evaluation code call.
@@ -618,11 +621,15 @@ class PEagleDrafter(PEaglePreTrainedModel):
             num_speculative_tokens: K, the most drafts this round may propose.
             cache: the drafter cache holding the earlier real slots and nothing else (the caller crops the
                 previous round's `speculative_slots` first).
-            start_position: RoPE position of the first new real slot.
+            start_position: RoPE position of the first new real slot: an int, or `(B,)` one per row (a batch
+                whose rows sit at different positions).
             select: `select(logits (B, V_draft) float32, depth) -> (token (B,) target ids, scores, stop)` or
                 `None` to propose nothing at this depth; `stop=True` ends the round after this depth.  `scores`
                 (anything, e.g. the processed target-vocabulary logits the token was drawn from) are stacked
                 into the result when they are tensors.
+            attention_mask: `None` (every cached and new slot is valid), or a 2D `(B, cached + R)` mask, 0 at
+                slots a row must not see (left padding of a ragged block, holes of rejected drafts); the
+                round's parallel and autoregressive slots are appended as valid.
 
         Returns:
             [`PEagleDraft`]: `tokens (B, k)` with k <= K, `logits (B, k, V_draft)`, `scores (B, k, ...)` when the
@@ -642,15 +649,18 @@ class PEagleDrafter(PEaglePreTrainedModel):
             keep = k
         else:
             ids, feats = input_ids, target_hidden_states
-            positions = torch.arange(start_position, start_position + ids.shape[1], device=ids.device)
-            positions = positions.unsqueeze(0).expand(ids.shape[0], -1)
+            positions = _block_positions(start_position, ids.shape[0], ids.shape[1], ids.device)
             par = torch.zeros_like(ids, dtype=torch.bool)
             keep = 1
+        mask = attention_mask
+        if mask is not None and ids.shape[1] > input_ids.shape[1]:  # the parallel slots are valid
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], ids.shape[1] - input_ids.shape[1])], dim=1)
         out = self(
             input_ids=ids,
             target_hidden_states=feats,
             position_ids=positions,
             cache=cache,
+            attention_mask=mask,
             parallel_mask=par,
             use_cache=True,
             logits_to_keep=keep,
@@ -659,7 +669,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
         tokens: list[torch.Tensor] = []
         logits: list[torch.Tensor] = []
         scores: list[Any] = []
-        position = start_position + input_ids.shape[1]  # of the next autoregressive slot
+        position = (
+            positions[:, input_ids.shape[1] - 1 : input_ids.shape[1]] + 1
+        )  # of the next autoregressive slot
         for depth in range(k):
             row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
             picked = select(row, depth)
@@ -673,11 +685,14 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 break
             if not parallel:
                 slot = token[:, None].to(ids.device)
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 out = self(
                     input_ids=slot,
                     projected_hidden_states=out.last_hidden_state[:, -1:],
-                    position_ids=torch.full_like(slot, position),
+                    position_ids=position.clone(),
                     cache=cache,
+                    attention_mask=mask,
                     parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
                     use_cache=True,
                     logits_to_keep=1,
@@ -746,6 +761,16 @@ class PEagleDrafter(PEaglePreTrainedModel):
             return self.draft_to_target(picked), logits, False
 
         return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
+
+
+def _block_positions(
+    start: int | torch.LongTensor, bsz: int, length: int, device: torch.device
+) -> torch.LongTensor:
+    """`(B, length)` RoPE positions of a block of slots starting at `start` (an int, or `(B,)` per row)."""
+    steps = torch.arange(length, device=device)
+    if isinstance(start, torch.Tensor):
+        return start.to(device).reshape(-1, 1) + steps
+    return (steps + int(start)).unsqueeze(0).expand(bsz, -1)
 
 
 __all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]

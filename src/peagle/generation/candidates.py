@@ -1,11 +1,13 @@
-"""The candidate generator transformers' assisted decoding calls once per round with a P-EAGLE head.
+"""The drafting side of peagle's decoding loop ([`decoding.peagle_decoding`]): one P-EAGLE round per verify pass,
+for a batch of B >= 1 rows.
 
-After a verify pass the sequence is x_0..x_{n-1}; the target features f_0..f_{n-2} are known and x_{n-1} is the
-bonus token.  The drafter's KV cache holds the real slots 0..c-1 from earlier rounds followed by the previous
-round's speculative slots.  Each round crops the speculative slots away (rejected drafts were only ever
-speculative slots), then runs [`PEagleDrafter.draft_round`] on the new real slots c..n-2 (slot t =
-embed(x_{t+1}) + fc(f_t) at position t: the accepted drafts and the bonus, paired with the verify pass's
-features).  docs/DESIGN.md section 3 has the slot layout.
+After a verify pass, row b's sequence is x_0..x_{n-1}; the target features f_0..f_{n-2} are known and x_{n-1} is
+the bonus token.  The drafter's KV cache holds each row's real slots from earlier rounds, then the previous
+round's speculative slots (the same number in every row).  The loop hands over each row's new real slots (slot
+t = embed(x_{t+1}) + fc(f_t) at position t: the accepted drafts and the bonus, paired with the verify pass's
+features); rows accept different numbers of drafts, so a round's block of new real slots is ragged and is
+left-padded with masked holes.  Each round crops the speculative slots away, then runs
+[`PEagleDrafter.draft_round`] on the block.  docs/DESIGN.md sections 3 and 8 have the slot layout.
 """
 
 from __future__ import annotations
@@ -15,23 +17,22 @@ import weakref
 from typing import Any
 
 import torch
-import transformers
 from transformers.cache_utils import DynamicCache
-from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
-from transformers.utils import ModelOutput, logging
+from transformers.utils import logging
 
 from ..configuration_peagle import default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
 from .cost import (
     AcceptanceCorrection,
-    best_rate,
+    best_batch_rate,
     calibrated_probabilities,
-    choose_num_drafts,
+    choose_batch_num_drafts,
     cost_model_for,
     expected_tokens,
 )
+from .ragged import compact, worth_compacting
 from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)
@@ -51,10 +52,10 @@ def text_config(model_or_config: Any) -> Any:
 def _given(generation_config: GenerationConfig, name: str) -> Any:
     """`generation_config.<name>` when the user set it, else None.
 
-    transformers fills unset values with its global defaults before the candidate generator is built; peagle's
-    hook records which names the user passed to `generate()` (`_peagle_given`), so a value equal to the default
-    (e.g. `num_assistant_tokens=20`) still counts as given.  Without that record (a `GenerationConfig` passed
-    whole), a value equal to transformers' default reads as "not given"."""
+    transformers fills unset values with its global defaults before decoding starts; peagle's hook records which
+    names the user passed to `generate()` (`_peagle_given`), so a value equal to the default (e.g.
+    `num_assistant_tokens=20`) still counts as given.  Without that record (a `GenerationConfig` passed whole),
+    a value equal to transformers' default reads as "not given"."""
     value = getattr(generation_config, name)
     given = getattr(generation_config, "_peagle_given", None)
     if given is not None and name in given:
@@ -82,11 +83,11 @@ def resolve_confidence_threshold(
 
     `assistant_confidence_threshold` when given, else the head's `config.confidence_threshold`; None when neither
     is set (a head's default), which selects the cost-aware rule (docs/DESIGN.md section 7).  Without a head:
-    0.0.  With a threshold `t > 0`, a round keeps its drafts up to and including the first one whose probability
-    under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models); 0.0 drafts all
-    K tokens every round, as vLLM does.  The output is unchanged either way (greedy: identical; sampling: same
-    distribution), only the work per round changes.  transformers fills an unset threshold with its global
-    default (0.4); an explicit 0.4 passed to `generate()` still counts as given.
+    0.0.  With a threshold `t > 0`, a row's round keeps its drafts up to and including the first one whose
+    probability under the head is below `t` (the rule of transformers' `ConfidenceCriteria` for draft models);
+    0.0 drafts all K tokens every round, as vLLM does.  The output is unchanged either way (greedy: identical;
+    sampling: same distribution), only the work per round changes.  transformers fills an unset threshold with
+    its global default (0.4); an explicit 0.4 passed to `generate()` still counts as given.
     """
     value = _given(generation_config, "assistant_confidence_threshold")
     if value is None:
@@ -100,24 +101,62 @@ def resolve_confidence_threshold(
     return value
 
 
+def grouped_processing(
+    processors: LogitsProcessorList,
+    histories: list[torch.LongTensor],
+    scores: torch.Tensor,
+    rows: list[int] | None = None,
+    batch_size: int | None = None,
+) -> torch.Tensor:
+    """Apply `processors` to each row's `(V,)` scores with that row's own history, as plain `generate()` would.
+
+    Rows of a ragged batch sit at different lengths.  Rows whose histories have one length go through the
+    processors together, each at its place in the original batch (`rows[b]` of `batch_size`; the other places
+    repeat one of the group's histories), so a processor sees each row's own length (`min_new_tokens`) and its
+    batch index (per-row state such as the repetition penalty's prompt padding, `prefix_allowed_tokens_fn`).
+    `histories[b]` is `(1, L_b)`; returns the processed `(B, V)` scores."""
+    if len(processors) == 0:
+        return scores
+    rows = list(range(len(histories))) if rows is None else rows
+    batch_size = len(histories) if batch_size is None else batch_size
+    out = scores.clone()
+    groups: dict[int, list[int]] = {}
+    for b, h in enumerate(histories):
+        groups.setdefault(h.shape[1], []).append(b)
+    for members in groups.values():
+        first = histories[members[0]].to(scores.device)
+        ctx = first.expand(batch_size, -1).clone()
+        full = scores[members[0]].expand(batch_size, -1).clone()
+        for b in members:
+            ctx[rows[b]] = histories[b][0].to(scores.device)
+            full[rows[b]] = scores[b]
+        done = processors(ctx, full)
+        for b in members:
+            out[b] = done[rows[b]]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- generator
 _ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class PEagleCandidateGenerator(CandidateGenerator):
-    """Candidate generator drafting K tokens per round with a [`PEagleDrafter`].
+class PEagleCandidateGenerator:
+    """Drafts up to K tokens per row per round with a [`PEagleDrafter`], for B >= 1 rows.
 
-    Built by transformers' generation dispatch (through the hook `import peagle` installs) when
-    `assistant_model` is a P-EAGLE head.  The verify forward of the target is asked for the hidden states of
-    `config.eagle_aux_hidden_state_layer_ids` (`output_hidden_states[i]`, index 0 = embeddings) through
-    `model_kwargs_overrides`; `get_candidates` turns them into the drafter's new real slots.
+    Built by peagle's decoding loop when `generate()` gets a P-EAGLE head as `assistant_model`.  The loop asks the
+    target's verify passes for the hidden states of `config.eagle_aux_hidden_state_layer_ids`
+    (`model_kwargs_overrides`), hands each row's new real slots to [`add_real_slots`], calls [`get_candidates`]
+    for the round's drafts and reports the verified outcome to [`update_candidate_strategy`].  Finished rows leave
+    through [`select_rows`].
 
     Args:
         target: the target model running `generate()`.
         head: the drafter.
         generation_config: the call's generation config (K, sampling, `max_length`).
-        logits_processor: the processors transformers applies to the target's logits; applied to the draft
-            logits too (temperature, top-k, top-p, penalties), so drafts follow the same rules.
+        logits_processor: the processors applied to the target's logits; applied to the draft logits too
+            (temperature, top-k, top-p, penalties), each row with its own history, so drafts follow the same
+            rules.
+        batch_size: rows decoded together (the cost rule's curve is measured for this many rows).
     """
 
     requires_model_outputs: bool = True
@@ -128,6 +167,7 @@ class PEagleCandidateGenerator(CandidateGenerator):
         head: PEagleDrafter,
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None = None,
+        batch_size: int = 1,
     ):
         cfg = head.config
         tc = text_config(target)
@@ -142,8 +182,11 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self.policy = "cost" if threshold is None else ("threshold" if threshold > 0 else "fixed")
         self.confidence_threshold = threshold or 0.0
         self.calibration = getattr(cfg, "draft_calibration", None)
+        self.batch_size = int(batch_size)
         self.cost = (
-            cost_model_for(target, head, self.num_speculative_tokens + 1) if self.policy == "cost" else None
+            cost_model_for(target, head, self.num_speculative_tokens + 1, batch_size=self.batch_size)
+            if self.policy == "cost"
+            else None
         )
         if self.drafting_mode == "parallel" and self.num_speculative_tokens > cfg.num_parallel_positions:
             logger.warning_once(
@@ -158,12 +201,8 @@ class PEagleCandidateGenerator(CandidateGenerator):
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         # greedy verification compares tokens only: with no processors to apply, drafts and their probabilities
-        # come straight from the draft vocabulary and no target-vocabulary logits go back to transformers
-        self.fast_greedy = (
-            not self.do_sample
-            and len(self.logits_processor) == 0
-            and getattr(generation_config, "assistant_ensemble_weight", None) is None
-        )
+        # come straight from the draft vocabulary and no target-vocabulary logits go back to the loop
+        self.fast_greedy = not self.do_sample and len(self.logits_processor) == 0
         self.max_length = generation_config.max_length
         self.device = head.device
         if cfg.embed_from_target:
@@ -174,17 +213,20 @@ class PEagleCandidateGenerator(CandidateGenerator):
                 _ATTACHED_EMBEDDINGS[head] = weakref.ref(weight)
 
         self.cache = DynamicCache(config=cfg)
-        self._next_real = 0  # position of the first real slot not yet in the drafter cache
+        self.cache_mask = torch.ones(self.batch_size, 0, dtype=torch.long, device=self.device)
+        self.has_holes = False  # whether cache_mask holds a 0 (masked slots must then be passed on)
+        # per row: (tokens (r,), features (r, F), position of the first) real slots not yet in the drafter cache
+        self._pending: list[tuple[torch.LongTensor, torch.Tensor, int] | None] = [None] * self.batch_size
         self._speculative_slots = 0  # slots after the real ones in the cache (dropped next round)
-        self._prev_len: int | None = None  # length of the sequence the last verify pass ran up to
         self._last_num_drafts = 0
-        self._pending: tuple[torch.LongTensor, torch.Tensor] | None = None  # real slots a skipped round left
         self._skip_left = 0  # plain steps to take before the drafter runs again (cost rule)
         self._skip_len = 1  # the next skip's length (grows by one while drafting keeps losing)
         self._returned_at: float | None = None  # when the last candidates went to verification
         self._round: dict[str, Any] | None = None  # prediction of the round under verification
         self._pays: float | None = None  # running ratio of drafting's expected rate to a plain step's
-        self._confidences: list[float] = []  # the head's confidence in each draft of the last round
+        self._confidences: list[
+            list[float]
+        ] = []  # [depth][row] the head's confidence in the last round's drafts
         self._correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
         self._start = time.perf_counter()
         k = self.num_speculative_tokens
@@ -196,54 +238,83 @@ class PEagleCandidateGenerator(CandidateGenerator):
             confidence_threshold=self.confidence_threshold,
             draft_policy=self.policy,
             chosen_k_histogram=[0] * (k + 1),
+            batch_size=self.batch_size,
         )
         head.last_generation_stats = self.stats
 
-    # ------------------------------------------------------------------ target features
-    def _new_real_slots(
-        self, input_ids: torch.LongTensor, model_outputs: ModelOutput
-    ) -> tuple[int, torch.LongTensor, torch.Tensor]:
-        """The real slots not yet cached: `(start, tokens (1, R), features (1, R, 3 * H_t))` for slots start..n-2."""
-        states = getattr(model_outputs, "hidden_states", None)
-        if (
-            states is None
-            or len(states) != self.num_target_layers + 1
-            or any(states[i] is None for i in self.aux_layer_ids)
-        ):
-            got = "none" if states is None else f"{len(states)} entries"
-            raise RuntimeError(
-                f"the target's verify pass returned hidden states ({got}) without layers {self.aux_layer_ids} "
-                f"in a tuple of {self.num_target_layers + 1} (embeddings + one per layer); transformers "
-                f"{transformers.__version__} handles `output_hidden_states` differently from what peagle expects."
-            )
-        n = input_ids.shape[1]
-        verified = states[self.aux_layer_ids[0]].shape[1]
-        verify_start = self._prev_len - verified  # sequence position of the verify pass's first input
-        start = max(self._next_real, verify_start)
-        lo, hi = start - verify_start, n - 1 - verify_start
-        feats = torch.cat([states[i][:, lo:hi] for i in self.aux_layer_ids], dim=-1)
-        tokens = input_ids[:, start + 1 : n]
-        return start, tokens.to(self.device), feats.to(self.device)
+    # ------------------------------------------------------------------ rows and slots
+    @property
+    def rows(self) -> int:
+        """Rows still decoding."""
+        return len(self._pending)
+
+    def add_real_slots(self, row: int, tokens: torch.LongTensor, features: torch.Tensor, start: int) -> None:
+        """Queue row `row`'s new real slots: `tokens (r,)` (x_{t+1}), `features (r, 3 * H_t)` (f_t), for the
+        positions `start..start + r - 1`, right after the slots queued or cached before."""
+        tokens, features = tokens.to(self.device), features.to(self.device)
+        held = self._pending[row]
+        if held is None:
+            self._pending[row] = (tokens, features, int(start))
+        else:
+            self._pending[row] = (torch.cat([held[0], tokens]), torch.cat([held[1], features]), held[2])
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
+        keep_list = keep.tolist()
+        self._pending = [self._pending[i] for i in keep_list]
+        index = keep.to(self.device)
+        self.cache.batch_select_indices(index)
+        self.cache_mask = self.cache_mask[index]
+
+    def _ragged_block(
+        self,
+    ) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor, torch.LongTensor | None]:
+        """The queued real slots of every row as one block, each row right-aligned (left-padded with holes):
+        `(tokens (B, R), features (B, R, F), start (B,), mask (B, R) | None)`; start is the position of the
+        block's first column in each row (padding columns get positions before the row's first real slot)."""
+        pending = [p for p in self._pending if p is not None]
+        assert len(pending) == self.rows, "every row needs its new real slots before a round"
+        lengths = [p[0].shape[0] for p in self._pending]
+        width = max(lengths)
+        if all(n == width for n in lengths):
+            tokens = torch.stack([p[0] for p in self._pending])
+            feats = torch.stack([p[1] for p in self._pending])
+            starts = torch.tensor([p[2] for p in self._pending], device=self.device)
+            return tokens, feats, starts, None
+        first = self._pending[0]
+        tokens = first[0].new_full((self.rows, width), self.head.config.mask_token_id)
+        feats = first[1].new_zeros(self.rows, width, first[1].shape[-1])
+        mask = torch.zeros(self.rows, width, dtype=torch.long, device=self.device)
+        starts = []
+        for b, (ids, f, start) in enumerate(self._pending):
+            n = ids.shape[0]
+            tokens[b, width - n :] = ids
+            feats[b, width - n :] = f
+            mask[b, width - n :] = 1
+            starts.append(start - (width - n))
+        return tokens, feats, torch.tensor(starts, device=self.device), mask
 
     # ------------------------------------------------------------------ token selection
-    def _selector(self, context: torch.LongTensor, confidences: list[float]):
+    def _selector(
+        self, histories: list[torch.LongTensor], confidences: list[list[float]], rows: list[int] | None
+    ):
         """The round's `select(logits, depth)` for [`PEagleDrafter.draft_round`].
 
-        Each depth's `(1, V_draft)` logits become target-vocabulary scores (`-inf` outside the draft vocabulary),
-        pass through the call's logits processors with the drafts so far as context, and give one token (argmax,
-        or a sample when `do_sample`).  The scores returned are exactly those the token was drawn from, as
-        transformers' accept/resample rule requires.  Nothing is proposed when the processors leave no
-        admissible token (e.g. a forced token outside the draft vocabulary).  The head's probability of each
-        draft goes to `confidences`.  A round stops early with a confidence threshold (after its first draft the
-        head gives a lower probability: transformers' rule) and, under the cost rule, for autoregressive heads
-        once one more drafter pass no longer pays.
+        Each depth's `(B, V_draft)` logits become target-vocabulary scores (`-inf` outside the draft vocabulary),
+        pass through the call's logits processors with each row's history plus its drafts so far, and give one
+        token per row (argmax, or a sample when `do_sample`).  The scores returned are exactly those the token was
+        drawn from, as the accept/resample rule requires.  Nothing is proposed when the processors leave some row
+        no admissible token (e.g. a forced token outside the draft vocabulary).  The head's probability of each
+        draft goes to `confidences[depth][row]`.  A round stops early with a confidence threshold (once every
+        row's latest draft is below it: transformers' rule per row) and, under the cost rule, for autoregressive
+        heads once one more drafter pass no longer pays.
         """
-        state = {"context": context}
+        contexts = list(histories)
         if self.fast_greedy:  # greedy without processors: no target-vocabulary scores needed (see __init__)
 
             def select_greedy(logits: torch.Tensor, depth: int):
                 prob, index = logits.softmax(dim=-1).max(dim=-1)
-                confidences.append(float(prob[0]))
+                confidences.append(prob.tolist())
                 return self.head.draft_to_target(index), None, self._stop(confidences)
 
             return select_greedy
@@ -251,43 +322,54 @@ class PEagleCandidateGenerator(CandidateGenerator):
         def select(logits: torch.Tensor, depth: int):
             scores = self.head.draft_logits_to_target(logits)
             if len(self.logits_processor) > 0:
-                scores = self.logits_processor(state["context"], scores.clone())
-                if not bool(torch.isfinite(scores).any()):
+                scores = grouped_processing(self.logits_processor, contexts, scores, rows, self.batch_size)
+                if not bool(torch.isfinite(scores).any(dim=-1).all()):
                     return None
             if self.do_sample:
                 token = torch.multinomial(scores.softmax(dim=-1), num_samples=1)[:, 0]
             else:
                 token = scores.argmax(dim=-1)
-            prob = float(scores.softmax(dim=-1).gather(-1, token[:, None])[0, 0])
-            confidences.append(prob)
+            prob = scores.softmax(dim=-1).gather(-1, token[:, None])[:, 0]
+            confidences.append(prob.tolist())
             if len(self.logits_processor) > 0:
-                state["context"] = torch.cat([state["context"], token[:, None].to(context.device)], dim=-1)
+                for b in range(len(contexts)):
+                    contexts[b] = torch.cat(
+                        [contexts[b], token[b : b + 1, None].to(contexts[b].device)], dim=-1
+                    )
             return token, scores, self._stop(confidences)
 
         return select
 
-    def _stop(self, confidences: list[float]) -> bool:
-        """Whether the round ends after the draft just picked (confidence cut, or the cost rule's unroll stop)."""
+    def _stop(self, confidences: list[list[float]]) -> bool:
+        """Whether the round ends after the drafts just picked (every row past its confidence cut, or the cost
+        rule's unroll stop)."""
         if self.policy == "threshold":
-            return confidences[-1] < self.confidence_threshold
+            return all(
+                any(c < self.confidence_threshold for c in column)
+                for column in zip(*confidences, strict=True)
+            )
         if self.policy == "cost" and self.drafting_mode == "autoregressive":
             return not self._one_more_pass_pays(confidences)
         return False
 
-    def _one_more_pass_pays(self, confidences: list[float]) -> bool:
-        """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,
-        assuming the next draft is as likely to be accepted as the last one."""
-        probs = self._probabilities(confidences)
-        curve = self.cost.curve(len(probs) + 2)
-        spent = self.cost.drafter_seconds + self.cost.drafter_step_seconds * (len(probs) - 1)
-        # one more pass only raises the best rate if the rule would verify the extra draft as well
-        more = best_rate(probs + probs[-1:], curve, spent + self.cost.drafter_step_seconds)
-        return more > best_rate(probs, curve, spent)
+    def _row_probabilities(self, confidences: list[list[float]]) -> list[list[float]]:
+        """Per row, the acceptance probabilities of its drafts: the head's calibration, corrected by the rounds
+        this generation verified so far."""
+        return [
+            self._correction.apply(calibrated_probabilities(self.calibration, list(column)))
+            for column in zip(*confidences, strict=True)
+        ]
 
-    def _probabilities(self, confidences: list[float]) -> list[float]:
-        """Acceptance probabilities of a round's drafts: the head's calibration, corrected by the rounds this
-        generation verified so far."""
-        return self._correction.apply(calibrated_probabilities(self.calibration, confidences))
+    def _one_more_pass_pays(self, confidences: list[list[float]]) -> bool:
+        """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,
+        assuming each row's next draft is as likely to be accepted as its last one."""
+        rows = self._row_probabilities(confidences)
+        depth = len(confidences)
+        curve = self.cost.curve(depth + 2)
+        spent = self.cost.drafter_seconds + self.cost.drafter_step_seconds * (depth - 1)
+        # one more pass only raises the best rate if the rule would verify the extra draft as well
+        more = best_batch_rate([r + r[-1:] for r in rows], curve, spent + self.cost.drafter_step_seconds)
+        return more > best_batch_rate(rows, curve, spent)
 
     # ------------------------------------------------------------------ one round
     def _observe_verify(self, now: float) -> None:
@@ -301,29 +383,33 @@ class PEagleCandidateGenerator(CandidateGenerator):
             self.stats.measured_seconds += self._round["drafter_seconds"] + seconds
             self._round = None
 
-    def _plain_step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, None]:
+    def _plain_step(self) -> tuple[torch.LongTensor, None]:
         self._last_num_drafts = 0
-        self._prev_len = input_ids.shape[1]
         self._returned_at = time.perf_counter() if self.policy == "cost" else None
-        return input_ids, None
+        return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
 
-    def _choose(self, confidences: list[float], drafter_seconds: float, steps: int) -> int:
-        """Cost rule: how many of the round's drafts to verify (and whether the next rounds skip the drafter)."""
+    def _choose(self, confidences: list[list[float]], drafter_seconds: float, steps: int) -> int:
+        """Cost rule: how many of the round's drafts every row verifies (and whether the next rounds skip the
+        drafter).  `confidences[depth][row]`."""
         self.cost.observe_drafter(drafter_seconds, steps)
-        calibrated = calibrated_probabilities(self.calibration, confidences)
-        probs = self._correction.apply(calibrated)
-        curve = self.cost.curve(len(probs) + 1)
-        k = choose_num_drafts(probs, curve, self.cost.drafter_seconds)
-        predicted = expected_tokens(probs, k)
+        calibrated = [
+            calibrated_probabilities(self.calibration, list(c)) for c in zip(*confidences, strict=True)
+        ]
+        rows = [self._correction.apply(c) for c in calibrated]
+        curve = self.cost.curve(len(confidences) + 1)
+        k = choose_batch_num_drafts(rows, curve, self.cost.drafter_seconds)
+        predicted = sum(expected_tokens(r, k) for r in rows)
         self.stats.chosen_k_histogram[k] += 1
         self._round = {
-            "calibrated": calibrated[:k],  # what the correction learns from: the uncorrected prediction
+            "calibrated": [
+                c[:k] for c in calibrated
+            ],  # what the correction learns from: uncorrected predictions
             "tokens": predicted,
             "seconds": curve[k] + drafter_seconds,
             "drafter_seconds": drafter_seconds,
         }
         # does drafting pay at all? compare the round's expected rate (drafter included) with a plain step's
-        ratio = (predicted / (curve[k] + self.cost.drafter_seconds)) * curve[0]
+        ratio = (predicted / len(rows) / (curve[k] + self.cost.drafter_seconds)) * curve[0]
         self._pays = (
             ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
         )
@@ -336,51 +422,71 @@ class PEagleCandidateGenerator(CandidateGenerator):
     @torch.no_grad()
     def get_candidates(
         self,
-        input_ids: torch.LongTensor,
-        model_kwargs: dict[str, Any] | None = None,
-        model_outputs: ModelOutput | None = None,
+        histories: list[torch.LongTensor],
+        max_drafts: int,
         is_first_iteration: bool = False,
-        n_last_matches: int = 0,
-        **kwargs: Any,
+        rows: list[int] | None = None,
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Draft up to K tokens after `input_ids` `(1, n)`.
+        """Draft up to `max_drafts` (<= K) tokens after each row's history.
 
-        Returns `(candidate_ids (1, n + k), draft_logits (1, k, vocab_size) | None)`; `k = 0` on the first call
-        (the target's prefill must run first to provide features), at the length limit, and, under the cost
-        rule, in rounds where verifying drafts is not expected to pay.
+        Args:
+            histories: per row, `(1, L_b)` the tokens plain `generate()` would show the logits processors (the
+                left-padded prompt and the row's tokens so far).
+            max_drafts: the most drafts the longest-running row can still use before `max_length`.
+            is_first_iteration: the prefill runs next (nothing to draft from yet).
+            rows: each row's index in the call's original batch (rows leave the batch when they end); default
+                0..B-1.
+
+        Returns:
+            `(drafts (B, k), scores (B, k, vocab_size) | None)`, the same k for every row; k = 0 on the first
+            call, at the length limit and, under the cost rule, in rounds where verifying drafts is not expected
+            to pay.  `scores` are the processed target-vocabulary logits each draft was drawn from (None on the
+            fast greedy path).
         """
         tic = time.perf_counter()
-        n = input_ids.shape[1]
-        k = min(self.num_speculative_tokens, self.max_length - n - 1)
-        if is_first_iteration or model_outputs is None:
-            out = self._plain_step(input_ids)
+        k = min(self.num_speculative_tokens, max_drafts)
+        if is_first_iteration:
+            out = self._plain_step()
             self._returned_at = None  # the prefill runs next: not a verify pass to learn from
             return out
         if self.policy == "cost":
             self._observe_verify(tic)
         if k < 1:
-            return self._plain_step(input_ids)
-
-        start, tokens, feats = self._new_real_slots(input_ids, model_outputs)
-        if self._pending is not None:  # real slots of skipped rounds: the drafter catches up in this pass
-            tokens, feats = torch.cat([self._pending[0], tokens], 1), torch.cat([self._pending[1], feats], 1)
-            start = start - self._pending[0].shape[1]
-            self._pending = None
-        self._next_real = n - 1
+            return self._plain_step()
         if self.policy == "cost" and self._skip_left > 0:
             self._skip_left -= 1
-            self._pending = (tokens, feats)
             self.stats.skipped_drafter_rounds += 1
-            return self._plain_step(input_ids)
+            return self._plain_step()
 
-        self.cache.crop(-self._speculative_slots)  # drop last round's speculative slots
-        confidences: list[float] = []
+        if self._speculative_slots:  # drop last round's speculative slots
+            self.cache.crop(-self._speculative_slots)
+            self.cache_mask = self.cache_mask[:, : -self._speculative_slots]
+            self._speculative_slots = 0
+        if self.has_holes and worth_compacting(self.cache_mask):
+            self.cache_mask = compact(self.cache, self.cache_mask)
+        tokens, feats, starts, block_mask = self._ragged_block()
+        self._pending = [None] * self.rows
+        if block_mask is not None:
+            self.has_holes = True
+        new_mask = block_mask if block_mask is not None else torch.ones_like(tokens)
+        mask = torch.cat([self.cache_mask, new_mask], dim=1) if self.has_holes else None
+        start: int | torch.Tensor = int(starts[0]) if self.rows == 1 else starts
+        confidences: list[list[float]] = []
         draft = self.head.draft_round(
-            tokens, feats, k, self.cache, start, select=self._selector(input_ids.to(self.device), confidences)
+            tokens,
+            feats,
+            k,
+            self.cache,
+            start,
+            select=self._selector([h.to(self.device) for h in histories], confidences, rows),
+            attention_mask=mask,
         )
         self._speculative_slots = draft.speculative_slots
+        self.cache_mask = torch.cat(
+            [self.cache_mask, new_mask, new_mask.new_ones(self.rows, draft.speculative_slots)], dim=1
+        )
         self.stats.drafter_forward_calls += draft.forward_calls
-        drafts, logits = draft.tokens, draft.scores
+        drafts, scores = draft.tokens, draft.scores
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         drafter_seconds = time.perf_counter() - tic
@@ -389,52 +495,54 @@ class PEagleCandidateGenerator(CandidateGenerator):
         if self.policy == "cost" and drafts.shape[1] > 0:
             keep = self._choose(confidences, drafter_seconds, draft.forward_calls - 1)
             drafts = drafts[:, :keep]
-            logits = logits[:, :keep] if logits is not None else None
+            scores = scores[:, :keep] if scores is not None else None
             if keep == 0:
                 self.stats.declined_rounds += 1
 
         num = drafts.shape[1]
         if num == 0:
-            return self._plain_step(input_ids)
+            return self._plain_step()
         self._last_num_drafts = num
-        self._prev_len = n + num
-        self.stats.draft_tokens += num
+        self.stats.draft_tokens += num * self.rows
         if num < k:
-            self.stats.truncated_rounds += 1
+            self.stats.truncated_rounds += self.rows
         for d in range(num):
-            self.stats.drafted_per_depth[d] += 1
-        candidates = torch.cat([input_ids, drafts.to(input_ids.device)], dim=-1)
+            self.stats.drafted_per_depth[d] += self.rows
         if self.policy == "cost":
             self._returned_at = time.perf_counter()
-        return candidates, logits
+        return drafts, scores
 
-    def update_candidate_strategy(
-        self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int
-    ) -> None:
-        """Record the round transformers just verified (K stays fixed)."""
-        matches = int(num_matches)
+    def update_candidate_strategy(self, accepted: list[int]) -> None:
+        """Record the round just verified: per row, the drafts kept (after EOS and `max_length` cut the row); each
+        row also emitted one token of the target's own."""
         stats = self.stats
+        rows = len(accepted)
         if self._last_num_drafts > 0:
             recorder = getattr(self.head, "round_recorder", None)
-            if recorder is not None:  # calibration runs collect (confidences, accepted) per round
-                recorder.append((list(self._confidences[: self._last_num_drafts]), matches))
-            stats.rounds += 1
-            stats.accepted_tokens += matches
-            for d in range(matches):
-                stats.accepted_per_depth[d] += 1
+            for b, matches in enumerate(accepted):
+                if recorder is not None:  # calibration runs collect (confidences, accepted) per round
+                    column = [depth[b] for depth in self._confidences[: self._last_num_drafts]]
+                    recorder.append((column, matches))
+                for d in range(matches):
+                    stats.accepted_per_depth[d] += 1
+                if self._round is not None:
+                    self._correction.observe(self._round["calibrated"][b], matches)
+            stats.rounds += rows
+            stats.accepted_tokens += sum(accepted)
             if self._round is not None:
                 stats.predicted_tokens += self._round["tokens"]
-                stats.realised_tokens += matches + 1
-                self._correction.observe(self._round["calibrated"], matches)
+                stats.realised_tokens += sum(accepted) + rows
         else:
-            stats.plain_steps += 1
+            stats.plain_steps += rows
             self._round = None
-        stats.generated_tokens += matches + 1
+        stats.target_batch_passes += 1
+        stats.generated_tokens += sum(accepted) + rows
         stats.total_seconds = time.perf_counter() - self._start
 
 
 __all__ = [
     "PEagleCandidateGenerator",
+    "grouped_processing",
     "resolve_num_speculative_tokens",
     "resolve_confidence_threshold",
     "text_config",

@@ -56,28 +56,45 @@ def expected_tokens(probs: Sequence[float], k: int) -> float:
 def choose_num_drafts(
     probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
 ) -> int:
-    """The k in 0..K maximising expected tokens per second of a round.
-
-    Args:
-        probs: `[K]` calibrated acceptance probabilities of the round's drafts (conditional on the earlier
-            drafts being accepted).
-        verify_seconds: `[K + 1]` seconds to verify n = 1..K+1 tokens (`verify_seconds[n - 1]`).
-        drafter_seconds: the drafter's cost this round (paid whatever k is).
-
-    Returns:
-        k; 0 means verify no draft (a plain step).  Ties go to the smaller k.
+    """The k in 0..K maximising expected tokens per second of one row's round ([`choose_batch_num_drafts`] with
+    one row).
 
     >>> choose_num_drafts([0.9, 0.9, 0.1], [1.0, 1.1, 1.2, 1.3])
     2
     >>> choose_num_drafts([0.9, 0.9], [1.0, 3.0, 3.0])
     0
     """
+    return choose_batch_num_drafts([probs], verify_seconds, drafter_seconds)
+
+
+def choose_batch_num_drafts(
+    rows: Sequence[Sequence[float]], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
+) -> int:
+    """The one k in 0..K every row of a batched round verifies, maximising the batch's expected tokens per second.
+
+    Args:
+        rows: per row, `[K]` calibrated acceptance probabilities of its drafts (conditional on the earlier
+            drafts being accepted).  Every row verifies the same number of drafts (one target pass over
+            `B x (k + 1)` tokens), so the round's expected tokens are the rows' `E(k)` summed.
+        verify_seconds: `[K + 1]` seconds to verify n = 1..K+1 tokens per row, for this batch size
+            (`verify_seconds[n - 1]`).
+        drafter_seconds: the drafter's cost this round (paid whatever k is).
+
+    Returns:
+        k; 0 means verify no draft (a plain step).  Ties go to the smaller k.
+
+    >>> choose_batch_num_drafts([[0.9, 0.9], [0.1, 0.1]], [1.0, 1.3, 1.6])
+    1
+    """
+    depth = min((len(r) for r in rows), default=0)
     best_k, top = 0, -1.0
-    total, run = 1.0, 1.0
-    for k in range(len(probs) + 1):
+    runs = [1.0] * len(rows)
+    total = float(len(rows))
+    for k in range(depth + 1):
         if k > 0:
-            run *= float(probs[k - 1])
-            total += run
+            for i, row in enumerate(rows):
+                runs[i] *= float(row[k - 1])
+            total += sum(runs)
         rate = total / (verify_seconds[k] + drafter_seconds)
         if rate > top * (1 + 1e-9):
             best_k, top = k, rate
@@ -86,8 +103,15 @@ def choose_num_drafts(
 
 def best_rate(probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0) -> float:
     """Expected tokens per second at [`choose_num_drafts`]'s k."""
-    k = choose_num_drafts(probs, verify_seconds, drafter_seconds)
-    return expected_tokens(probs, k) / (verify_seconds[k] + drafter_seconds)
+    return best_batch_rate([probs], verify_seconds, drafter_seconds)
+
+
+def best_batch_rate(
+    rows: Sequence[Sequence[float]], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
+) -> float:
+    """Expected tokens per second of a batched round at [`choose_batch_num_drafts`]'s k."""
+    k = choose_batch_num_drafts(rows, verify_seconds, drafter_seconds)
+    return sum(expected_tokens(r, k) for r in rows) / (verify_seconds[k] + drafter_seconds)
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -284,9 +308,10 @@ class VerifyCostModel:
 
 
 # ---------------------------------------------------------------------------------------------- calibration runs
-def cost_model_key(target: Any, head: Any = None) -> dict[str, Any]:
+def cost_model_key(target: Any, head: Any = None, batch_size: int = 1) -> dict[str, Any]:
     """What a cost curve depends on: the target (name and shape), its device and dtype, torch's thread count,
-    and the drafter's shape (its pass is part of the round's cost)."""
+    the drafter's shape (its pass is part of the round's cost) and the batch size (rows verified together;
+    recorded from 2 rows on, so batch-1 curves keep their key)."""
     cfg = target.config
     param = next(target.parameters())
     key = {
@@ -310,6 +335,8 @@ def cost_model_key(target: Any, head: Any = None) -> dict[str, Any]:
             hc.draft_vocab_size,
             str(next(head.parameters()).dtype).replace("torch.", ""),
         ]
+    if batch_size > 1:
+        key["batch_size"] = int(batch_size)
     return key
 
 
@@ -330,9 +357,11 @@ def measure_cost_model(
     max_tokens: int = 11,
     context: int = CALIBRATION_CONTEXT,
     repeats: int = 3,
+    batch_size: int = 1,
 ) -> VerifyCostModel:
-    """Time target passes over n = 1..max_tokens new tokens after a `context`-token cache (median of `repeats`),
-    and one drafter round when `head` is given.  About a second for a 135M target on a 2-core CPU."""
+    """Time target passes over n = 1..max_tokens new tokens per row for `batch_size` rows after a `context`-token
+    cache (median of `repeats`), and one drafter round (of as many rows) when `head` is given.  About a second
+    for a 135M target at batch 1 on a 2-core CPU."""
     from transformers.cache_utils import DynamicCache
 
     device = next(target.parameters()).device
@@ -343,7 +372,8 @@ def measure_cost_model(
     if positions:
         context = max(1, min(context, int(positions) - max_tokens))
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+    rows = max(1, int(batch_size))
+    prefix = torch.randint(0, vocab, (rows, context), generator=gen).to(device)
     cache = DynamicCache(config=target.config)  # the measurement's own cache, never the user's
     target(input_ids=prefix, use_cache=True, **cache_kwarg(cache))
     # sliding-window layers drop what falls out of the window unless told to keep it until the next crop; after
@@ -353,7 +383,7 @@ def measure_cost_model(
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
     seconds = []
     for n in range(1, max_tokens + 1):
-        ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+        ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
         times = []
         for _ in range(repeats + 1):  # the first run warms up
             sync()
@@ -363,15 +393,15 @@ def measure_cost_model(
             times.append(time.perf_counter() - t0)
             cache.crop(-n)
         seconds.append(statistics.median(times[1:]))
-    model = VerifyCostModel(seconds, key=cost_model_key(target, head), source="calibrated")
+    model = VerifyCostModel(seconds, key=cost_model_key(target, head, rows), source="calibrated")
     if head is not None:
         model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
-            head, target, max_tokens - 1, repeats
+            head, target, max_tokens - 1, repeats, rows
         )
     return model
 
 
-def _time_drafter(head: Any, target: Any, k: int, repeats: int) -> tuple[float, float]:
+def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -> tuple[float, float]:
     """Seconds of one drafting round (real slots of a typical round + K-1 parallel slots, or one autoregressive
     pass) after a short context, and of one more autoregressive pass."""
     from transformers.cache_utils import DynamicCache
@@ -382,8 +412,8 @@ def _time_drafter(head: Any, target: Any, k: int, repeats: int) -> tuple[float, 
     gen = torch.Generator().manual_seed(1)
     if head.config.embed_from_target and head.embed_tokens is None:
         head.attach_target(target)
-    ctx = torch.randint(0, head.config.vocab_size, (1, 64), generator=gen).to(device)
-    feats = torch.randn(1, 64, width, generator=gen).to(device, dtype)
+    ctx = torch.randint(0, head.config.vocab_size, (rows, 64), generator=gen).to(device)
+    feats = torch.randn(rows, 64, width, generator=gen).to(device, dtype)
     select = lambda logits, depth: (logits.argmax(-1), None, False)  # noqa: E731
     times, steps = [], []
     for _ in range(repeats + 1):
@@ -408,15 +438,15 @@ _MODELS: dict[str, VerifyCostModel] = {}
 
 
 def cost_model_for(
-    target: Any, head: Any = None, max_tokens: int = 11, use_cache: bool = True
+    target: Any, head: Any = None, max_tokens: int = 11, use_cache: bool = True, batch_size: int = 1
 ) -> VerifyCostModel:
-    """The cost model of (target, head) on this device/dtype/threads: from this process's memory, else the cache
-    file, else measured now (and cached).  The returned object is shared, so online refinements carry over
-    between `generate()` calls."""
+    """The cost model of (target, head) at `batch_size` rows on this device/dtype/threads: from this process's
+    memory, else the cache file, else measured now (and cached).  The returned object is shared, so online
+    refinements carry over between `generate()` calls."""
     override = getattr(head, "cost_model", None) if head is not None else None
     if override is not None:
         return override
-    key = cost_model_key(target, head)
+    key = cost_model_key(target, head, batch_size)
     name = json.dumps(key, sort_keys=True)
     model = _MODELS.get(name)
     if model is not None and len(model.verify_seconds) >= max_tokens:
@@ -431,7 +461,7 @@ def cost_model_for(
         if model is not None and len(model.verify_seconds) < max_tokens:
             model = None
     if model is None:
-        model = measure_cost_model(target, head, max_tokens=max_tokens)
+        model = measure_cost_model(target, head, max_tokens=max_tokens, batch_size=batch_size)
         if use_cache:
             save_cost_model(model, path)
     _MODELS[name] = model
@@ -463,7 +493,9 @@ __all__ = [
     "VerifyCostModel",
     "calibrated_probabilities",
     "calibrated_probability",
+    "best_batch_rate",
     "best_rate",
+    "choose_batch_num_drafts",
     "choose_num_drafts",
     "cost_model_for",
     "cost_model_key",

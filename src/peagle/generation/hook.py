@@ -1,45 +1,39 @@
-"""The one version-guarded hook that routes `generate(..., assistant_model=<PEagleDrafter>)` to peagle.
+"""The one version-guarded hook that routes `generate(..., assistant_model=<PEagleDrafter>)` to peagle's loop.
 
-transformers picks a candidate generator in `GenerationMixin._get_candidate_generator`, a hard-coded dispatch
-chain with no public argument for a custom generator.  `import peagle` wraps that method (and
-`_validate_generation_mode`, so unsupported requests fail with a clear message): a P-EAGLE head gets a
-[`PEagleCandidateGenerator`]; every other assistant reaches transformers untouched.  transformers' own
-`_assisted_decoding` loop still verifies the drafts, so greedy output is token-for-token the target's own and
-sampling keeps the target's distribution.  Why version-guarded: docs/DESIGN.md section 6.
+transformers' official way to replace a decoding method is `generate(custom_generate=<callable>)`: generate()
+prepares the generation config, the logits processors, the stopping criteria and the cache, then runs the
+callable in place of its own loop.  `import peagle` wraps `GenerationMixin.generate` just enough to keep
+`assistant_model=head` as the entry users know: a call with a P-EAGLE head becomes the same call with
+`custom_generate=peagle_decoding` and the head passed to it; every other call reaches transformers untouched.
+The loop itself ([`decoding.peagle_decoding`]) runs batch 1 and batch N alike.  Why version-guarded:
+docs/DESIGN.md section 6.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import transformers
 from packaging import version
-from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.configuration_utils import GenerationConfig, GenerationMode
+from transformers.generation import utils as generation_utils
+from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 from ..modeling_peagle import PEagleDrafter
-from .candidates import PEagleCandidateGenerator, text_config
+from .candidates import text_config
 
 MIN_TRANSFORMERS_VERSION = "5.23"
 """Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
 SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.25"
 """The range `pyproject.toml` declares: the releases whose generation internals the hook was checked against."""
 
-_HOOKED_METHODS = ("_validate_generation_mode", "_get_candidate_generator")
-_DISPATCH_PARAMETERS = {
-    "generation_config",
-    "input_ids",
-    "logits_processor",
-    "model_kwargs",
-    "assistant_model",
-}
-_VALIDATE_PARAMETERS = ["self", "generation_mode", "generation_config", "generation_mode_kwargs"]
+_HOOKED_METHODS = ("generate",)
+_GENERATE_PARAMETERS = {"custom_generate", "assistant_model", "streamer", "stopping_criteria"}
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -52,24 +46,12 @@ def _integration_problem() -> str | None:
             f"transformers {transformers.__version__} is older than {MIN_TRANSFORMERS_VERSION}: its list-valued "
             "`output_hidden_states` has no embeddings entry at index 0, so the aux layer ids would be off by one"
         )
-    if not hasattr(CandidateGenerator, "requires_model_outputs"):
-        return "CandidateGenerator has no `requires_model_outputs` (candidate generators cannot read verify outputs)"
-    dispatch = getattr(
-        GenerationMixin._get_candidate_generator, "__wrapped__", GenerationMixin._get_candidate_generator
-    )
-    missing = _DISPATCH_PARAMETERS - set(inspect.signature(dispatch).parameters)
+    generate = getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate)
+    missing = _GENERATE_PARAMETERS - set(inspect.signature(generate).parameters)
     if missing:
-        return f"GenerationMixin._get_candidate_generator lacks the parameters {sorted(missing)}"
-    assisted = getattr(GenerationMixin, "_assisted_decoding", None)
-    if assisted is None:
-        return "GenerationMixin has no `_assisted_decoding`"
-    try:
-        source = inspect.getsource(assisted)
-    except (OSError, TypeError):  # no source shipped: trust the signature checks above
-        return None
-    for needle in ("model_kwargs_overrides", "n_last_matches", "update_candidate_strategy"):
-        if needle not in source:
-            return f"GenerationMixin._assisted_decoding no longer uses `{needle}`"
+        return f"GenerationMixin.generate lacks the parameters {sorted(missing)}"
+    if not callable(getattr(generation_utils, "_speculative_sampling", None)):
+        return "transformers.generation.utils has no `_speculative_sampling` (the accept/resample rule)"
     return None
 
 
@@ -91,8 +73,8 @@ def check_generation_request(
 ) -> None:
     """Raise a `ValueError` naming what is supported when `target.generate(..., assistant_model=head)` cannot work.
 
-    Supported: a decoder-only target the head was built for (hidden size, vocabulary, layer count), batch size 1,
-    `num_beams=1`, `num_return_sequences=1`, greedy search or sampling.
+    Supported: a decoder-only target the head was built for (hidden size, vocabulary, layer count), any batch
+    size (left-padded), `num_beams=1`, greedy search or sampling (`num_return_sequences > 1` with sampling).
     """
     tc = text_config(target)
     if getattr(tc, "is_encoder_decoder", False):
@@ -105,162 +87,207 @@ def check_generation_request(
             f"P-EAGLE drafting supports greedy search and sampling with num_beams=1; got num_beams={num_beams}."
         )
     num_return = generation_config.num_return_sequences or 1
-    if num_return > 1:
+    if num_return > 1 and not generation_config.do_sample:
         raise ValueError(
-            f"P-EAGLE drafting returns one sequence per prompt (num_return_sequences=1); got num_return_sequences={num_return}."
+            f"num_return_sequences={num_return} needs do_sample=True (greedy decoding would return {num_return} "
+            "identical sequences per prompt)."
         )
-    if generation_mode is not None and generation_mode != GenerationMode.ASSISTED_GENERATION:
+    if getattr(generation_config, "penalty_alpha", None) or getattr(generation_config, "dola_layers", None):
         raise ValueError(
-            f"P-EAGLE drafting supports greedy search and sampling; these generation options select "
-            f"{getattr(generation_mode, 'value', generation_mode)!r} instead."
+            "P-EAGLE drafting supports greedy search and sampling; penalty_alpha / dola_layers select another "
+            "decoding method."
         )
     conflicting = {
         "prompt_lookup_num_tokens": getattr(generation_config, "prompt_lookup_num_tokens", None),
         "assistant_early_exit": getattr(generation_config, "assistant_early_exit", None),
         "speculation_type": getattr(generation_config, "speculation_type", None),
         "use_mtp": getattr(generation_config, "use_mtp", None) or None,
+        "assistant_ensemble_weight": getattr(generation_config, "assistant_ensemble_weight", None),
     }
     conflicting = {k: v for k, v in conflicting.items() if v is not None}
     if conflicting:
         raise ValueError(f"a P-EAGLE assistant_model drafts on its own; unset {conflicting} (expected None).")
     if generation_config.stop_strings:
         raise ValueError(
-            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: transformers checks them once "
-            "per verified block, so a stop string ending inside accepted drafts would not stop generation where "
+            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: they would be checked once per "
+            "verified block, so a stop string ending inside accepted drafts would not stop generation where "
             "plain decoding stops. Drop assistant_model, or stop on eos_token_id instead."
         )
-    if batch_size is not None and batch_size != 1:
+    guidance = getattr(generation_config, "guidance_scale", None)
+    if guidance is not None and guidance != 1:
         raise ValueError(
-            f"P-EAGLE drafting in generate() supports batch size 1; got a batch of {batch_size} prompts. "
-            "Call generate() once per prompt."
+            f"guidance_scale={guidance} (classifier-free guidance) is not supported with a P-EAGLE assistant_model: "
+            "its processor runs an unconditional forward of its own per step, which a verify pass of several "
+            "tokens cannot reproduce, so the output would differ from plain generate(). Drop assistant_model."
         )
+    if generation_config.use_cache is False:
+        raise ValueError(
+            "use_cache=False is not supported with a P-EAGLE assistant_model: verification rolls the target's "
+            "cache back after rejected drafts. Drop use_cache=False (the output is the same)."
+        )
+    if generation_config.output_attentions:
+        raise ValueError(
+            "output_attentions=True is not supported with a P-EAGLE assistant_model (verify passes hold several "
+            "tokens per step). Drop output_attentions, or generate without the head."
+        )
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"generate() got a batch of {batch_size} prompts; expected at least one.")
     head.check_target(tc)
 
 
 # ---------------------------------------------------------------------------------------------- the hook
 DEFAULT_STOPPING_CRITERIA = ("MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria")
-"""Stopping criteria a speculative round honours exactly (length and EOS are checked token by token by
-transformers' assisted decoding; a time limit has no exact answer anyway)."""
+"""Stopping criteria a speculative round honours exactly (length and EOS are checked token by token per row;
+a time limit has no exact answer anyway)."""
 
 
-def _user_request(frame: Any) -> dict[str, Any] | None:
-    """What the user passed to `generate()`, read from its frame (the caller of `_validate_generation_mode`):
-    `{"kwargs": ..., "stopping_criteria": ...}`, or None when the caller is not transformers' `generate`."""
-    if frame is None or frame.f_code.co_name != "generate":
-        return None
-    local = frame.f_locals
-    kwargs = local.get("kwargs")
-    if not isinstance(kwargs, dict):
-        return None
-    return {"kwargs": kwargs, "stopping_criteria": local.get("stopping_criteria")}
-
-
-def check_user_request(generation_config: GenerationConfig, request: dict[str, Any] | None) -> None:
+def check_user_request(kwargs: dict[str, Any]) -> frozenset[str]:
     """Refuse the generate() arguments outside the generation config that a speculative round cannot honour
-    exactly (custom stopping criteria, a filled cache), naming them; remember which of K and the confidence cut
-    the user gave (so a value equal to transformers' default still counts as given)."""
-    if request is None:
-        return
+    exactly (custom stopping criteria, a filled cache, an unmerged adapter, embeddings instead of ids), naming
+    them; return which of K and the confidence cut the user gave (so a value equal to transformers' default
+    still counts as given)."""
     custom = [
         type(c).__name__
-        for c in (request["stopping_criteria"] or [])
+        for c in (kwargs.get("stopping_criteria") or [])
         if type(c).__name__ not in DEFAULT_STOPPING_CRITERIA
     ]
     if custom:
         raise ValueError(
-            f"custom stopping_criteria {custom} cannot be honoured exactly with a P-EAGLE assistant_model: they run "
-            "once per verified block, not after every token as in plain decoding. Supported: max_new_tokens/"
+            f"custom stopping_criteria {custom} cannot be honoured exactly with a P-EAGLE assistant_model: they would "
+            "run once per verified block, not after every token as in plain decoding. Supported: max_new_tokens/"
             "max_length, eos_token_id and max_time."
         )
-    cache = request["kwargs"].get("cache", request["kwargs"].get("past_key_values"))
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
         raise ValueError(
             "A cache (past_key_values) from an earlier call cannot be used with a P-EAGLE assistant_model: the head has no "
             "target features for the cached prefix. Pass the whole sequence as input_ids without the cache."
         )
-    given = {
-        name
-        for name in ("num_assistant_tokens", "assistant_confidence_threshold")
-        if name in request["kwargs"]
-    }
-    generation_config._peagle_given = given
-
-
-def _wrap_validate_generation_mode(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
-        head = (
-            generation_mode_kwargs.get("assistant_model")
-            if isinstance(generation_mode_kwargs, dict)
-            else None
+    if kwargs.get("custom_generate") is not None:
+        raise ValueError(
+            "custom_generate cannot be combined with a P-EAGLE assistant_model: the head runs peagle's own decoding "
+            "loop (which generate() reaches through custom_generate)."
         )
-        if isinstance(head, PEagleDrafter):
-            _raise_if_incompatible()
-            check_generation_request(self, head, generation_config, generation_mode=generation_mode)
-            check_user_request(generation_config, _user_request(sys._getframe(1)))
-        return original(self, generation_mode, generation_config, generation_mode_kwargs)
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "inputs_embeds is not supported with a P-EAGLE assistant_model: the head drafts from token ids. Pass "
+            "input_ids instead."
+        )
+    return frozenset(
+        name for name in ("num_assistant_tokens", "assistant_confidence_threshold") if name in kwargs
+    )
 
-    return _validate_generation_mode
+
+def check_assistant(assistant: Any) -> None:
+    """Refuse heads wrapped or placed where the loop cannot run them, with the fix."""
+    base = getattr(assistant, "get_base_model", None)
+    if base is not None and not isinstance(assistant, PEagleDrafter) and isinstance(base(), PEagleDrafter):
+        raise ValueError(
+            f"assistant_model is a {type(assistant).__name__} around a P-EAGLE head (an unmerged LoRA adapter); "
+            "call `assistant_model.merge_and_unload()` and pass the merged head."
+        )
+    if isinstance(assistant, PEagleDrafter):
+        devices = {p.device.type for p in assistant.parameters()}
+        if "meta" in devices:
+            raise ValueError(
+                "the P-EAGLE head has parameters on the meta device (loaded without weights); load it with "
+                "weights (e.g. from_pretrained without device_map='meta') before generate()."
+            )
 
 
-def _wrap_get_candidate_generator(original: Callable) -> Callable:
+def check_decoding_inputs(
+    target: Any,
+    head: PEagleDrafter,
+    input_ids: torch.LongTensor,
+    generation_config: GenerationConfig,
+    streamer: Any,
+    model_kwargs: dict[str, Any],
+    managed: set[str],
+) -> None:
+    """The checks peagle's loop runs once generate() has prepared the request (before any forward pass)."""
+    _raise_if_incompatible()
+    batch = int(input_ids.shape[0])
+    check_generation_request(target, head, generation_config, batch_size=batch)
+    if input_ids.shape[1] == 0:
+        raise ValueError("generate() got an empty prompt (input_ids of length 0); give at least one token.")
+    if streamer is not None and batch > 1:
+        raise ValueError(
+            f"streamer supports a single sequence; got a batch of {batch} prompts (as in transformers). Drop the "
+            "streamer or call generate() once per prompt."
+        )
+    unknown = sorted(k for k, v in model_kwargs.items() if k not in managed and v is not None)
+    if unknown:
+        raise ValueError(
+            f"generate() options {unknown} are not supported with a P-EAGLE assistant_model (peagle's loop passes "
+            f"only {sorted(managed)} to the target). Drop them or generate without the head."
+        )
+
+
+def _wrap_generate(original: Callable) -> Callable:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def _get_candidate_generator(self, *args, **kwargs):
-        arguments = signature.bind(self, *args, **kwargs).arguments
-        head = arguments.get("assistant_model")
+    def generate(self, *args, **kwargs):
+        head = kwargs.get("assistant_model")
+        if head is None and args:
+            head = signature.bind_partial(self, *args).arguments.get("assistant_model")
+        check_assistant(head)
         if not isinstance(head, PEagleDrafter):
             return original(self, *args, **kwargs)
         _raise_if_incompatible()
-        generation_config = arguments["generation_config"]
-        check_generation_request(self, head, generation_config, batch_size=arguments["input_ids"].shape[0])
-        return PEagleCandidateGenerator(self, head, generation_config, arguments.get("logits_processor"))
+        arguments = signature.bind_partial(self, *args, **kwargs).arguments
+        arguments.pop("self")
+        extra = arguments.pop("kwargs", {})
+        config = arguments.get("generation_config") or getattr(self, "generation_config", None)
+        stop = extra.get("stop_strings") or getattr(config, "stop_strings", None)
+        if stop:  # generate() needs a tokenizer for them before the loop could refuse them
+            check_generation_request(self, head, GenerationConfig(stop_strings=stop))
+        given = check_user_request({**arguments, **extra})
+        arguments.pop("assistant_model")
+        streamer = arguments.pop("streamer", None)
+        from .decoding import peagle_decoding
 
-    return _get_candidate_generator
+        return original(
+            self,
+            **arguments,
+            **extra,
+            custom_generate=peagle_decoding,
+            peagle_head=head,
+            peagle_streamer=streamer,
+            peagle_given=given,
+        )
+
+    return generate
 
 
 def install_generate_hook() -> bool:
-    """Route `generate(..., assistant_model=<PEagleDrafter>)` to [`PEagleCandidateGenerator`]; idempotent.
+    """Route `generate(..., assistant_model=<PEagleDrafter>)` to peagle's decoding loop; idempotent.
 
-    Wraps `GenerationMixin._get_candidate_generator` (the dispatch) and `GenerationMixin._validate_generation_mode`
-    (so unsupported requests such as beam search fail with our message before transformers ignores or rejects the
-    assistant).  Both wrappers pass every other assistant through untouched.  Returns whether the hook is in place;
-    on a transformers without these methods it warns and leaves transformers alone.
+    Wraps `GenerationMixin.generate`: a call with a P-EAGLE head runs with `custom_generate=peagle_decoding`;
+    every other call passes through untouched.  Returns whether the hook is in place; on a transformers without
+    `generate(custom_generate=...)` it warns and leaves transformers alone.
     """
-    installed = True
-    for name in _HOOKED_METHODS:
-        current = getattr(GenerationMixin, name, None)
-        if current is None:
-            warnings.warn(
-                f"transformers {transformers.__version__} has no GenerationMixin.{name}; peagle heads cannot draft "
-                f"inside generate() (needs transformers{SUPPORTED_TRANSFORMERS}).",
-                stacklevel=2,
-            )
-            installed = False
-            continue
-        if getattr(current, "_peagle_hook", False):
-            continue
-        if name == "_validate_generation_mode":
-            if list(inspect.signature(current).parameters) != _VALIDATE_PARAMETERS:
-                installed = (
-                    False  # unexpected internals: leave it alone; the dispatch hook still raises clearly
-                )
-                continue
-            wrapper = _wrap_validate_generation_mode(current)
-        else:
-            wrapper = _wrap_get_candidate_generator(current)
-        wrapper._peagle_hook = True
-        setattr(GenerationMixin, name, wrapper)
-    return installed
+    current = GenerationMixin.generate
+    if getattr(current, "_peagle_hook", False):
+        return True
+    if "custom_generate" not in inspect.signature(current).parameters:
+        warnings.warn(
+            f"transformers {transformers.__version__} has no generate(custom_generate=...); peagle heads cannot "
+            f"draft inside generate() (needs transformers{SUPPORTED_TRANSFORMERS}).",
+            stacklevel=2,
+        )
+        return False
+    wrapper = _wrap_generate(current)
+    wrapper._peagle_hook = True
+    GenerationMixin.generate = wrapper
+    return True
 
 
 def uninstall_generate_hook() -> None:
-    """Restore transformers' own generation dispatch."""
-    for name in _HOOKED_METHODS:
-        current = getattr(GenerationMixin, name, None)
-        if current is not None and getattr(current, "_peagle_hook", False):
-            setattr(GenerationMixin, name, current.__wrapped__)
+    """Restore transformers' own `generate`."""
+    current = GenerationMixin.generate
+    if getattr(current, "_peagle_hook", False):
+        GenerationMixin.generate = current.__wrapped__
 
 
 __all__ = [

@@ -32,14 +32,15 @@ class PEagleGenerationStats:
     Args:
         drafting_mode: `"parallel"` or `"autoregressive"` (`"mixed"` after merging both).
         num_speculative_tokens: K, the most draft tokens per round.
-        rounds: verify passes with drafts.
-        draft_tokens: draft tokens proposed over all rounds.
+        rounds: verify passes with drafts, counted per row (a batched pass over B rows counts B).
+        draft_tokens: draft tokens proposed over all rounds and rows.
         accepted_tokens: draft tokens kept (greedy: matched; sampling: accepted by the accept/resample rule).
-        plain_steps: target steps without drafts.
-        generated_tokens: new tokens emitted in total.
+        plain_steps: target steps without drafts, per row (the prefill included).
+        generated_tokens: new tokens emitted in total, over all rows (up to each row's end).
         accepted_per_depth: `[K]` rounds whose draft at depth d (0 = first draft) was kept.
         drafted_per_depth: `[K]` rounds that proposed a draft at depth d.
-        drafter_forward_calls: drafter forward passes (parallel: one per round; autoregressive: up to K).
+        drafter_forward_calls: drafter forward passes, each over the whole batch (parallel: one per round;
+            autoregressive: up to K).
         confidence_threshold: the `assistant_confidence_threshold` in effect (0.0: every round drafts K tokens).
         truncated_rounds: rounds that verified fewer drafts than allowed there (K, or fewer near `max_length`):
             cut by the confidence threshold or the cost rule, or a logits processor left no admissible draft.
@@ -53,6 +54,9 @@ class PEagleGenerationStats:
         declined_rounds: drafter rounds whose drafts the cost rule did not verify (k = 0).
         predicted_tokens, realised_tokens: expected vs emitted tokens over the cost rule's drafting rounds.
         predicted_seconds, measured_seconds: predicted vs measured seconds (drafter + verify) of those rounds.
+        batch_size: rows decoded together (the most, after merging).
+        target_batch_passes: target forward passes over the batch (the prefill included); with one row it
+            equals `target_passes`.
     """
 
     drafting_mode: str = "parallel"
@@ -78,6 +82,8 @@ class PEagleGenerationStats:
     realised_tokens: int = 0
     predicted_seconds: float = 0.0
     measured_seconds: float = 0.0
+    batch_size: int = 1
+    target_batch_passes: int = 0
 
     # ------------------------------------------------------------------ named metrics
     @property
@@ -113,7 +119,7 @@ class PEagleGenerationStats:
                 setattr(out, f.name, _add_lists(a, b))
             elif f.name in ("drafting_mode", "draft_policy"):
                 setattr(out, f.name, a if a == b else "mixed")
-            elif f.name in ("num_speculative_tokens", "confidence_threshold"):
+            elif f.name in ("num_speculative_tokens", "confidence_threshold", "batch_size"):
                 setattr(out, f.name, max(a, b))
             else:
                 setattr(out, f.name, a + b)

@@ -1,0 +1,67 @@
+"""Caches with holes: the target's and the drafter's KV caches in a batched round keep the slots of rejected
+drafts (and the left padding of ragged blocks) as masked holes; once enough pile up, each row's valid slots are
+gathered to the right and the holes become left padding.  docs/DESIGN.md section 8."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+COMPACT_MIN_SLOTS = 16
+"""Compact a cache once compaction would free at least this many slots per row ..."""
+COMPACT_FRACTION = 0.125
+"""... and at least this fraction of the cache's length."""
+
+
+def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTensor] | None:
+    """Where each row's valid slots go when holes are squeezed out: `(index (B, S'), new_mask (B, S'))` with
+    every row's valid slots right-aligned in their order (`index` says which old slot each new one takes;
+    leading padding repeats slot 0 and is masked), or None when nothing would be freed."""
+    valid = mask.bool()
+    counts = valid.sum(dim=1)
+    width = int(counts.max())
+    if width == mask.shape[1]:
+        return None
+    # stable sort puts holes (False) first and keeps the valid slots in order; keep the last `width`
+    order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, -width:]
+    new_mask = (torch.arange(width, device=mask.device) >= (width - counts)[:, None]).long()
+    index = torch.where(new_mask.bool(), order, torch.zeros_like(order))
+    return index, new_mask
+
+
+def compact_cache(cache: Cache, index: torch.LongTensor) -> None:
+    """Gather every layer's keys and values along the sequence axis: slot j of row b becomes old slot
+    `index[b, j]`.  Dynamic (full-attention) layers only."""
+    for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer) or type(layer) is not DynamicLayer:
+            raise TypeError(f"cannot compact a {type(layer).__name__} cache layer")
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        gather = index.to(layer.keys.device)[:, None, :, None]
+        layer.keys = layer.keys.gather(2, gather.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1]))
+        layer.values = layer.values.gather(
+            2, gather.expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
+        )
+
+
+def worth_compacting(mask: torch.Tensor) -> bool:
+    free = mask.shape[1] - int(mask.sum(dim=1).max())
+    return free >= COMPACT_MIN_SLOTS and free >= COMPACT_FRACTION * mask.shape[1]
+
+
+def has_sliding_layers(cache: Cache) -> bool:
+    """Whether some layer of the (target's) cache is not a plain full-attention dynamic layer."""
+    return any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", []))
+
+
+def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
+    """Squeeze the holes out of `cache` (its validity `mask (B, S)`); returns the new mask."""
+    found = compaction_index(mask)
+    if found is None:
+        return mask
+    index, new_mask = found
+    compact_cache(cache, index)
+    return new_mask
+
+
+__all__ = ["compact", "compact_cache", "compaction_index", "has_sliding_layers", "worth_compacting"]

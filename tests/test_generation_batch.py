@@ -1,0 +1,359 @@
+"""Batched speculative decoding in `generate()`: B left-padded prompts through peagle's one decoding loop give
+plain batched `generate()`'s output row for row (greedy), keep each row's distribution (sampling), with ragged
+acceptance, early-finishing rows, per-row logits processors, compaction of the caches' holes and clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from scipy import stats as scipy_stats
+from transformers import AutoModelForCausalLM
+from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+import peagle
+from helpers import LAYERS, Oracle, left_pad, make_head, make_target, prompt_ids
+from peagle.generation import ragged
+from peagle.generation.cost import VerifyCostModel, cost_model_key
+
+LENGTHS = [5, 17, 3, 11, 8, 2, 14, 6]  # very different prompt lengths: left padding of up to 15 tokens
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+
+
+def prompts(n: int, seed: int = 0) -> list[torch.LongTensor]:
+    return [prompt_ids(seed + i, LENGTHS[i % len(LENGTHS)])[0] for i in range(n)]
+
+
+def plain(target, rows, **kw) -> torch.LongTensor:
+    ids, mask = left_pad(rows)
+    return target.generate(ids, attention_mask=mask, do_sample=False, **kw)
+
+
+def drafted(target, head, rows, **kw):
+    ids, mask = left_pad(rows)
+    return target.generate(ids, attention_mask=mask, do_sample=False, assistant_model=head, **kw)
+
+
+def references(target, rows, **kw) -> list[torch.LongTensor]:
+    """Each prompt's own batch-1 greedy continuation (prompt included), for the oracle."""
+    return [target.generate(r[None], do_sample=False, **kw)[0] for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
+def test_batched_greedy_equals_plain_batched_greedy(target, mode, batch):
+    """Oracle drafts right 70% of the time: every round, rows accept different numbers of drafts."""
+    head = make_head(target, drafting_mode=mode)
+    rows = prompts(batch, seed=10 * batch)
+    ref = plain(target, rows, max_new_tokens=24)
+    oracle = Oracle(head, references(target, rows, max_new_tokens=24), p=0.7, seed=batch)
+    out = drafted(target, head, rows, max_new_tokens=24, num_assistant_tokens=4)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert st.batch_size == batch and st.generated_tokens == 24 * batch
+    assert st.generated_tokens == st.accepted_tokens + st.rounds + st.plain_steps
+    assert st.accepted_tokens > 3 * batch and st.target_batch_passes < 24
+
+
+def test_ragged_rounds_with_forced_acceptance(target):
+    """An oracle that is always right for some rows and never for others: the right rows advance K + 1 tokens a
+    round while the others advance one, so holes pile up in the target's cache, and the output is still plain."""
+    head = make_head(target)
+    rows = prompts(4, seed=3)
+    refs = references(target, rows, max_new_tokens=40)
+    ref = plain(target, rows, max_new_tokens=40)
+    oracle = Oracle(head, refs, p=[1.0, 0.0, 1.0, 0.0])
+    out = drafted(target, head, rows, max_new_tokens=40, num_assistant_tokens=5)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    # the right rows finish in about 40 / 6 passes; the others need 40
+    assert st.accepted_tokens >= 2 * (40 - 8) * 5 // 6
+    assert st.target_batch_passes <= 41
+
+
+def test_holes_are_compacted(target, monkeypatch):
+    """Rows that keep different numbers of drafts leave holes; once enough pile up, the caches are compacted and
+    the output is unchanged."""
+    calls = []
+    original = ragged.compact
+
+    def spy(cache, mask):
+        calls.append(mask.shape[1])
+        return original(cache, mask)
+
+    monkeypatch.setattr(ragged, "compact", spy)
+    monkeypatch.setattr("peagle.generation.decoding.compact", spy)
+    monkeypatch.setattr("peagle.generation.candidates.compact", spy)
+    head = make_head(target)
+    rows = prompts(3, seed=21)
+    refs = references(target, rows, max_new_tokens=60)
+    ref = plain(target, rows, max_new_tokens=60)
+    oracle = Oracle(head, refs, p=[0.9, 0.1, 0.5], seed=2)
+    out = drafted(target, head, rows, max_new_tokens=60, num_assistant_tokens=6)
+    oracle.handle.remove()
+    assert torch.equal(out, ref) and len(calls) >= 2
+
+
+def test_compaction_index_right_aligns_each_rows_slots():
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1], [0, 0, 1, 0, 0, 0]])
+    index, new = ragged.compaction_index(mask)
+    assert new.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]]
+    assert index[0, 2:].tolist() == [1, 2, 4] and index[1].tolist() == [0, 1, 2, 3, 5] and index[2, 4] == 2
+
+
+def test_early_finishing_rows_are_padded_as_plain_generate_pads_them():
+    """Per-row EOS (here two EOS ids): rows that end early get `pad_token_id` after their EOS, the batch runs on
+    for the others, and the output equals plain batched greedy's."""
+    target = make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+    head = make_head(target)
+    rows = prompts(5, seed=40)
+    free = references(target, rows, max_new_tokens=30)
+    eos = [int(free[0][len(rows[0]) + 4]), int(free[3][len(rows[3]) + 9])]
+    ref = plain(target, rows, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+    lengths = (ref != 0).sum(dim=1)
+    assert len(set(lengths.tolist())) > 1, "no row ended early: pick other EOS ids"
+    oracle = Oracle(head, free, p=1.0)  # drafts run past each row's EOS: the loop must cut there
+    out = drafted(
+        target, head, rows, max_new_tokens=30, eos_token_id=eos, pad_token_id=0, num_assistant_tokens=5
+    )
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_processors_see_each_rows_history(target, mode):
+    """`repetition_penalty`, `no_repeat_ngram_size` and `min_new_tokens` depend on each row's own history and
+    length; a row ahead of the others must still see exactly what plain batched generate() shows it."""
+    head = make_head(target, drafting_mode=mode)
+    rows = prompts(4, seed=60)
+    kw = dict(
+        max_new_tokens=30, repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=10, eos_token_id=5
+    )
+    ref = plain(target, rows, **kw)
+    refs = [target.generate(r[None], do_sample=False, **kw)[0] for r in rows]
+    oracle = Oracle(head, refs, p=[0.9, 0.3, 1.0, 0.6], seed=4)
+    out = drafted(target, head, rows, num_assistant_tokens=4, **kw)
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    assert head.last_generation_stats.accepted_tokens > 10
+
+
+def test_return_dict_scores_and_hidden_states(target):
+    head = make_head(target)
+    rows = prompts(3, seed=70)
+    kw = dict(
+        max_new_tokens=8, return_dict_in_generate=True, output_scores=True, output_logits=True,
+        output_hidden_states=True,
+    )  # fmt: skip
+    ids, mask = left_pad(rows)
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    oracle = Oracle(head, references(target, rows, max_new_tokens=8), p=0.8)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, assistant_model=head, **kw)
+    oracle.handle.remove()
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores) == 8 and len(out.logits) == 8 and len(out.hidden_states) == 8
+    for mine, theirs in zip(out.scores, ref.scores, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+    assert out.hidden_states[0][0].shape == ref.hidden_states[0][0].shape
+    assert out.hidden_states[3][-1].shape == ref.hidden_states[3][-1].shape
+    torch.testing.assert_close(out.hidden_states[5][-1], ref.hidden_states[5][-1], atol=1e-4, rtol=1e-4)
+
+
+def test_default_cost_rule_at_batch_size_two(target, tmp_path, monkeypatch):
+    """Default settings (the cost rule) measure a curve for the batch size at hand, under its own key."""
+    from peagle.generation.cost import forget_cost_models
+
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
+    forget_cost_models()
+    head = make_head(target, confidence_threshold=None)
+    rows = prompts(2, seed=80)
+    ref = plain(target, rows, max_new_tokens=16)
+    oracle = Oracle(head, references(target, rows, max_new_tokens=16), p=0.9)
+    try:
+        out = drafted(target, head, rows, max_new_tokens=16)
+    finally:
+        oracle.handle.remove()
+        forget_cost_models()
+    assert torch.equal(out, ref)
+    assert head.last_generation_stats.draft_policy == "cost"
+    assert cost_model_key(target, head, 2)["batch_size"] == 2 and "batch_size" not in cost_model_key(
+        target, head
+    )
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_batch_rule_sums_the_rows():
+    from peagle.generation.cost import choose_batch_num_drafts, choose_num_drafts
+
+    curve = [1.0, 1.2, 1.4, 1.6]
+    assert choose_batch_num_drafts([[0.9, 0.9, 0.9]], curve) == choose_num_drafts([0.9, 0.9, 0.9], curve) == 3
+    # one confident row cannot pay for three hopeless ones on a dear curve
+    assert choose_batch_num_drafts([[0.9, 0.9, 0.9]] + [[0.05] * 3] * 3, [1.0, 1.5, 2.0, 2.5]) == 0
+
+
+def test_flat_curve_batch_tokens_per_pass_hold(target):
+    """All K drafts every round: tokens per target pass per row at B = 4 match B = 1 on the same prompts (the
+    ragged handling loses no acceptance)."""
+    rows = prompts(4, seed=90)
+    refs = references(target, rows, max_new_tokens=20)
+    per_row = []
+    for r, ref in zip(rows, refs, strict=True):
+        head = make_head(target)
+        oracle = Oracle(head, ref[None], p=0.7, seed=1)
+        target.generate(
+            r[None], do_sample=False, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4
+        )
+        oracle.handle.remove()
+        per_row.append(head.last_generation_stats)
+    head = make_head(target)
+    oracle = Oracle(head, refs, p=0.7, seed=1)
+    drafted(target, head, rows, max_new_tokens=20, num_assistant_tokens=4)
+    oracle.handle.remove()
+    single = peagle.PEagleGenerationStats.merge(per_row).tokens_per_target_pass
+    batched = head.last_generation_stats.tokens_per_target_pass
+    assert batched == pytest.approx(single, rel=0.25) and batched > 1.5
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _sampling_models():
+    small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    target = make_target(
+        seed=3, vocab_size=8, num_hidden_layers=2, eos_token_id=None, pad_token_id=0, **small
+    )
+    head = make_head(target, seed=4, mask_token_id=7, draft_vocab_size=6)
+    head.set_draft_vocab(torch.tensor([0, 1, 2, 4, 5, 6]))
+    with torch.no_grad():
+        target.lm_head.weight.mul_(3.0)
+        head.lm_head.weight.mul_(3.0)
+    return target, head
+
+
+def _exact(target, prompt: torch.LongTensor, steps: int, processors) -> dict[tuple, float]:
+    probs = {(): 1.0}
+    for _ in range(steps):
+        prefixes = list(probs)
+        batch = torch.cat([prompt.expand(len(prefixes), -1), torch.tensor(prefixes, dtype=torch.long)], dim=1)
+        with torch.no_grad():
+            logits = target(batch).logits[:, -1].float()
+        rows = [processors(batch[i : i + 1], logits[i : i + 1]).softmax(-1)[0] for i in range(len(prefixes))]
+        probs = {
+            p + (t,): probs[p] * float(row[t])
+            for p, row in zip(prefixes, rows, strict=True)
+            for t in torch.nonzero(row > 0).flatten().tolist()
+        }
+    return probs
+
+
+def test_sampling_keeps_each_rows_distribution():
+    """B = 2 left-padded prompts of different lengths, temperature + top-k: each row's continuations follow the
+    target's exact distribution for that prompt (chi-square against full enumeration); drafts from the target's
+    own logits plus noise are accepted often but not always, so both branches of the rule shape the output."""
+    target, head = _sampling_models()
+    rows = [torch.tensor([1, 3, 5, 6, 2]), torch.tensor([4, 1, 6])]
+    ids, mask = left_pad(rows)
+    steps = 3
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(3)])
+    exact = [_exact(target, r[None], steps, processors) for r in rows]
+    noise = torch.Generator().manual_seed(5)
+
+    def target_like(module, args, kwargs, out):
+        out.logits = torch.randn(out.logits.shape, generator=noise) * 0.5
+        return out
+
+    handle = head.register_forward_hook(target_like, with_kwargs=True)
+    torch.manual_seed(2)
+    n = 400
+    counts = [dict.fromkeys(e, 0) for e in exact]
+    for _ in range(n):
+        out = target.generate(
+            ids, attention_mask=mask, max_new_tokens=steps, do_sample=True, temperature=0.8, top_k=3,
+            assistant_model=head, num_assistant_tokens=3,
+        )  # fmt: skip
+        for b in range(2):
+            counts[b][tuple(out[b, ids.shape[1] :].tolist())] += 1
+    handle.remove()
+    st = head.last_generation_stats
+    assert st.batch_size == 2
+    for b in range(2):
+        big = [s for s in exact[b] if exact[b][s] * n >= 5]
+        observed = [counts[b][s] for s in big] + [n - sum(counts[b][s] for s in big)]
+        expected = [exact[b][s] * n for s in big] + [n - sum(exact[b][s] * n for s in big)]
+        assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_num_return_sequences_with_sampling(target):
+    head = make_head(target)
+    rows = prompts(2, seed=100)
+    ids, mask = left_pad(rows)
+    torch.manual_seed(0)
+    out = target.generate(
+        ids, attention_mask=mask, do_sample=True, top_k=5, max_new_tokens=6, num_return_sequences=3,
+        assistant_model=head,
+    )  # fmt: skip
+    assert out.shape == (6, ids.shape[1] + 6)
+    assert torch.equal(out[:3, : ids.shape[1]], ids[:1].expand(3, -1))
+    assert head.last_generation_stats.batch_size == 6
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_refusals_name_the_option(target):
+    head = make_head(target)
+    rows = prompts(2, seed=110)
+    ids, mask = left_pad(rows)
+    with pytest.raises(ValueError, match="streamer supports a single sequence"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=3, assistant_model=head, streamer=object())
+
+
+def test_prefix_allowed_tokens_fn_sees_each_rows_batch_index(target):
+    """Processors that keep per-row state get every row at its index in the original batch, also after rows
+    ended and left the batch."""
+    head = make_head(target)
+    rows = prompts(3, seed=115)
+
+    def allowed(batch_id, ids):
+        return list(range(10 + 20 * batch_id, 30 + 20 * batch_id))
+
+    kw = dict(max_new_tokens=10, prefix_allowed_tokens_fn=allowed)
+    ref = plain(target, rows, **kw)
+    out = drafted(target, head, rows, num_assistant_tokens=3, **kw)
+    assert torch.equal(out, ref)
+
+
+def test_sliding_window_targets_refuse_batches_and_decode_single_prompts():
+    cfg = transformers.MistralConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=256, sliding_window=8, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    sliding = AutoModelForCausalLM.from_config(cfg).eval()
+    head = peagle.PEagleDrafter(
+        peagle.PEagleConfig.for_target(
+            sliding, num_hidden_layers=1, mask_token_id=127, confidence_threshold=0.0
+        )
+    ).eval()
+    rows = prompts(2, seed=120)
+    ids, mask = left_pad(rows)
+    with pytest.raises(ValueError, match="sliding-window"):
+        sliding.generate(ids, attention_mask=mask, max_new_tokens=3, assistant_model=head)
+    one = rows[1][None]
+    assert torch.equal(
+        sliding.generate(one, do_sample=False, max_new_tokens=12, assistant_model=head),
+        sliding.generate(one, do_sample=False, max_new_tokens=12),
+    )
+
+
+def test_flat_cost_model_at_batch_size_four_drafts_every_round(target):
+    head = make_head(target, confidence_threshold=None)
+    head.cost_model = VerifyCostModel.flat(max_tokens=8)
+    rows = prompts(4, seed=130)
+    ref = plain(target, rows, max_new_tokens=12)
+    out = drafted(target, head, rows, max_new_tokens=12, num_assistant_tokens=3)
+    assert torch.equal(out, ref)
+    assert head.last_generation_stats.chosen_k_histogram[0] == 0
