@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import torch
 
 import peagle
 from peagle.bench import chat_prompt_ids, timed_generate
@@ -67,3 +68,33 @@ def test_model_card_ships_with_the_default_head():
     assert card.is_file()
     text = card.read_text()
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in text and "library_name: peagle" in text
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_shipped_heads_decode_batches_losslessly(target_and_tokenizer, kind):
+    """Real prompts of very different lengths, left-padded, at B = 3 and 8 (all K drafts verified, so rows
+    accept different numbers each round): row for row plain batched greedy's output, and at B = 8 also with
+    default settings."""
+    from peagle.evalsets import EVAL_SETS
+
+    target, tok = target_and_tokenizer
+    head = peagle.load_default_drafter(target, kind=kind)
+    texts = EVAL_SETS["mtbench"](4) + EVAL_SETS["humaneval"](4)
+    rows = [chat_prompt_ids(tok, t)[0] for t in texts]
+    assert max(len(r) for r in rows) - min(len(r) for r in rows) > 50
+    for batch, options in (
+        (3, dict(assistant_confidence_threshold=0.0)),
+        (8, dict(assistant_confidence_threshold=0.0)),
+        (8, {}),
+    ):
+        enc = tok.pad(
+            {"input_ids": [r.tolist() for r in rows[:batch]]}, padding_side="left", return_tensors="pt"
+        )
+        kw = dict(attention_mask=enc["attention_mask"], do_sample=False, max_new_tokens=24)
+        plain = target.generate(enc["input_ids"], **kw)
+        drafted = target.generate(enc["input_ids"], assistant_model=head, **kw, **options)
+        assert torch.equal(drafted, plain), (kind, batch, options)
+        stats = head.last_generation_stats
+        assert stats.batch_size == batch
+        if options:
+            assert stats.accepted_tokens > 0

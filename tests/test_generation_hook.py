@@ -66,3 +66,39 @@ def test_explicit_values_equal_to_transformers_defaults_count(target):
     greedy(target, ids, max_new_tokens=8, assistant_model=head, assistant_confidence_threshold=0.4)
     st = head.last_generation_stats
     assert st.draft_policy == "threshold" and st.confidence_threshold == 0.4
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (dict(guidance_scale=1.5), "guidance_scale=1.5"),
+        (dict(use_cache=False), "use_cache=False"),
+        (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions=True"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name_before_any_work(target, options, named):
+    head = make_head(target)
+    calls = []
+    handle = target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=named):
+            target.generate(prompt_ids(5, 6), max_new_tokens=4, assistant_model=head, **options)
+    finally:
+        handle.remove()
+    assert calls == []  # refused before the prefill
+
+
+def test_bad_prompts_and_heads_are_refused(target):
+    head = make_head(target)
+    ids = prompt_ids(6, 6)
+    with pytest.raises(ValueError, match="empty prompt"):
+        target.generate(ids[:, :0], max_new_tokens=4, assistant_model=head)
+    embeds = target.get_input_embeddings()(ids)
+    with pytest.raises(ValueError, match="inputs_embeds is not supported"):
+        target.generate(inputs_embeds=embeds, max_new_tokens=4, assistant_model=head)
+    with torch.device("meta"):
+        meta = make_head(target)
+    with pytest.raises(ValueError, match="meta device"):
+        target.generate(ids, max_new_tokens=4, assistant_model=meta)
+    with pytest.raises(ValueError, match="custom_generate cannot be combined"):
+        target.generate(ids, max_new_tokens=4, assistant_model=head, custom_generate=lambda *a, **k: None)

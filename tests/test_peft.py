@@ -213,6 +213,8 @@ def test_merged_head_generates_losslessly():
     ids = torch.randint(3, 127, (1, 7), generator=torch.Generator().manual_seed(0))
     ref = target.generate(ids, do_sample=False, max_new_tokens=16)
 
+    with pytest.raises(ValueError, match=r"merge_and_unload\(\)"):  # the PeftModel wrapper itself: named fix
+        target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=model)
     unmerged = model.get_base_model()  # the head with live LoRA branches also drafts inside generate()
     out = target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=unmerged)
     assert torch.equal(out, ref)
