@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 
 import pytest
 import torch
@@ -171,6 +172,53 @@ def test_cost_model_key_and_cache(target, monkeypatch, tmp_path):
     head.cost_model = VerifyCostModel.flat()  # a user's override wins
     assert cost_mod.cost_model_for(target, head) is head.cost_model
     cost_mod.forget_cost_models()
+
+
+@pytest.mark.parametrize("where", ["file", "directory", "read-only"])
+def test_unwritable_cost_cache_warns_once_and_generation_goes_on(target, monkeypatch, tmp_path, where):
+    """A cache is an optimisation: a cache that cannot be written keeps the curve in memory, warns once naming
+    the path, and never fails `generate()`."""
+    head = _cost_head(target)
+    root = tmp_path / "cache"
+    if where == "file":  # PEAGLE_COST_CACHE names a file
+        root.write_text("not a folder")
+    else:
+        root.mkdir()
+        if where == "directory":  # a folder where the JSON should be
+            monkeypatch.setenv("PEAGLE_COST_CACHE", str(root))
+            cost_mod.cost_cache_path(cost_mod.cost_model_key(target, head)).mkdir()
+        else:
+            root.chmod(0o500)
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(root))
+    cost_mod.forget_cost_models()
+    cost_mod._UNWRITABLE.clear()
+    if where == "read-only":
+        probe = root / "probe"
+        try:
+            probe.write_text("x")
+        except OSError:
+            pass
+        else:
+            pytest.skip("running as a user who can write a read-only folder")
+    path = cost_mod.cost_cache_path(cost_mod.cost_model_key(target, head))
+    try:
+        with pytest.warns(RuntimeWarning, match="could not write its verify-cost cache") as record:
+            model = cost_mod.cost_model_for(target, head, max_tokens=3)
+        assert str(path) in str(record[0].message) and model.source == "calibrated"
+        cost_mod.forget_cost_models()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per path, not once per call
+            cost_mod.cost_model_for(target, head, max_tokens=3)
+        cost_mod.forget_cost_models()
+        ids = prompt_ids(1, 12)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = target.generate(ids, assistant_model=head, max_new_tokens=6, do_sample=False)
+        assert torch.equal(out, greedy(target, ids, max_new_tokens=6))
+        assert not list(root.parent.rglob("*.tmp"))  # no temporary file left behind
+    finally:
+        root.chmod(0o700) if root.is_dir() else None
+        cost_mod.forget_cost_models()
 
 
 def test_online_refinement_keeps_the_curve_shape():
