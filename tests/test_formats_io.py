@@ -84,5 +84,5 @@ def test_the_command_line_is_told_about_target(tmp_path, capsys):
     from peagle.cli import main
 
     make_head(make_target(), embed_from_target=True).save_pretrained(tmp_path / "head")
-    with pytest.raises(ValueError, match="--target on the command line"):
+    with pytest.raises(SystemExit, match="--target on the command line"):
         main(["export", str(tmp_path / "head"), "--out", str(tmp_path / "out"), "--layout", "vllm"])

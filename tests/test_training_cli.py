@@ -112,11 +112,11 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     where = {t: i for i, t in enumerate(grown.draft_vocab_ids.tolist())}
     rows = [where[t] for t in head.draft_vocab_ids.tolist()]  # the 64 kept ids' rows in the grown head
     assert not torch.allclose(before["lm_head.weight"], after["lm_head.weight"][rows])  # the LM head trained
-    with pytest.raises(ValueError, match="--draft-vocab-size resizes"):
+    with pytest.raises(SystemExit, match="--draft-vocab-size resizes"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", "--draft-vocab-size", "80"])
-    with pytest.raises(ValueError, match="--num-layers grows"):
+    with pytest.raises(SystemExit, match="--num-layers grows"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", "--num-layers", "3"])
-    with pytest.raises(ValueError, match="--trainable-parameters"):
+    with pytest.raises(SystemExit, match="--trainable-parameters"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", *only_lm_head])
 
 
@@ -127,3 +127,22 @@ def test_train_spells_k_train_one_way():
     assert args.num_parallel_positions == 5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "-o", "x", "--k", "5"])
+
+
+def test_cli_errors_are_one_line_and_the_traceback_is_behind_debug(tmp_path, monkeypatch):
+    """A library error ends the command with one line naming the problem and exit status 1; `--debug` or
+    `PEAGLE_DEBUG=1` lets the exception through."""
+    monkeypatch.delenv("PEAGLE_DEBUG", raising=False)
+    argv = ["train", "--target", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    line = str(exit_info.value.code)
+    assert line.startswith("peagle train: error: target folder") and str(tmp_path / "nowhere") in line
+    assert "\n" not in line and "--debug" in line
+    with pytest.raises(FileNotFoundError):
+        main([*argv, "--debug"])
+    monkeypatch.setenv("PEAGLE_DEBUG", "1")
+    with pytest.raises(FileNotFoundError):
+        main(argv)
+    # `sys.exit(main())`, the console script, prints SystemExit's line to stderr and exits 1, no traceback
+    assert isinstance(exit_info.value.__cause__, FileNotFoundError)
