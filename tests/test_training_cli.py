@@ -146,3 +146,18 @@ def test_cli_errors_are_one_line_and_the_traceback_is_behind_debug(tmp_path, mon
         main(argv)
     # `sys.exit(main())`, the console script, prints SystemExit's line to stderr and exits 1, no traceback
     assert isinstance(exit_info.value.__cause__, FileNotFoundError)
+
+
+def test_train_help_shows_defaults_and_refuses_non_positive_counts(capsys):
+    from peagle.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: 256)", "(default: 8)", "(default: 0.0003)", "(default: float32)"):
+        assert shown in text, shown
+    assert "(default: None)" not in text and "(default: [])" not in text
+    for flag in ("--gen-batch-size", "--batch-size", "--grad-accum", "--max-new-tokens", "--num-layers"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "-o", "x", flag, "0"])
+        assert f"argument {flag}: expected an integer >= 1, got '0'" in capsys.readouterr().err

@@ -354,6 +354,35 @@ def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path)
     )
 
 
+def test_resuming_into_a_head_of_another_shape_says_so(tmp_path):
+    """A checkpoint of another head (draft vocabulary, layers) or another set of trainable parameters is refused
+    naming the checkpoint and what differs, before transformers' size or parameter-group mismatch."""
+    target = make_target()
+    data = random_examples(4, seed=5)
+    args = make_args(tmp_path, save_strategy="steps", save_steps=1, optim="adamw_torch", max_steps=1)
+    PEagleTrainer(model=make_head(target).float(), target_model=target, args=args, train_dataset=data).train()
+    checkpoint = os.path.join(args.output_dir, "checkpoint-1")
+
+    def resume(head):
+        PEagleTrainer(model=head.float(), target_model=target, args=args, train_dataset=data).train(
+            resume_from_checkpoint=checkpoint
+        )
+
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-1: it holds a head of another shape "
+                       r"\(.*lm_head.weight is \[128, 64\] there, \[64, 64\] here"):  # fmt: skip
+        resume(make_head(target, draft_vocab_size=64))
+    with pytest.raises(ValueError, match=r"it holds .* weights this head lacks, e.g. layers.1"):
+        resume(make_head(target, num_hidden_layers=1))
+    frozen = make_head(target)
+    for name, p in frozen.named_parameters():
+        p.requires_grad_(name.startswith("lm_head"))
+    with pytest.raises(
+        ValueError, match=r"its optimizer trained \d+ parameter tensors .*, this head has 1 trainable"
+    ):
+        resume(frozen)
+    resume(make_head(target))  # the same head resumes
+
+
 def test_logs_per_depth_accuracy_and_evaluates(tmp_path):
     target = make_target()
     head = make_head(target).float()

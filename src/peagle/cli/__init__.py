@@ -16,6 +16,8 @@ import importlib
 import os
 import sys
 
+from ._common import DefaultsHelpFormatter, describe_defaults
+
 COMMANDS = ("demo", "bench", "train", "calibrate", "export", "push")
 """Sub-commands, each the module `peagle.cli.<name>`."""
 
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="on an error, show the full traceback instead of one line (also: PEAGLE_DEBUG=1)",
         )
+        p.formatter_class = DefaultsHelpFormatter
+        describe_defaults(p)
         p.set_defaults(func=module.run)
     return parser
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import io
 import json
 import os
 import random
@@ -147,7 +148,20 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
         raise FileNotFoundError(f"prompt file {path!r} does not exist.")
     prompts: list[Prompt] = []
     skipped: list[int] = []  # line (JSONL) or item numbers, 1-based, of rows that hold no prompt
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as raw:
+        data = raw.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"prompt file {path!r}, line {line}: not UTF-8 text (byte {err.start}); save the file as UTF-8."
+        ) from err
+    if not text.strip():
+        raise ValueError(
+            f"prompt file {path!r} is empty; expected one prompt per line (.txt) or a JSON list."
+        )
+    with io.StringIO(text) as fh:
         if path.endswith(".txt"):
             rows: Iterable[tuple[int, Any]] = ((i, line.rstrip("\n")) for i, line in enumerate(fh, 1))
         elif path.endswith(".jsonl"):
@@ -177,6 +191,11 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
         logger.warning(
             f"prompt file {path!r}: {len(skipped)} rows hold no prompt (no messages/conversations/prompt/"
             f"instruction/question/text field), skipped: {where}s {skipped[:10]}{' ...' if len(skipped) > 10 else ''}"
+        )
+    if not prompts and limit != 0:
+        raise ValueError(
+            f"prompt file {path!r} holds no prompts ({len(skipped)} rows without a messages/conversations/prompt/"
+            "instruction/question/text field)."
         )
     check_not_evaluation(prompts, source=f"prompt file {path!r}")
     return prompts

@@ -158,12 +158,15 @@ def build_head(
     values.update({k: v for k, v in optional.items() if v is not None})
     values.update(config_overrides)
     vocab_size = int(target.config.get_text_config().vocab_size)
+    why_vocab = "given"
     if draft_vocab_size is None:
+        why_vocab = "the size rule's"
         needed = coverage_vocab_size(examples, vocab_size) if examples is not None else None
         plan = plan_head(target, values, needed_vocab=needed)  # keeps `needed` ids before a second layer
         smallest, largest = plan.vocab_range
         if needed is not None and largest < vocab_size:
             draft_vocab_size = max(smallest, min(largest, needed))
+            why_vocab = f"chosen from the training data: {needed} ids cover 99.5% of its response tokens"
             logger.info(
                 "draft vocabulary: %d ids (the examples need %d to cover 99.5%% of their response tokens; the size "
                 "rule allows [%d, %d] with %d layers)",
@@ -180,7 +183,18 @@ def build_head(
             f"a draft vocabulary of {draft_vocab_size} of the target's {vocab_size} ids is chosen from training "
             f"examples; pass them (or draft_vocab_size={vocab_size} for the whole vocabulary)."
         )
-    config = PEagleConfig.for_target(target, draft_vocab_size=draft_vocab_size, **values)
+    # PEagleConfig.for_target, with the draft vocabulary's reason logged as it is (not "given" when peagle chose it)
+    plan = plan_head(target, {**values, "draft_vocab_size": draft_vocab_size})
+    plan.notes[:] = [
+        f"draft_vocab_size: {draft_vocab_size} ({why_vocab})"
+        if n == f"draft_vocab_size: {draft_vocab_size} (given)"
+        else n
+        for n in plan.notes
+    ]
+    chosen = not {"num_hidden_layers", "embed_from_target"} & set(values) and why_vocab != "given"
+    over = plan.head_parameters > plan.budget and chosen
+    logging.getLogger("peagle.families").log(logging.WARNING if over else logging.INFO, plan.describe())
+    config = PEagleConfig(**plan.values)
     head = PEagleDrafter(config).to(dtype or torch.float32)
     if draft_vocab_size < vocab_size:
         head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, vocab_size, _eos_ids(target)))
@@ -487,6 +501,14 @@ def train_head(
     from .trainer import PEagleTrainer, PEagleTrainingArguments
 
     start = time.time()
+    if (
+        isinstance(generation_batch_size, bool)
+        or not isinstance(generation_batch_size, int)
+        or generation_batch_size < 1
+    ):
+        raise ValueError(
+            f"generation_batch_size (--gen-batch-size) is {generation_batch_size!r}; expected an integer >= 1."
+        )
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if isinstance(training_args, PEagleTrainingArguments):

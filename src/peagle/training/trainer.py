@@ -658,6 +658,15 @@ class PEagleTrainer(Trainer):
         `args.flush_denormal` (restored afterwards).  Resuming from a checkpoint also resumes its budget count
         (`response_tokens_trained`)."""
         if resume_from_checkpoint:
+            folder = (
+                get_last_checkpoint(self.args.output_dir)
+                if resume_from_checkpoint is True
+                else os.fspath(resume_from_checkpoint)
+            )
+            if folder is not None and os.path.isdir(folder):
+                from .checkpoints import check_checkpoint_fits
+
+                check_checkpoint_fits(self.model, folder)
             self._resume_budget(resume_from_checkpoint)
         self._train_started = time.time()
         if not self.args.flush_denormal:
