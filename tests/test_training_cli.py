@@ -161,3 +161,41 @@ def test_train_help_shows_defaults_and_refuses_non_positive_counts(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["train", "-o", "x", flag, "0"])
         assert f"argument {flag}: expected an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path, monkeypatch):
+    """Checked before the target model loads, with the two ways on: --chat-template FILE and --plain-prompts."""
+    import peagle.targets
+
+    target_dir = tmp_path / "target"
+    make_target().save_pretrained(target_dir)
+    tok = tiny_tokenizer()
+    template, tok.chat_template = tok.chat_template, None
+    tok.save_pretrained(target_dir)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe bot\n")
+    base = ["train", "--target", str(target_dir), "--prompts", str(prompts), "--cpu", "--grad-accum", "1"]
+    base += ["--max-steps", "1", "--max-new-tokens", "3", "--num-parallel-positions", "2"]
+    real_load = peagle.targets.load_target
+
+    def no_model(*a, **k):
+        raise AssertionError("the target model was loaded before the chat template was checked")
+
+    monkeypatch.setattr(peagle.targets, "load_target", no_model)
+    with pytest.raises(
+        SystemExit, match=r"the tokenizer of .*target has no chat template.*--chat-template FILE"
+    ):
+        main([*base, "--output", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"Magpie prompts need a chat template"):
+        main([*base, "--output", str(tmp_path / "a"), "--magpie", "2", "--plain-prompts"])
+    monkeypatch.setattr(peagle.targets, "load_target", real_load)
+    assert main([*base, "--output", str(tmp_path / "plain"), "--plain-prompts"]) == 0
+    plain = [json.loads(line) for line in (tmp_path / "plain" / "examples.jsonl").read_text().splitlines()]
+    assert plain[0]["input_ids"][: len(tok("hello world")["input_ids"])] == tok("hello world")["input_ids"]
+    (tmp_path / "chat.jinja").write_text(template)
+    assert (
+        main([*base, "--output", str(tmp_path / "chat"), "--chat-template", str(tmp_path / "chat.jinja")])
+        == 0
+    )
+    chat = [json.loads(line) for line in (tmp_path / "chat" / "examples.jsonl").read_text().splitlines()]
+    assert tok.convert_tokens_to_ids("<|im_start|>") in chat[0]["input_ids"]

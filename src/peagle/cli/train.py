@@ -39,6 +39,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=8,
         help="prompts per generate() call for self-distillation",
     )
+    src.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file for a target whose tokenizer has none (docs/training.md)",
+    )
+    src.add_argument(
+        "--plain-prompts",
+        action="store_true",
+        help="no chat template: each prompt is encoded as plain text and the target continues it (for a base "
+        "model without a template; not with --magpie)",
+    )
     src.add_argument("--sample", action="store_true", help="sample responses instead of greedy decoding")
     src.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
     src.add_argument("--feature-cache", default=None, help="cache target features in this folder")
@@ -161,7 +173,25 @@ def _calibration_count(value: str) -> int | str:
     return count
 
 
+def _read_chat_template(path: str) -> str:
+    """The text of a `--chat-template` file (a Jinja template, as `tokenizer.chat_template` holds)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--chat-template file {path!r} does not exist.") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--chat-template file {path!r} is not UTF-8 text (byte {err.start}).") from err
+    if not text.strip():
+        raise ValueError(f"--chat-template file {path!r} is empty; expected a Jinja chat template.")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plain_prompts and args.chat_template:
+        raise ValueError(
+            "--plain-prompts encodes prompts without a template; --chat-template gives one: pass one."
+        )
     if args.lora and args.base_head is None and not _is_default(args.target):
         raise ValueError("--lora with --target needs --base-head (the head to adapt).")
     if args.lora and args.draft_vocab_size is not None:
@@ -201,15 +231,24 @@ def run(args: argparse.Namespace) -> int:
             f"warning: this {device} has no native bfloat16 (e.g. an AVX2-only CPU); bf16 runs through slow "
             "fallback kernels here, often many times slower than float32: drop --bf16 / --dtype bfloat16."
         )
-    from ..targets import load_target
+    from ..targets import load_target, load_target_tokenizer
+    from ..training.prompts import check_chat_template
 
-    target, tokenizer = load_target(
-        "default" if _is_default(args.target) else args.target,
-        dtype=getattr(torch, args.dtype),
-        device=device,
-    )
+    spec = "default" if _is_default(args.target) else args.target
+    # everything that can be checked without the target model is checked first: the data files, the template
     prompts = [p for path in args.prompts for p in load_prompts(path, limit=args.limit)]
     examples = load_examples(args.examples) if args.examples else None
+    template = _read_chat_template(args.chat_template) if args.chat_template else None
+    if examples is None and (prompts or args.magpie or args.code_prompts):
+        tokenizer = load_target_tokenizer(spec)
+        if tokenizer is not None and template is not None:
+            tokenizer.chat_template = template
+        check_chat_template(
+            tokenizer, plain_prompts=args.plain_prompts, magpie=bool(args.magpie), what=f"target {spec}"
+        )
+    target, tokenizer = load_target(spec, dtype=getattr(torch, args.dtype), device=device)
+    if tokenizer is not None and template is not None:
+        tokenizer.chat_template = template
     training_args = training_arguments(
         os.path.join(args.output, "checkpoints"),
         num_parallel_positions=args.num_parallel_positions,
@@ -262,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
         generation_batch_size=args.gen_batch_size,
         do_sample=args.sample,
         temperature=args.temperature,
+        plain_prompts=args.plain_prompts,
         num_hidden_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,
         drafting_mode=args.mode,

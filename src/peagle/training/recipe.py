@@ -453,6 +453,7 @@ def train_head(
     training_args: PEagleTrainingArguments | Mapping[str, Any] | None = None,
     resume_from_checkpoint: str | bool | None = None,
     progress: bool = True,
+    plain_prompts: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Self-distill data from `prompts`, train a head on it with [`PEagleTrainer`] and save it to `output_dir`.
 
@@ -467,6 +468,9 @@ def train_head(
         num_magpie_prompts: prompts the target writes itself (Magpie), added to `prompts`.
         num_code_prompts: coding prompts from Python's standard library, added to `prompts`.
         max_new_tokens, generation_batch_size, do_sample, temperature: self-distillation decoding.
+        plain_prompts: encode text prompts as plain text, without the tokenizer's chat template (for a target that
+            has none; Magpie prompts need one). Checked before any generation: a tokenizer without a chat
+            template and text prompts raise `ValueError` unless this is set.
         head: a head to continue training; default [`build_head`] on the examples with `num_hidden_layers`,
             `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init`, `layers_init` (each
             defaulting to the size rule of `peagle.families`: the draft vocabulary is chosen from the examples) and
@@ -496,7 +500,7 @@ def train_head(
     from ..families import head_parameters, target_parameters
     from .distill import self_distill, synthesize_prompts
     from .features import FeatureCache
-    from .prompts import check_not_evaluation, stdlib_code_prompts
+    from .prompts import check_chat_template, check_not_evaluation, is_token_ids, stdlib_code_prompts
     from .shards import save_examples
     from .trainer import PEagleTrainer, PEagleTrainingArguments
 
@@ -509,6 +513,11 @@ def train_head(
         raise ValueError(
             f"generation_batch_size (--gen-batch-size) is {generation_batch_size!r}; expected an integer >= 1."
         )
+    if examples is None:
+        prompts = list(prompts)
+        text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
+        if num_magpie_prompts or text_prompts:
+            check_chat_template(tokenizer, plain_prompts=plain_prompts, magpie=bool(num_magpie_prompts))
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if isinstance(training_args, PEagleTrainingArguments):
@@ -539,6 +548,7 @@ def train_head(
             temperature=temperature,
             seed=args.seed,
             progress=progress,
+            plain_prompts=plain_prompts,
         )
         if args.should_save:
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
