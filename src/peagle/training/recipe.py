@@ -603,7 +603,11 @@ def train_head(
         dataset = FeatureCache.build(
             target, examples, feature_cache, head.config.eagle_aux_hidden_state_layer_ids, progress=progress
         )
-        cache_info = {"path": os.fspath(feature_cache), "bytes": dataset.size_bytes}
+        cache_info = {
+            "path": os.fspath(feature_cache),
+            "bytes": dataset.size_bytes,
+            "dtype": dataset.index["dtype"].removeprefix("torch."),
+        }
 
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=dataset)
     result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)

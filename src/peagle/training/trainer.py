@@ -588,6 +588,15 @@ class PEagleTrainer(Trainer):
         """Yield `(is_last, loss_sum, stats)` per segment that has something to learn; the forward pass runs
         lazily so the caller can wrap it in `no_sync`."""
         aux, last = self._features(inputs)
+        if "target_hidden_states" in inputs and not bool(
+            torch.isfinite(aux).all() and torch.isfinite(last).all()
+        ):
+            directory = getattr(self.train_dataset, "directory", None) or "(the dataset's target features)"
+            raise FloatingPointError(
+                f"the feature cache {directory} holds non-finite target features (at global step "
+                f"{self.state.global_step}): its dtype cannot hold this target's activations. Delete it and build it "
+                "again (FeatureCache.build picks bfloat16 when float16 overflows), or train without --feature-cache."
+            )
         target = self._target_distribution(last)
         num_segments = len(plans[0].segments)
         todo = []
