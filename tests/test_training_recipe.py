@@ -315,3 +315,16 @@ def test_train_head_grows_a_continued_heads_layers(tmp_path):
     )  # fmt: skip
     assert summary["num_hidden_layers"] == 2 and trained.config.num_hidden_layers == 2
     assert trained.layers[1].mlp.down_proj.weight.abs().sum() > 0
+
+
+def test_train_head_checks_examples_it_is_given(tmp_path):
+    target = make_target()
+    good = {"input_ids": [1, 5, 6, 6, 9, 2], "loss_mask": [0, 0, 1, 1, 1, 1]}
+    args = one_step_args(tmp_path)
+    for bad, message in (
+        ({"input_ids": [1, 5, 6], "loss_mask": [0, 2, 1]}, r"row 1: loss_mask holds 2"),
+        ({"input_ids": [1, 5, 6]}, r"row 1: no 'loss_mask' field"),
+        ({"input_ids": torch.tensor([1, 5]), "loss_mask": (0, 1, 1)}, r"row 1: loss_mask has 3 entries"),
+    ):
+        with pytest.raises(ValueError, match=rf"train_head examples, {message}"):
+            train_head(target, output_dir=tmp_path / "h", examples=[good, bad], training_args=args)

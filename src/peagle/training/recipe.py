@@ -501,7 +501,7 @@ def train_head(
     from .distill import self_distill, synthesize_prompts
     from .features import FeatureCache
     from .prompts import check_chat_template, check_not_evaluation, is_token_ids, stdlib_code_prompts
-    from .shards import save_examples
+    from .shards import check_example, save_examples
     from .trainer import PEagleTrainer, PEagleTrainingArguments
 
     start = time.time()
@@ -513,6 +513,7 @@ def train_head(
         raise ValueError(
             f"generation_batch_size (--gen-batch-size) is {generation_batch_size!r}; expected an integer >= 1."
         )
+    generated = examples is None
     if examples is None:
         prompts = list(prompts)
         text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
@@ -528,6 +529,7 @@ def train_head(
         targs.setdefault("report_to", "none")
         targs.setdefault("disable_tqdm", not progress)
         args = PEagleTrainingArguments(**targs)
+    generated = examples is None
     if examples is None:
         prompts = list(prompts)
         if num_magpie_prompts:
@@ -552,7 +554,9 @@ def train_head(
         )
         if args.should_save:
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
-    elif tokenizer is not None:
+    else:
+        examples = [check_example(ex, f"train_head examples, row {i}") for i, ex in enumerate(examples)]
+    if tokenizer is not None and not generated:
         check_not_evaluation(
             ([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m] for ex in examples),
             tokenizer,

@@ -81,8 +81,10 @@ def check_example(row: Any, where: str) -> dict[str, Any]:
                 f"{where}: no {key!r} field (found {sorted(row)}); expected input_ids and loss_mask."
             )
         values = row[key]
-        if isinstance(values, torch.Tensor):
+        if hasattr(values, "tolist"):  # a tensor or an array
             values = values.tolist()
+        if isinstance(values, tuple):
+            values = list(values)
         if not isinstance(values, list) or not values:
             raise ValueError(f"{where}: {key} is {_short(values)}; expected a non-empty list of integers.")
         bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
