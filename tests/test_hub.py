@@ -308,6 +308,12 @@ def test_push_with_a_file_that_is_not_json_writes_nothing(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == before
     assert main(base) == 0 and not (out / "model-00001-of-00002.safetensors").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".up.")]  # nothing left aside
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match=r"upload folder .*mine holds other files"):
+        main([*base[:-1], str(mine)])
+    assert (mine / "notes.txt").read_text() == "keep me"
 
 
 # ------------------------------------------------------------------------------------------ without peagle

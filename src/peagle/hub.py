@@ -430,6 +430,12 @@ def prepare_upload_folder(
     )
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"upload folder {out} is a file.")
+    earlier = (out / "config.json").is_file() and (out / "custom_generate").is_dir()
+    if out.is_dir() and any(out.iterdir()) and not earlier:
+        raise FileExistsError(
+            f"upload folder {out} holds other files (it is replaced whole); pass a new or empty folder, or one an "
+            "earlier upload preparation wrote."
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     # written aside, then swapped in: the folder never holds a mix of old and new files
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
