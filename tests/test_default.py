@@ -98,3 +98,28 @@ def test_shipped_heads_decode_batches_losslessly(target_and_tokenizer, kind):
         assert stats.batch_size == batch
         if options:
             assert stats.accepted_tokens > 0
+
+
+def test_load_target_takes_a_gguf_file(target_and_tokenizer, tmp_path, monkeypatch):
+    """A GGUF file loads as the embedded target does (converted once under the cache, quantisation record
+    dropped), and its folder keeps the file's license for model cards."""
+    import torch
+
+    from peagle.hub import target_license
+    from peagle.targets import gguf_path, load_target
+
+    with pytest.raises(FileNotFoundError, match=r"target file .*missing\.gguf does not exist"):
+        load_target(tmp_path / "missing.gguf")
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    target, tok = load_target(gguf_path())
+    folder = next((tmp_path / "cache" / "gguf").iterdir())
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    assert 'license: "apache-2.0"' in (folder / "README.md").read_text()
+    ref, _ = target_and_tokenizer
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(target(ids).logits, ref(ids).logits)
+    assert tok("hello")["input_ids"] == target_and_tokenizer[1]("hello")["input_ids"]
+    head = peagle.PEagleDrafter.from_pretrained(default_drafter_path("peagle"))
+    head.config.target_model_name = str(folder)
+    assert target_license(head) == "apache-2.0"

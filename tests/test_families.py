@@ -495,7 +495,7 @@ def test_peagle_train_and_export_commands(kind, tmp_path, capsys):
     if FAMILIES[kind].vllm_eagle3:
         assert main(export_args) == 0 and (tmp_path / "vllm" / "config.json").exists()
     else:
-        with pytest.raises(ValueError, match="EAGLE3 interface"):
+        with pytest.raises(SystemExit, match="EAGLE3 interface"):
             main(export_args)
 
 

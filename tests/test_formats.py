@@ -616,7 +616,7 @@ def test_layout_registry_and_load_head(tmp_path):
 
     assert list(formats.LAYOUTS) == ["peagle", "speculators", "vllm", "eagle3"]
     assert set(formats.EXPORT_LAYOUTS) == {"peagle", "speculators", "vllm"}
-    assert peagle.load_head is formats.load_head
+    assert peagle.load_head.__module__ == "peagle"  # formats.load_head, also taking target_model= (#57)
     assert PEagleDrafter._checkpoint_loader is formats.load_head  # registered by importing peagle.formats
     folder, _, raw = write_aws(tmp_path / "aws")
     head = peagle.load_head(folder)

@@ -23,6 +23,18 @@ def test_config_that_is_not_json_names_the_file(saved, load):
         load(saved)
 
 
+def test_load_head_takes_target_model_as_from_pretrained_does(tmp_path):
+    target = make_target()
+    make_head(target, embed_from_target=True).save_pretrained(tmp_path / "head")
+    a = peagle.load_head(tmp_path / "head", target_model=target)
+    b = PEagleDrafter.from_pretrained(tmp_path / "head", target_model=target)
+    weight = target.get_input_embeddings().weight
+    assert a.embed_tokens.weight is b.embed_tokens.weight is weight  # attached: the target's own table
+    assert peagle.load_head(tmp_path / "head", target=target).embed_tokens.weight is weight
+    with pytest.raises(ValueError, match="two different targets"):
+        peagle.load_head(tmp_path / "head", target=target, target_model=make_target())
+
+
 @pytest.mark.parametrize("spec", ["/no/such/head/folder", "./no-such-head", "~/no-such-head-9f2", "a/b/c"])
 def test_a_missing_path_fails_at_once_naming_it(spec):
     with pytest.raises(FileNotFoundError, match="no such folder"):
@@ -84,5 +96,5 @@ def test_the_command_line_is_told_about_target(tmp_path, capsys):
     from peagle.cli import main
 
     make_head(make_target(), embed_from_target=True).save_pretrained(tmp_path / "head")
-    with pytest.raises(ValueError, match="--target on the command line"):
+    with pytest.raises(SystemExit, match="--target on the command line"):
         main(["export", str(tmp_path / "head"), "--out", str(tmp_path / "out"), "--layout", "vllm"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,6 +173,59 @@ def test_cost_model_key_and_cache(target, monkeypatch, tmp_path):
     head.cost_model = VerifyCostModel.flat()  # a user's override wins
     assert cost_mod.cost_model_for(target, head) is head.cost_model
     cost_mod.forget_cost_models()
+
+
+@pytest.mark.parametrize("where", ["file", "directory", "read-only"])
+def test_unwritable_cost_cache_warns_once_and_generation_goes_on(target, monkeypatch, tmp_path, where):
+    """A cache is an optimisation: a cache that cannot be written keeps the curve in memory, warns once naming
+    the path, and never fails `generate()`."""
+    head = _cost_head(target)
+    root = tmp_path / "cache"
+    if where == "file":  # PEAGLE_COST_CACHE names a file
+        root.write_text("not a folder")
+    else:
+        root.mkdir()
+        if where == "directory":  # a folder where the JSON should be
+            monkeypatch.setenv("PEAGLE_COST_CACHE", str(root))
+            cost_mod.cost_cache_path(cost_mod.cost_model_key(target, head)).mkdir()
+        else:
+            root.chmod(0o500)
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(root))
+    cost_mod.forget_cost_models()
+    cost_mod._UNWRITABLE.clear()
+    if where == "read-only":
+        probe = root / "probe"
+        try:
+            probe.write_text("x")
+        except OSError:
+            pass
+        else:  # root writes read-only folders: a folder nobody can create instead (/proc refuses new entries)
+            probe.unlink()
+            if not Path("/proc/self").is_dir():
+                pytest.skip("no read-only folder to test with as this user")
+            root.chmod(0o700)
+            root = Path("/proc/self/peagle-cost-cache")
+            monkeypatch.setenv("PEAGLE_COST_CACHE", str(root))
+    path = cost_mod.cost_cache_path(cost_mod.cost_model_key(target, head))
+    try:
+        with pytest.warns(RuntimeWarning, match="could not write its verify-cost cache") as record:
+            model = cost_mod.cost_model_for(target, head, max_tokens=3)
+        assert str(path) in str(record[0].message) and model.source == "calibrated"
+        cost_mod.forget_cost_models()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per path, not once per call
+            cost_mod.cost_model_for(target, head, max_tokens=3)
+        cost_mod.forget_cost_models()
+        ids = prompt_ids(1, 12)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = target.generate(ids, assistant_model=head, max_new_tokens=6, do_sample=False)
+        assert torch.equal(out, greedy(target, ids, max_new_tokens=6))
+        assert where == "read-only" or not list(root.parent.rglob("*.tmp"))  # no temporary file left behind
+    finally:
+        if where == "read-only":
+            (tmp_path / "cache").chmod(0o700)
+        cost_mod.forget_cost_models()
 
 
 def test_online_refinement_keeps_the_curve_shape():

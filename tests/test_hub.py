@@ -255,6 +255,67 @@ def test_cli_push_prepare_only(tmp_path, capsys):
     assert "2.00x" in (out / "README.md").read_text() and (out / "custom_generate" / "generate.py").is_file()
 
 
+def test_card_license_base_model_and_vllm_advice_come_from_the_target(tmp_path):
+    """The card's license is the target's (Gemma: gemma), `base_model` is found for a local target folder, and a
+    family vLLM does not serve gets no `peagle export --layout vllm` advice."""
+    gemma = make_head(make_target(), target_model_name=str(tmp_path / "gemma-3-270m"))
+    gemma.config.target_model_type = "gemma3_text"
+    parsed = ModelCard(str(render_model_card(gemma, repo_id="me/gemma-peagle")))
+    assert parsed.data.license == "gemma" and "--layout vllm" not in parsed.text
+    assert "vllm serve" not in parsed.text and "vLLM does not serve this head" in parsed.text
+    assert "Gemma 3" in parsed.text
+    assert ModelCard(str(render_model_card(gemma, license="mit"))).data.license == "mit"  # the caller's wins
+
+    # a local target folder: its card's base_model and license, or the Hub cache folder it sits in
+    folder = tmp_path / "my-target"
+    folder.mkdir()
+    (folder / "README.md").write_text("---\nlicense: llama3.2\nbase_model: meta-llama/Llama-3.2-1B\n---\n")
+    local = make_head(make_target(), target_model_name=str(folder))
+    parsed = ModelCard(str(render_model_card(local)))
+    assert parsed.data.base_model == "meta-llama/Llama-3.2-1B" and parsed.data.license == "llama3.2"
+    assert "vllm serve meta-llama/Llama-3.2-1B" in parsed.text
+    cached = tmp_path / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
+    cached.mkdir(parents=True)
+    parsed = ModelCard(str(render_model_card(make_head(make_target(), target_model_name=str(cached)))))
+    assert (
+        parsed.data.base_model == "Qwen/Qwen3-0.6B" and parsed.data.license == "other"
+    )  # unknown: not apache
+
+
+def test_push_with_a_file_that_is_not_json_writes_nothing(tmp_path):
+    from peagle.cli import main
+
+    head = make_head(make_target(), target_model_name=TARGET_ID)
+    head.save_pretrained(tmp_path / "head")
+    bad = tmp_path / "bench.json"
+    bad.write_text('{"summary": [')
+    latin = tmp_path / "training.json"
+    latin.write_bytes(b'{"data": "caf\xe9"}')
+    out = tmp_path / "up"
+    base = ["push", str(tmp_path / "head"), "org/smol-peagle", "--prepare-only", str(out)]
+    with pytest.raises(SystemExit, match=rf"benchmark file {re.escape(str(bad))} is not JSON \(line 1"):
+        main([*base, "--bench", str(bad)])
+    assert not out.exists()
+    with pytest.raises(SystemExit, match=r"training description file .*training.json is not UTF-8"):
+        main([*base, "--training", str(latin)])
+    assert not out.exists()
+    # over an existing folder: a bad file leaves it as it was; a good run replaces it whole (no stale files)
+    assert main(base) == 0
+    (out / "model-00001-of-00002.safetensors").write_text("stale")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(SystemExit, match="is not JSON"):
+        main([*base, "--bench", str(bad)])
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert main(base) == 0 and not (out / "model-00001-of-00002.safetensors").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".up.")]  # nothing left aside
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match=r"upload folder .*mine holds other files"):
+        main([*base[:-1], str(mine)])
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
 # ------------------------------------------------------------------------------------------ without peagle
 _NO_PEAGLE = BLOCK_PEAGLE + textwrap.dedent(
     """

@@ -112,11 +112,11 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     where = {t: i for i, t in enumerate(grown.draft_vocab_ids.tolist())}
     rows = [where[t] for t in head.draft_vocab_ids.tolist()]  # the 64 kept ids' rows in the grown head
     assert not torch.allclose(before["lm_head.weight"], after["lm_head.weight"][rows])  # the LM head trained
-    with pytest.raises(ValueError, match="--draft-vocab-size resizes"):
+    with pytest.raises(SystemExit, match="--draft-vocab-size resizes"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", "--draft-vocab-size", "80"])
-    with pytest.raises(ValueError, match="--num-layers grows"):
+    with pytest.raises(SystemExit, match="--num-layers grows"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", "--num-layers", "3"])
-    with pytest.raises(ValueError, match="--trainable-parameters"):
+    with pytest.raises(SystemExit, match="--trainable-parameters"):
         main([*grow, "--output", str(tmp_path / "x"), "--lora", *only_lm_head])
 
 
@@ -127,3 +127,75 @@ def test_train_spells_k_train_one_way():
     assert args.num_parallel_positions == 5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "-o", "x", "--k", "5"])
+
+
+def test_cli_errors_are_one_line_and_the_traceback_is_behind_debug(tmp_path, monkeypatch):
+    """A library error ends the command with one line naming the problem and exit status 1; `--debug` or
+    `PEAGLE_DEBUG=1` lets the exception through."""
+    monkeypatch.delenv("PEAGLE_DEBUG", raising=False)
+    argv = ["train", "--target", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    line = str(exit_info.value.code)
+    assert line.startswith("peagle train: error: target folder") and str(tmp_path / "nowhere") in line
+    assert "\n" not in line and "--debug" in line
+    with pytest.raises(FileNotFoundError):
+        main([*argv, "--debug"])
+    monkeypatch.setenv("PEAGLE_DEBUG", "1")
+    with pytest.raises(FileNotFoundError):
+        main(argv)
+    # `sys.exit(main())`, the console script, prints SystemExit's line to stderr and exits 1, no traceback
+    assert isinstance(exit_info.value.__cause__, FileNotFoundError)
+
+
+def test_train_help_shows_defaults_and_refuses_non_positive_counts(capsys):
+    from peagle.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: 256)", "(default: 8)", "(default: 0.0003)", "(default: float32)"):
+        assert shown in text, shown
+    assert "(default: None)" not in text and "(default: [])" not in text
+    for flag in ("--gen-batch-size", "--batch-size", "--grad-accum", "--max-new-tokens", "--num-layers"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "-o", "x", flag, "0"])
+        assert f"argument {flag}: expected an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path, monkeypatch):
+    """Checked before the target model loads, with the two ways on: --chat-template FILE and --plain-prompts."""
+    import peagle.targets
+
+    target_dir = tmp_path / "target"
+    make_target().save_pretrained(target_dir)
+    tok = tiny_tokenizer()
+    template, tok.chat_template = tok.chat_template, None
+    tok.save_pretrained(target_dir)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe bot\n")
+    base = ["train", "--target", str(target_dir), "--prompts", str(prompts), "--cpu", "--grad-accum", "1"]
+    base += ["--max-steps", "1", "--max-new-tokens", "3", "--num-parallel-positions", "2"]
+    real_load = peagle.targets.load_target
+
+    def no_model(*a, **k):
+        raise AssertionError("the target model was loaded before the chat template was checked")
+
+    monkeypatch.setattr(peagle.targets, "load_target", no_model)
+    with pytest.raises(
+        SystemExit, match=r"the tokenizer of .*target has no chat template.*--chat-template FILE"
+    ):
+        main([*base, "--output", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"Magpie prompts need a chat template"):
+        main([*base, "--output", str(tmp_path / "a"), "--magpie", "2", "--plain-prompts"])
+    monkeypatch.setattr(peagle.targets, "load_target", real_load)
+    assert main([*base, "--output", str(tmp_path / "plain"), "--plain-prompts"]) == 0
+    plain = [json.loads(line) for line in (tmp_path / "plain" / "examples.jsonl").read_text().splitlines()]
+    assert plain[0]["input_ids"][: len(tok("hello world")["input_ids"])] == tok("hello world")["input_ids"]
+    (tmp_path / "chat.jinja").write_text(template)
+    assert (
+        main([*base, "--output", str(tmp_path / "chat"), "--chat-template", str(tmp_path / "chat.jinja")])
+        == 0
+    )
+    chat = [json.loads(line) for line in (tmp_path / "chat" / "examples.jsonl").read_text().splitlines()]
+    assert tok.convert_tokens_to_ids("<|im_start|>") in chat[0]["input_ids"]

@@ -78,6 +78,26 @@ def test_chat_template_paths_include_the_default_system_prompt():
         self_distill(target, ["hello"], progress=False)
 
 
+def test_a_tokenizer_without_a_chat_template_needs_plain_prompts():
+    """No silent fallback: without a chat template, text prompts are refused (saying how to go on) unless
+    `plain_prompts`, which encodes them as plain text; Magpie prompts are refused either way."""
+    tok = tiny_tokenizer()
+    tok.chat_template = None
+    target = make_target()
+    with pytest.raises(ValueError, match=r"has no chat template.*--chat-template FILE.*--plain-prompts"):
+        self_distill(target, ["hello world"], tokenizer=tok, max_new_tokens=2, progress=False)
+    with pytest.raises(ValueError, match=r"Magpie prompts need a chat template.*has none"):
+        synthesize_prompts(target, 2, tokenizer=tok, progress=False)
+    examples = self_distill(
+        target, ["hello world"], tokenizer=tok, max_new_tokens=3, progress=False, plain_prompts=True
+    )
+    assert (
+        examples[0]["input_ids"][:2]
+        == tok("hello world")["input_ids"]
+        == chat_prompt_ids(tok, "hello world", plain=True)
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- guard
 def test_self_distill_refuses_evaluation_prompts():
     target = make_target()

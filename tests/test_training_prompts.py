@@ -64,6 +64,21 @@ def test_prompt_files_with_errors_name_the_file_and_line(tmp_path, caplog):
     assert "2 rows hold no prompt" in caplog.text and "lines [2, 4]" in caplog.text
 
 
+def test_empty_or_non_utf8_prompt_files_say_so(tmp_path):
+    for name, text in (("empty.txt", ""), ("blank.txt", "\n  \n"), ("empty.jsonl", "")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=rf"prompt file '.*{name}' is empty"):
+            load_prompts(tmp_path / name)
+    nothing = tmp_path / "nothing.jsonl"
+    nothing.write_text('{"other": 1}\n')
+    with pytest.raises(ValueError, match=r"nothing\.jsonl' holds no prompts"):
+        load_prompts(nothing)
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"hello\ncaf\xe9 au lait\n")
+    with pytest.raises(ValueError, match=r"latin\.txt', line 2: not UTF-8 text"):
+        load_prompts(latin)
+
+
 def test_stdlib_code_prompts_are_deterministic():
     a = stdlib_code_prompts(20, seed=0)
     assert len(a) == 20 and a == stdlib_code_prompts(20, seed=0) and a != stdlib_code_prompts(20, seed=1)

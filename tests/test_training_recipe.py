@@ -79,6 +79,37 @@ def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypa
         train_head(target, tok, output_dir=tmp_path / "head2", examples=examples, training_args=args)
     with pytest.raises(ValueError, match="needs prompts"):
         train_head(target, tok, output_dir=tmp_path / "head3", training_args=args)
+    with pytest.raises(
+        ValueError, match=r"generation_batch_size \(--gen-batch-size\) is 0; expected an integer"
+    ):
+        train_head(
+            target,
+            tok,
+            output_dir=tmp_path / "h4",
+            prompts=["hi"],
+            generation_batch_size=0,
+            training_args=args,
+        )
+
+
+def test_sizing_log_says_given_only_for_what_the_caller_gave(caplog):
+    target = make_target()
+    examples = [{"input_ids": [1, 5, 6, 6, 9, 2], "loss_mask": [0, 0, 1, 1, 1, 1]}] * 3
+    with caplog.at_level("INFO", logger="peagle.families"):
+        build_head(target, examples)
+    assert "draft_vocab_size: 128 (the size rule's)" in caplog.text and "(given)" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="peagle.families"):
+        build_head(target, examples, draft_vocab_size=16, num_hidden_layers=1)
+    assert "draft_vocab_size: 16 (given)" in caplog.text and "num_hidden_layers: 1 (given)" in caplog.text
+    caplog.clear()
+    wide = make_target(vocab_size=9216)  # above the 8,192 floor: the size comes from the data
+    with caplog.at_level("INFO", logger="peagle.families"):
+        build_head(wide, examples)
+    assert (
+        "draft_vocab_size: 8192 (chosen from the training data" in caplog.text
+        and "(given)" not in caplog.text
+    )
 
 
 def test_train_head_fits_the_draft_calibration_on_held_out_examples(tmp_path):
@@ -284,3 +315,16 @@ def test_train_head_grows_a_continued_heads_layers(tmp_path):
     )  # fmt: skip
     assert summary["num_hidden_layers"] == 2 and trained.config.num_hidden_layers == 2
     assert trained.layers[1].mlp.down_proj.weight.abs().sum() > 0
+
+
+def test_train_head_checks_examples_it_is_given(tmp_path):
+    target = make_target()
+    good = {"input_ids": [1, 5, 6, 6, 9, 2], "loss_mask": [0, 0, 1, 1, 1, 1]}
+    args = one_step_args(tmp_path)
+    for bad, message in (
+        ({"input_ids": [1, 5, 6], "loss_mask": [0, 2, 1]}, r"row 1: loss_mask holds 2"),
+        ({"input_ids": [1, 5, 6]}, r"row 1: no 'loss_mask' field"),
+        ({"input_ids": torch.tensor([1, 5]), "loss_mask": (0, 1, 1)}, r"row 1: loss_mask has 3 entries"),
+    ):
+        with pytest.raises(ValueError, match=rf"train_head examples, {message}"):
+            train_head(target, output_dir=tmp_path / "h", examples=[good, bad], training_args=args)

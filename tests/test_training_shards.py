@@ -114,6 +114,51 @@ def test_jsonl_examples_still_load(tmp_path):
         load_examples(tmp_path / "missing.jsonl")
 
 
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"input_ids": [1, 2, 3]}', r"line 2: no 'loss_mask' field \(found \['input_ids'\]\)"),
+        ('{"loss_mask": [0, 1]}', r"line 2: no 'input_ids' field"),
+        ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}', r"line 2: loss_mask has 2 entries, input_ids 3"),
+        (
+            '{"input_ids": ["1", "2"], "loss_mask": [0, 1]}',
+            r"line 2: input_ids holds '1' \(str\); expected integers",
+        ),
+        (
+            '{"input_ids": "1 2", "loss_mask": [0, 1]}',
+            r"line 2: input_ids is '1 2'; expected a non-empty list",
+        ),
+        (
+            '{"input_ids": [1, 2], "loss_mask": [0, 2]}',
+            r"line 2: loss_mask holds 2; expected only 0 .* and 1",
+        ),
+        ('{"input_ids": [1, -2], "loss_mask": [0, 1]}', r"line 2: input_ids holds -2"),
+        ("[1, 2]", r"line 2: expected a JSON object with input_ids and loss_mask, got a list"),
+        ('{"input_ids": [1, 2], "loss_mask": [0,', r"line 2: not valid JSON \(the file looks truncated\)"),
+    ],
+)
+def test_bad_jsonl_examples_name_the_file_and_the_line(tmp_path, line, message):
+    path = tmp_path / "ex.jsonl"
+    path.write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=r"examples file '.*ex\.jsonl', " + message):
+        load_examples(path)
+
+
+def test_non_utf8_or_empty_examples_files_are_named(tmp_path):
+    path = tmp_path / "ex.jsonl"
+    path.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1]}\n{"input_ids": [1], "note": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"ex\.jsonl', line 2: not UTF-8 text"):
+        load_examples(path)
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match=r"examples file '.*ex\.jsonl' holds no examples \(it is empty\)"):
+        load_examples(path)
+    # a truncated middle line is not called truncated
+    path.write_text('{"input_ids": [1, 2], "loss_\n{"input_ids": [1, 2], "loss_mask": [0, 1]}\n')
+    with pytest.raises(ValueError, match=r"line 1: not valid JSON \(") as info:
+        load_examples(path)
+    assert "truncated" not in str(info.value)
+
+
 def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     sys.path.insert(0, SCRIPTS)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -354,6 +355,35 @@ def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path)
     )
 
 
+def test_resuming_into_a_head_of_another_shape_says_so(tmp_path):
+    """A checkpoint of another head (draft vocabulary, layers) or another set of trainable parameters is refused
+    naming the checkpoint and what differs, before transformers' size or parameter-group mismatch."""
+    target = make_target()
+    data = random_examples(4, seed=5)
+    args = make_args(tmp_path, save_strategy="steps", save_steps=1, optim="adamw_torch", max_steps=1)
+    PEagleTrainer(model=make_head(target).float(), target_model=target, args=args, train_dataset=data).train()
+    checkpoint = os.path.join(args.output_dir, "checkpoint-1")
+
+    def resume(head):
+        PEagleTrainer(model=head.float(), target_model=target, args=args, train_dataset=data).train(
+            resume_from_checkpoint=checkpoint
+        )
+
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-1: it holds a head of another shape "
+                       r"\(.*lm_head.weight is \[128, 64\] there, \[64, 64\] here"):  # fmt: skip
+        resume(make_head(target, draft_vocab_size=64))
+    with pytest.raises(ValueError, match=r"it holds .* weights this head lacks, e.g. layers.1"):
+        resume(make_head(target, num_hidden_layers=1))
+    frozen = make_head(target)
+    for name, p in frozen.named_parameters():
+        p.requires_grad_(name.startswith("lm_head"))
+    with pytest.raises(
+        ValueError, match=r"its optimizer trained \d+ parameter tensors .*, this head has 1 trainable"
+    ):
+        resume(frozen)
+    resume(make_head(target))  # the same head resumes
+
+
 def test_logs_per_depth_accuracy_and_evaluates(tmp_path):
     target = make_target()
     head = make_head(target).float()
@@ -399,6 +429,52 @@ def test_feature_cache_gives_the_online_gradient_and_is_reused(tmp_path):
     assert os.path.getmtime(shard) == stamp and again.index == cache.index
     cached, _ = update_after_one_step(target, cache, tmp_path)
     assert rel_diff(cached, online) < 1e-5
+
+
+def test_feature_cache_picks_a_dtype_the_targets_activations_fit(tmp_path, caplog):
+    """Activations beyond float16's range (Gemma 3's reach 55,040 and more) are stored in bfloat16 by default; an
+    explicit float16 is refused naming the cache; a cache that holds non-finite features is rebuilt, and training
+    on one names it."""
+    from safetensors.torch import load_file, save_file
+
+    big = make_target()
+    with torch.no_grad():
+        big.get_input_embeddings().weight.mul_(1e7)  # the residual stream carries ~1e5
+    data = random_examples(2, seed=11)
+    ids = make_head(big).config.eagle_aux_hidden_state_layer_ids
+    with caplog.at_level("WARNING", logger="peagle.training.features"):
+        cache = FeatureCache.build(big, data, tmp_path / "big", ids, progress=False)
+    assert cache.index["dtype"] == "torch.bfloat16" and cache.index["max_abs"] > 65504
+    assert "beyond float16's range; storing them in bfloat16" in caplog.text
+    assert all(bool(torch.isfinite(cache[i]["target_hidden_states"]).all()) for i in range(len(cache)))
+    with pytest.raises(
+        ValueError, match=r"feature cache .*fp16: the target's features reach .* float16's range"
+    ):
+        FeatureCache.build(big, data, tmp_path / "fp16", ids, dtype=torch.float16, progress=False)
+
+    # a float16 cache that holds inf (as an older peagle built it): training names it, building again replaces it
+    target = make_target()
+    cache = FeatureCache.build(target, data, tmp_path / "old", ids, progress=False)
+    assert cache.index["dtype"] == "torch.float16"
+    shard = os.path.join(cache.directory, cache.index["locations"][0])
+    tensors = load_file(shard)
+    for key in tensors:
+        tensors[key][0, 0] = float("inf")
+    save_file(tensors, shard)
+    index = dict(cache.index)
+    del index["max_abs"]
+    with open(os.path.join(cache.directory, FeatureCache.INDEX), "w") as fh:
+        json.dump(index, fh)
+    broken = FeatureCache(cache.directory)
+    trainer = PEagleTrainer(
+        model=make_head(target).float(), target_model=target, args=make_args(tmp_path), train_dataset=broken
+    )
+    with pytest.raises(FloatingPointError, match=r"the feature cache .*old holds non-finite target features"):
+        trainer.train()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="peagle.training.features"):
+        rebuilt = FeatureCache.build(target, data, tmp_path / "old", ids, progress=False)
+    assert "holds non-finite features" in caplog.text and math.isfinite(rebuilt.index["max_abs"])
 
 
 def test_rejects_wrong_arguments(tmp_path):

@@ -19,7 +19,8 @@ from transformers import AutoConfig, AutoModel
 from . import hub  # noqa: F401  (registers PEagleDrafter.push_to_hub)
 from ._version import __version__
 from .configuration_peagle import PEagleConfig
-from .formats import export, load_head
+from .formats import export
+from .formats import load_head as _load_head
 from .generation import (
     PEagleCandidateGenerator,
     PEagleGenerationStats,
@@ -35,6 +36,21 @@ AutoModel.register(PEagleConfig, PEagleDrafter, exist_ok=True)
 PEagleConfig.register_for_auto_class()
 PEagleDrafter.register_for_auto_class("AutoModel")
 install_generate_hook()
+
+
+def load_head(path_or_id, *model_args, target=None, target_model=None, **kwargs) -> PEagleDrafter:
+    """`peagle.formats.load_head`: a head in any published layout, attached to `target` when given.
+
+    `target_model=` is the same argument under the name `PEagleDrafter.from_pretrained` gives it, so
+    `peagle.load_head(folder, target_model=target)` and `PEagleDrafter.from_pretrained(folder, target_model=target)`
+    load the same head.
+    """
+    if target is not None and target_model is not None and target is not target_model:
+        raise ValueError("load_head got two different targets (target= and target_model=); pass one.")
+    return _load_head(
+        path_or_id, *model_args, target=target if target is not None else target_model, **kwargs
+    )
+
 
 _TRAINING_EXPORTS = ("PEagleTrainer", "PEagleTrainingArguments", "train_head")
 _FP8_EXPORTS = ("FP8Linear", "quantize_head", "dequantize_head")

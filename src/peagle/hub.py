@@ -20,7 +20,9 @@ when the Hub receives the upload.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from string import Template
@@ -58,15 +60,106 @@ _BENCH_COLUMNS = (
 )
 
 
+FAMILY_LICENSES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma"}
+"""Licenses a whole target family is published under (Hub license ids), by transformers `model_type`."""
+_HF_CACHE_FOLDER = re.compile(r"models--([\w.-]+)--([\w.-]+)")
+
+
 def _is_repo_id(name: str | None) -> bool:
     return bool(name) and bool(_REPO_ID.match(name)) and not Path(name).exists()
+
+
+def _front_matter(readme: Path) -> dict[str, Any]:
+    """The YAML metadata of a model card file ({} when there is none or it does not parse)."""
+    try:
+        return ModelCard.load(readme).data.to_dict()
+    except Exception:  # a card we cannot read only means we learn nothing from it
+        return {}
+
+
+def _local_target_folders(names: list[str | None]) -> list[Path]:
+    return [Path(n).expanduser() for n in names if n and Path(n).expanduser().is_dir()]
+
+
+def target_hub_id(name: str | None, target_model: Any = None) -> str | None:
+    """The Hub id of a head's target: `name` when it is one; for a local folder, the Hub id it records (a Hub
+    cache folder `models--org--name`, its card's `base_model`, its config's `_name_or_path`), or the loaded
+    target's `name_or_path`; None when none is known."""
+    names = [name]
+    if target_model is not None:
+        config = getattr(target_model, "config", None)
+        names += [getattr(config, "_name_or_path", None), getattr(target_model, "name_or_path", None)]
+    for candidate in names:
+        if _is_repo_id(candidate):
+            return candidate
+    for folder in _local_target_folders(names):
+        cached = _HF_CACHE_FOLDER.search(str(folder.resolve()))
+        if cached:
+            return f"{cached.group(1)}/{cached.group(2)}"
+        base = _front_matter(folder / "README.md").get("base_model")
+        base = base[0] if isinstance(base, list) and base else base
+        if isinstance(base, str) and _REPO_ID.match(base):
+            return base
+        try:
+            recorded = json.loads((folder / "config.json").read_text()).get("_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if isinstance(recorded, str) and _is_repo_id(recorded):
+            return recorded
+    return None
+
+
+def target_license(head: PEagleDrafter, target_model: Any = None) -> str:
+    """The license a head's card declares: its target's (a local target folder's card, else the target family's,
+    `FAMILY_LICENSES`); `apache-2.0` for the embedded default target; `other` when unknown (pass `license=`)."""
+    config = head.config
+    names = [config.target_model_name]
+    if target_model is not None:
+        names.append(getattr(getattr(target_model, "config", None), "_name_or_path", None))
+    for folder in _local_target_folders(names):
+        found = _front_matter(folder / "README.md").get("license")
+        if isinstance(found, str) and found:
+            return found
+    kind = getattr(config, "target_model_type", None)
+    if target_model is not None:
+        from .families import target_model_type
+
+        kind = target_model_type(target_model) or kind
+    if kind in FAMILY_LICENSES:
+        return FAMILY_LICENSES[kind]
+    from .targets import DEFAULT_TARGET_NAME
+
+    if DEFAULT_TARGET_NAME in names:
+        return "apache-2.0"
+    return "other"
+
+
+def _read_json_file(path: str | Path, what: str) -> Any:
+    """`path` parsed as JSON, or a `ValueError` naming the file and what it was for."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{what} file {path} is not UTF-8 text (byte {e.start}); expected a JSON file."
+        ) from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{what} file {path} is not JSON (line {e.lineno}, column {e.colno}: {e.msg})."
+        ) from e
 
 
 def load_bench(bench: str | Path | dict | list | None) -> dict | list | None:
     """A benchmark result: a `peagle bench` JSON file path, or the already-parsed JSON."""
     if bench is None or isinstance(bench, dict | list):
         return bench
-    return json.loads(Path(bench).read_text())
+    data = _read_json_file(bench, "benchmark")
+    if not isinstance(data, dict | list):
+        raise ValueError(
+            f"benchmark file {bench} holds a JSON {type(data).__name__}; expected an object or a list."
+        )
+    return data
 
 
 def _cell(key: str, value: Any) -> str:
@@ -118,7 +211,11 @@ def bench_section(bench: str | Path | dict | list | None) -> str:
 def training_section(training: dict[str, Any] | str | Path | None) -> str:
     """Markdown bullets from a dict (or JSON file) such as `{"data": ..., "tokens": ..., "budget": ...}`."""
     if isinstance(training, str | Path):
-        training = json.loads(Path(training).read_text())
+        path, training = training, _read_json_file(training, "training description")
+        if not isinstance(training, dict):
+            raise ValueError(
+                f"training description file {path} holds a JSON {type(training).__name__}; expected an object."
+            )
     if not training:
         return "Training data and budget were not recorded with this upload."
     lines = []
@@ -174,42 +271,70 @@ def _architecture_rows(config: Any) -> str:
     return "\n".join(f"| {a} | {b} |" for a, b in rows)
 
 
+_VLLM_SECTION = """vLLM serves the EAGLE-3 / AWS P-EAGLE layout; convert once with peagle, then serve:
+
+```bash
+peagle export $repo_id --layout vllm --out ./$short_name-vllm$export_target
+vllm serve $base_model --speculative-config '$vllm_spec'
+```
+
+The export keeps this head's settings in its `peagle` block, which peagle reads back and vLLM ignores: vLLM
+takes K from `num_speculative_tokens` above and drafts K tokens every round, so the confidence cut
+(`confidence_threshold`), the calibration map (`draft_calibration`) and cost-aware drafting apply in peagle's
+`generate()` only; K_train and the target's layer count are peagle's checks."""
+_NO_VLLM_SECTION = """vLLM does not serve this head: its EAGLE-3 path has no interface for $family targets (model_type
+`$model_type`), so peagle does not export it to vLLM's layout (the families vLLM serves are listed in peagle's
+docs/families.md). Use it with transformers' `generate()` as above."""
+
+
 def render_model_card(
     head: PEagleDrafter,
     *,
     repo_id: str | None = None,
     base_model: str | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     tags: list[str] | None = None,
     bench: BenchInput = None,
     training: TrainingInput = None,
     template: str | Path | None = None,
+    target_model: Any = None,
 ) -> ModelCard:
     """The head's model card (a `huggingface_hub.ModelCard`).
 
     Args:
         head: a `PEagleDrafter`.
         repo_id: where the card will live (used in the usage snippets).
-        base_model: the target's Hub id (default `head.config.target_model_name`); written to the YAML
-            only when it is a Hub repo id.
-        license, tags: YAML metadata (`DEFAULT_TAGS` are always included).
+        base_model: the target's Hub id (default: [`target_hub_id`] of `head.config.target_model_name`, which
+            reads a local target folder's recorded name); written to the YAML only when it is a Hub repo id.
+        license: YAML license (default: the target's, [`target_license`]).
+        tags: YAML tags (`DEFAULT_TAGS` are always included).
         bench: a `peagle bench` JSON (path or parsed) for the acceptance/speedup table.
         training: dict (or JSON file) describing the training data and budget.
         template: another body template (`string.Template` placeholders, see `peagle_head.md`).
+        target_model: the loaded target, when at hand (its recorded name and family help the defaults).
     """
+    from .families import VLLM_EAGLE3_MODEL_TYPES, family_name, target_model_type
+
     config = head.config
-    base = base_model or config.target_model_name
+    base = base_model or target_hub_id(config.target_model_name, target_model) or config.target_model_name
     all_tags = list(dict.fromkeys([*DEFAULT_TAGS, *(tags or [])]))
     data = ModelCardData(
         library_name="peagle",
-        license=license,
+        license=license or target_license(head, target_model),
         base_model=base if _is_repo_id(base) else None,
         tags=all_tags,
     )
     parallel = config.drafting_mode == "parallel"
     repo = repo_id or "<this repo>"
     short = repo.rsplit("/", 1)[-1].strip("<>").replace(" ", "-")
-    spec = speculative_config(head, f"./{short}-vllm")
+    kind_of_target = (target_model_type(target_model) if target_model is not None else None) or getattr(
+        config, "target_model_type", None
+    )
+    served = kind_of_target is None or kind_of_target in VLLM_EAGLE3_MODEL_TYPES
+    spec = speculative_config(head, f"./{short}-vllm") if served else {}
+    vllm = Template(_VLLM_SECTION if served else _NO_VLLM_SECTION).safe_substitute(
+        family=family_name(kind_of_target), model_type=kind_of_target
+    )
     kind = "P-EAGLE (parallel drafting)" if parallel else "EAGLE-3"
     target_name = (
         f"[`{base}`](https://huggingface.co/{base})" if _is_repo_id(base) else f"`{base or 'its target'}`"
@@ -230,6 +355,7 @@ def render_model_card(
         else "; then head.attach_target(target) (it uses the target's embeddings)"
     )
     values = {
+        "vllm": vllm,
         "title": repo_id.rsplit("/", 1)[-1] if repo_id else f"{kind} head for {base or 'its target'}",
         "summary": summary,
         "architecture": _architecture_rows(config),
@@ -246,6 +372,7 @@ def render_model_card(
         "vllm_spec": json.dumps(spec),
         "peagle_version": __version__,
     }
+    values["vllm"] = Template(vllm).safe_substitute(values)
     body = Template(Path(template or CARD_TEMPLATE).read_text()).safe_substitute(values)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
@@ -269,7 +396,7 @@ def prepare_upload_folder(
     target_model: Any = None,
     max_shard_size: int | str = "5GB",
     base_model: str | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     tags: list[str] | None = None,
     bench: BenchInput = None,
     training: TrainingInput = None,
@@ -287,21 +414,9 @@ def prepare_upload_folder(
         base_model, license, tags, bench, training, template: the model card's (see `render_model_card`).
     """
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
     if target_model is not None:
         head.attach_target(target_model)
-    head.save_pretrained(out, max_shard_size=max_shard_size)
-    config = json.loads((out / "config.json").read_text())
-    missing = [f for f in ("configuration_peagle.py", "modeling_peagle.py") if not (out / f).is_file()]
-    if "auto_map" not in config or missing:
-        raise RuntimeError(
-            f"save_pretrained wrote no remote code into {out} (auto_map: {config.get('auto_map')}, missing {missing}); "
-            "import peagle (it registers PEagleDrafter for AutoModel) before preparing an upload."
-        )
-    gen = out / "custom_generate"
-    gen.mkdir(exist_ok=True)
-    (gen / "generate.py").write_text(custom_generate_source(repo_id or str(out.resolve())))
-    (gen / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
+    # everything that reads the caller's files (bench, training) comes first: a bad file writes nothing
     card = render_model_card(
         head,
         repo_id=repo_id,
@@ -311,9 +426,54 @@ def prepare_upload_folder(
         bench=bench,
         training=training,
         template=template,
+        target_model=target_model,
     )
-    card.save(out / "README.md")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"upload folder {out} is a file.")
+    earlier = (out / "config.json").is_file() and (out / "custom_generate").is_dir()
+    if out.is_dir() and any(out.iterdir()) and not earlier:
+        raise FileExistsError(
+            f"upload folder {out} holds other files (it is replaced whole); pass a new or empty folder, or one an "
+            "earlier upload preparation wrote."
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written aside, then swapped in: the folder never holds a mix of old and new files
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        head.save_pretrained(tmp, max_shard_size=max_shard_size)
+        config = json.loads((tmp / "config.json").read_text())
+        missing = [f for f in ("configuration_peagle.py", "modeling_peagle.py") if not (tmp / f).is_file()]
+        if "auto_map" not in config or missing:
+            raise RuntimeError(
+                f"save_pretrained wrote no remote code into {out} (auto_map: {config.get('auto_map')}, missing "
+                f"{missing}); import peagle (it registers PEagleDrafter for AutoModel) before preparing an upload."
+            )
+        gen = tmp / "custom_generate"
+        gen.mkdir(exist_ok=True)
+        (gen / "generate.py").write_text(custom_generate_source(repo_id or str(out.resolve())))
+        (gen / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
+        card.save(tmp / "README.md")
+        _swap_in(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Replace folder `out` (if any) by folder `new`, on the same file system."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.replace(out, old / "folder")
+    try:
+        os.replace(new, out)
+    except OSError:
+        if old is not None:
+            os.replace(old / "folder", out)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def push_to_hub(
@@ -328,7 +488,7 @@ def push_to_hub(
     target_model: Any = None,
     max_shard_size: int | str = "5GB",
     base_model: str | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     tags: list[str] | None = None,
     bench: BenchInput = None,
     training: TrainingInput = None,
@@ -348,7 +508,7 @@ def push_to_hub(
     with tempfile.TemporaryDirectory() as tmp:
         folder = prepare_upload_folder(
             head,
-            tmp,
+            Path(tmp) / "upload",
             repo_id=repo_id,
             target_model=target_model,
             max_shard_size=max_shard_size,
@@ -379,4 +539,6 @@ __all__ = [
     "training_section",
     "custom_generate_source",
     "load_bench",
+    "target_hub_id",
+    "target_license",
 ]

@@ -10,6 +10,40 @@ DTYPES = ["float32", "bfloat16"]
 """The dtypes the demo and the benchmark run the target and the heads in."""
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` shows each option's default, unless its help already says it or there is none (None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or not show_default(action):
+            return text
+        return super()._get_help_string(action)
+
+
+def show_default(action: argparse.Action) -> bool:
+    """Whether `--help` states `action`'s default (not for None, False, [] or a suppressed one)."""
+    default = action.default
+    return default is not argparse.SUPPRESS and default is not None and default is not False and default != []
+
+
+def describe_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give options that have no help text one that states their default (argparse shows no line otherwise)."""
+    for action in parser._actions:
+        if action.help is None and action.option_strings and show_default(action):
+            action.help = "(default: %(default)s)"
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1 (argparse's error names the option)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    return number
+
+
 def add_num_speculative_tokens_argument(p: argparse.ArgumentParser, help: str) -> None:
     """`-k/--num-speculative-tokens`: inference K (K_train is `--num-parallel-positions`)."""
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help=help)

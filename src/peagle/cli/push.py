@@ -18,7 +18,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--bench", default=None, help="benchmark JSON (peagle bench) for the acceptance/speedup table"
     )
     p.add_argument("--training", default=None, help="JSON file describing training data and budget")
-    p.add_argument("--license", default="apache-2.0")
+    p.add_argument(
+        "--license",
+        default=None,
+        help="the card's license (default: the target's: its folder's card, its family's (Gemma: gemma), "
+        "apache-2.0 for the default target, else 'other')",
+    )
+    p.add_argument(
+        "--base-model",
+        default=None,
+        help="the target's Hub id for the card's base_model (default: the name the head or the target folder "
+        "records)",
+    )
     p.add_argument("--private", action="store_true")
     p.add_argument("--token", default=None)
     p.add_argument(
@@ -45,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             bench=args.bench,
             training=args.training,
             license=args.license,
+            base_model=args.base_model,
+            target_model=target,
         )
         print(f"wrote the upload folder for {args.repo_id} to {out} (not uploaded)")
         return 0
@@ -56,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         bench=args.bench,
         training=args.training,
         license=args.license,
+        base_model=args.base_model,
+        target_model=target,
     )
     print(f"uploaded {args.head} to {getattr(info, 'commit_url', args.repo_id)}")
     return 0

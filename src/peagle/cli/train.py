@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ._common import add_target_argument
+from ._common import add_target_argument, positive_int
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -18,7 +18,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     src.add_argument(
         "--prompts", action="append", default=[], help=".txt/.json/.jsonl prompt file (repeatable)"
     )
-    src.add_argument("--limit", type=int, default=None, help="read at most this many prompts per file")
+    src.add_argument(
+        "--limit", type=positive_int, default=None, help="read at most this many prompts per file"
+    )
     src.add_argument(
         "--magpie", type=int, default=0, help="number of Magpie prompts the target writes itself"
     )
@@ -29,25 +31,42 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="ready examples: a .jsonl with input_ids, loss_mask, or a shard folder",
     )
     src.add_argument(
-        "--max-new-tokens", type=int, default=256, help="response length cap for self-distillation"
+        "--max-new-tokens", type=positive_int, default=256, help="response length cap for self-distillation"
     )
-    src.add_argument("--gen-batch-size", type=int, default=8)
+    src.add_argument(
+        "--gen-batch-size",
+        type=positive_int,
+        default=8,
+        help="prompts per generate() call for self-distillation",
+    )
+    src.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file for a target whose tokenizer has none (docs/training.md)",
+    )
+    src.add_argument(
+        "--plain-prompts",
+        action="store_true",
+        help="no chat template: each prompt is encoded as plain text and the target continues it (for a base "
+        "model without a template; not with --magpie)",
+    )
     src.add_argument("--sample", action="store_true", help="sample responses instead of greedy decoding")
-    src.add_argument("--temperature", type=float, default=1.0)
+    src.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
     src.add_argument("--feature-cache", default=None, help="cache target features in this folder")
     head = p.add_argument_group("head")
     head.add_argument("--output", "-o", required=True, help="folder for the trained head")
     head.add_argument("--mode", default="parallel", choices=["parallel", "autoregressive"])
     head.add_argument(
         "--num-layers",
-        type=int,
+        type=positive_int,
         default=None,
         help="drafter layers (default: 2, or 1 when the size rule's budgets leave 2 too small a draft vocabulary); "
         "with --base-head, grow the base head to this many first (the new layers start adding nothing)",
     )
     head.add_argument(
         "--draft-vocab-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="LM-head rows (default: the smallest covering 99.5%% of the data's response tokens, within the size "
         "rule); with --base-head, resize the base head's vocabulary first (a larger one keeps its ids and rows)",
@@ -74,7 +93,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     tr = p.add_argument_group("training")
     tr.add_argument(
         "--num-parallel-positions",
-        type=int,
+        type=positive_int,
         default=8,
         help="K_train: parallel positions (depths) per anchor",
     )
@@ -103,18 +122,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="train the head parameters whose names match at SCALE times --lr (repeatable; the first match "
         "wins), e.g. lm_head=0.1",
     )
-    tr.add_argument("--partitions", type=int, default=1, help="sequence partitions per example")
-    tr.add_argument("--max-length", type=int, default=2048)
+    tr.add_argument("--partitions", type=positive_int, default=1, help="sequence partitions per example")
+    tr.add_argument("--max-length", type=positive_int, default=2048)
     tr.add_argument("--loss", default="kl", choices=["kl", "ce"])
     tr.add_argument("--epochs", type=float, default=1.0)
     tr.add_argument("--max-steps", type=int, default=-1)
     tr.add_argument("--lr", type=float, default=3e-4)
     tr.add_argument("--warmup-ratio", type=float, default=0.01, help="warmup as a fraction of the steps")
-    tr.add_argument("--batch-size", type=int, default=1)
-    tr.add_argument("--grad-accum", type=int, default=8)
+    tr.add_argument("--batch-size", type=positive_int, default=1)
+    tr.add_argument("--grad-accum", type=positive_int, default=8)
     tr.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
-    tr.add_argument("--save-steps", type=int, default=500)
-    tr.add_argument("--logging-steps", type=int, default=10)
+    tr.add_argument("--save-steps", type=positive_int, default=500)
+    tr.add_argument("--logging-steps", type=positive_int, default=10)
     tr.add_argument("--seed", type=int, default=42)
     tr.add_argument("--resume", default=None, help="checkpoint folder, or 'last'")
     tr.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
@@ -127,7 +146,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lora.add_argument(
         "--lora", action="store_true", help="train a LoRA adapter on the base head; the head stays frozen"
     )
-    lora.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
+    lora.add_argument("--lora-r", type=positive_int, default=16, help="LoRA rank")
     lora.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 * r)")
     lora.add_argument("--lora-dropout", type=float, default=0.0)
     lora.add_argument(
@@ -154,7 +173,25 @@ def _calibration_count(value: str) -> int | str:
     return count
 
 
+def _read_chat_template(path: str) -> str:
+    """The text of a `--chat-template` file (a Jinja template, as `tokenizer.chat_template` holds)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--chat-template file {path!r} does not exist.") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--chat-template file {path!r} is not UTF-8 text (byte {err.start}).") from err
+    if not text.strip():
+        raise ValueError(f"--chat-template file {path!r} is empty; expected a Jinja chat template.")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plain_prompts and args.chat_template:
+        raise ValueError(
+            "--plain-prompts encodes prompts without a template; --chat-template gives one: pass one."
+        )
     if args.lora and args.base_head is None and not _is_default(args.target):
         raise ValueError("--lora with --target needs --base-head (the head to adapt).")
     if args.lora and args.draft_vocab_size is not None:
@@ -194,15 +231,24 @@ def run(args: argparse.Namespace) -> int:
             f"warning: this {device} has no native bfloat16 (e.g. an AVX2-only CPU); bf16 runs through slow "
             "fallback kernels here, often many times slower than float32: drop --bf16 / --dtype bfloat16."
         )
-    from ..targets import load_target
+    from ..targets import load_target, load_target_tokenizer
+    from ..training.prompts import check_chat_template
 
-    target, tokenizer = load_target(
-        "default" if _is_default(args.target) else args.target,
-        dtype=getattr(torch, args.dtype),
-        device=device,
-    )
+    spec = "default" if _is_default(args.target) else args.target
+    # everything that can be checked without the target model is checked first: the data files, the template
     prompts = [p for path in args.prompts for p in load_prompts(path, limit=args.limit)]
     examples = load_examples(args.examples) if args.examples else None
+    template = _read_chat_template(args.chat_template) if args.chat_template else None
+    if examples is None and (prompts or args.magpie or args.code_prompts):
+        tokenizer = load_target_tokenizer(spec)
+        if tokenizer is not None and template is not None:
+            tokenizer.chat_template = template
+        check_chat_template(
+            tokenizer, plain_prompts=args.plain_prompts, magpie=bool(args.magpie), what=f"target {spec}"
+        )
+    target, tokenizer = load_target(spec, dtype=getattr(torch, args.dtype), device=device)
+    if tokenizer is not None and template is not None:
+        tokenizer.chat_template = template
     training_args = training_arguments(
         os.path.join(args.output, "checkpoints"),
         num_parallel_positions=args.num_parallel_positions,
@@ -255,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
         generation_batch_size=args.gen_batch_size,
         do_sample=args.sample,
         temperature=args.temperature,
+        plain_prompts=args.plain_prompts,
         num_hidden_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,
         drafting_mode=args.mode,

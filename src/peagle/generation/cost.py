@@ -19,12 +19,14 @@ anyway, inspectable (`to_dict`) and overridable (`VerifyCostModel.flat(...)`, `f
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -452,18 +454,23 @@ def cost_model_for(
     if model is not None and len(model.verify_seconds) >= max_tokens:
         return model
     path = cost_cache_path(key)
-    if use_cache and path.is_file():
+    model = None
+    if use_cache:
         try:
-            model = VerifyCostModel.from_dict(json.loads(path.read_text()))
-            model.source = "cache"
-        except (ValueError, TypeError, json.JSONDecodeError):
+            if path.is_file():
+                model = VerifyCostModel.from_dict(json.loads(path.read_text()))
+                model.source = "cache"
+        except (OSError, ValueError, TypeError):  # unreadable or malformed: measure again
             model = None
         if model is not None and len(model.verify_seconds) < max_tokens:
             model = None
     if model is None:
         model = measure_cost_model(target, head, max_tokens=max_tokens, batch_size=batch_size)
         if use_cache:
-            save_cost_model(model, path)
+            try:
+                save_cost_model(model, path)
+            except OSError as e:  # a cache is an optimisation: keep the curve in memory and go on
+                _warn_unwritable_once(path, e)
     _MODELS[name] = model
     return model
 
@@ -473,9 +480,30 @@ def save_cost_model(model: VerifyCostModel, path: str | os.PathLike | None = Non
     path = Path(path) if path is not None else cost_cache_path(model.key)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(model.to_dict(), indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(model.to_dict(), indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return path
+
+
+_UNWRITABLE: set[str] = set()
+"""Cache paths already warned about in this process (one warning each)."""
+
+
+def _warn_unwritable_once(path: Path, error: OSError) -> None:
+    if str(path) in _UNWRITABLE:
+        return
+    _UNWRITABLE.add(str(path))
+    warnings.warn(
+        f"peagle could not write its verify-cost cache {path} ({error.strerror or error}); the measured curve "
+        "is kept in memory for this process only. Set PEAGLE_COST_CACHE to a writable folder to keep it.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def set_cost_model(head: Any, model: VerifyCostModel | None) -> None:

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.utils import logging
 
 from .shards import load_examples, save_examples
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -176,7 +180,7 @@ class FeatureCache(torch.utils.data.Dataset):
         aux_layer_ids: Sequence[int],
         *,
         batch_size: int = 8,
-        dtype: torch.dtype = torch.float16,
+        dtype: torch.dtype | None = None,
         shard_size: int = 512 * 2**20,
         progress: bool = True,
     ) -> FeatureCache:
@@ -186,25 +190,89 @@ class FeatureCache(torch.utils.data.Dataset):
             target: the frozen target causal LM.
             examples: dicts with `input_ids` and `loss_mask`.
             aux_layer_ids: the head's `eagle_aux_hidden_state_layer_ids`.
-            dtype: storage dtype of the features.
+            dtype: storage dtype of the features.  None (the default): float16 when the target's features fit its
+                range (|x| <= 65,504), else bfloat16 (Gemma 3's reach beyond it): the build switches, and says so,
+                at the first example that does not fit.  An explicit float16 that cannot hold them raises
+                `ValueError` naming the cache.
             shard_size: bytes per safetensors shard (approximate).
         """
-        from safetensors.torch import save_file
-        from tqdm.auto import tqdm
-
         directory = os.fspath(directory)
-        fp = cls.fingerprint(target, examples, aux_layer_ids, dtype)
+        candidates = [dtype] if dtype is not None else [torch.float16, torch.bfloat16]
         index_path = os.path.join(directory, cls.INDEX)
         if os.path.exists(index_path):
             with open(index_path, encoding="utf-8") as fh:
-                if json.load(fh).get("fingerprint") == fp:
-                    return cls(directory)
+                index = json.load(fh)
+            for candidate in candidates:
+                if index.get("fingerprint") == cls.fingerprint(target, examples, aux_layer_ids, candidate):
+                    cache = cls(directory)
+                    if cache._holds_finite_features():
+                        return cache
+                    logger.warning(
+                        "feature cache %s holds non-finite features (built in %s, which cannot hold this target's "
+                        "activations); building it again",
+                        directory,
+                        index.get("dtype"),
+                    )
+                    break
+        for candidate in candidates:
+            try:
+                return cls._build(
+                    target, examples, directory, aux_layer_ids, candidate, batch_size, shard_size, progress
+                )
+            except _FeaturesOverflow as overflow:
+                if dtype is not None:
+                    raise ValueError(
+                        f"feature cache {directory}: the target's features reach {overflow.peak:,.0f} (example "
+                        f"{overflow.example}), beyond {str(candidate).removeprefix('torch.')}'s range "
+                        f"({torch.finfo(candidate).max:,.0f}); build it in bfloat16 or float32 (dtype=), or "
+                        "leave dtype to peagle."
+                    ) from None
+                logger.warning(
+                    "feature cache %s: the target's features reach %s (example %d), beyond float16's range; "
+                    "storing them in bfloat16",
+                    directory,
+                    f"{overflow.peak:,.0f}",
+                    overflow.example,
+                )
+        raise AssertionError("unreachable: bfloat16 holds every finite float32")
+
+    def _holds_finite_features(self) -> bool:
+        """Whether every stored feature is finite: recorded (`max_abs`) by this version's builds; an older cache is
+        read once and the record added to its index."""
+        if "max_abs" not in self.index:
+            peak = 0.0
+            for i in range(len(self)):
+                item = self[i]
+                for key in ("target_hidden_states", "target_last_hidden"):
+                    values = item[key].float().abs()
+                    if not bool(torch.isfinite(values).all()):
+                        peak = math.inf
+                    elif values.numel():
+                        peak = max(peak, float(values.max()))
+            self.index["max_abs"] = peak
+            with open(os.path.join(self.directory, self.INDEX), "w", encoding="utf-8") as fh:
+                json.dump(self.index, fh)
+        return math.isfinite(self.index["max_abs"])
+
+    @classmethod
+    def _build(cls, target, examples, directory, aux_layer_ids, dtype, batch_size, shard_size, progress):
+        from safetensors.torch import save_file
+        from tqdm.auto import tqdm
+
+        fp = cls.fingerprint(target, examples, aux_layer_ids, dtype)
+        index_path = os.path.join(directory, cls.INDEX)
         os.makedirs(directory, exist_ok=True)
+        if os.path.exists(index_path):
+            os.remove(index_path)  # an index names a complete cache only
+        for name in os.listdir(directory):
+            if name.startswith("features-") and name.endswith(".safetensors"):
+                os.remove(os.path.join(directory, name))
         save_examples(examples, os.path.join(directory, "examples.jsonl"))
         device = next(target.parameters()).device
         locations: list[str] = [""] * len(examples)
         shard: dict[str, torch.Tensor] = {}
-        shard_bytes, shard_id, num_tokens = 0, 0, 0
+        shard_bytes, shard_id, num_tokens, peak = 0, 0, 0, 0.0
+        limit = torch.finfo(dtype).max
 
         def flush():
             nonlocal shard, shard_bytes, shard_id
@@ -215,29 +283,56 @@ class FeatureCache(torch.utils.data.Dataset):
         collate = PEagleDataCollator()
         order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
         bar = tqdm(total=len(examples), desc="caching features", unit="example", disable=not progress)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            batch = collate([examples[i] for i in chunk])
-            aux, last = capture_features(
-                target, batch["input_ids"].to(device), batch["attention_mask"].to(device), aux_layer_ids
-            )
-            for r, i in enumerate(chunk):
-                t = int(batch["attention_mask"][r].sum())
-                shard[f"aux.{i}"] = aux[r, :t].to("cpu", dtype).contiguous()
-                shard[f"last.{i}"] = last[r, :t].to("cpu", dtype).contiguous()
-                shard_bytes += (aux.shape[-1] + last.shape[-1]) * t * shard[f"aux.{i}"].element_size()
-                locations[i] = f"features-{shard_id:05d}.safetensors"
-                num_tokens += t
-            if shard_bytes >= shard_size:
-                flush()
-            bar.update(len(chunk))
-        flush()
-        bar.close()
+        try:
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                batch = collate([examples[i] for i in chunk])
+                aux, last = capture_features(
+                    target, batch["input_ids"].to(device), batch["attention_mask"].to(device), aux_layer_ids
+                )
+                for r, i in enumerate(chunk):
+                    t = int(batch["attention_mask"][r].sum())
+                    top = max(float(aux[r, :t].abs().max()), float(last[r, :t].abs().max())) if t else 0.0
+                    if not math.isfinite(top):
+                        raise ValueError(
+                            f"the target's own features are non-finite on example {i} (target dtype "
+                            f"{str(next(target.parameters()).dtype).removeprefix('torch.')}): load the target in "
+                            "bfloat16 or float32."
+                        )
+                    if top > limit:
+                        raise _FeaturesOverflow(top, i)
+                    peak = max(peak, top)
+                    shard[f"aux.{i}"] = aux[r, :t].to("cpu", dtype).contiguous()
+                    shard[f"last.{i}"] = last[r, :t].to("cpu", dtype).contiguous()
+                    shard_bytes += (aux.shape[-1] + last.shape[-1]) * t * shard[f"aux.{i}"].element_size()
+                    locations[i] = f"features-{shard_id:05d}.safetensors"
+                    num_tokens += t
+                if shard_bytes >= shard_size:
+                    flush()
+                bar.update(len(chunk))
+            flush()
+        finally:
+            bar.close()
         with open(index_path, "w", encoding="utf-8") as fh:
             json.dump(
-                {"fingerprint": fp, "locations": locations, "num_tokens": num_tokens, "dtype": str(dtype)}, fh
+                {
+                    "fingerprint": fp,
+                    "locations": locations,
+                    "num_tokens": num_tokens,
+                    "dtype": str(dtype),
+                    "max_abs": peak,
+                },
+                fh,
             )
         return cls(directory)
+
+
+class _FeaturesOverflow(Exception):
+    """A feature beyond the storage dtype's range (`peak`, on example `example`)."""
+
+    def __init__(self, peak: float, example: int):
+        super().__init__(peak, example)
+        self.peak, self.example = peak, example
 
 
 __all__ = ["PEagleDataCollator", "capture_features", "FeatureCache"]

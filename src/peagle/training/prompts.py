@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import io
 import json
 import os
 import random
@@ -43,11 +44,44 @@ def is_token_ids(prompt: Any) -> bool:
     return not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], int)
 
 
-def chat_prompt_ids(tokenizer, prompt: Prompt, system: str | None = None) -> list[int]:
+def has_chat_template(tokenizer) -> bool:
+    """Whether `tokenizer` formats chat turns (has a `chat_template`)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def check_chat_template(
+    tokenizer, *, plain_prompts: bool = False, magpie: bool = False, what: str = "the target"
+) -> None:
+    """Raise `ValueError` before any slow work when text prompts cannot be formatted: `tokenizer` is None, or has no
+    chat template and `plain_prompts` is off, or Magpie prompts are asked for without a template (Magpie lets the
+    target write a user turn: it needs the template's turn markers)."""
+    if tokenizer is None:
+        raise ValueError(
+            f"{what} has no tokenizer: text prompts need one (or pass ready examples / token ids)."
+        )
+    name = getattr(tokenizer, "name_or_path", None) or what
+    if magpie and (plain_prompts or not has_chat_template(tokenizer)):
+        raise ValueError(
+            f"Magpie prompts need a chat template and the tokenizer of {name} "
+            + ("is used without one (plain_prompts / --plain-prompts)" if plain_prompts else "has none")
+            + "; give it one (chat_template / --chat-template FILE) or drop them (num_magpie_prompts / --magpie)."
+        )
+    if not plain_prompts and not has_chat_template(tokenizer):
+        raise ValueError(
+            f"the tokenizer of {name} has no chat template, so chat prompts cannot be formatted: give it one "
+            "(tokenizer.chat_template = a Jinja template; peagle train --chat-template FILE) or train on plain "
+            "text prompts (plain_prompts=True; peagle train --plain-prompts: each prompt is encoded as is and the "
+            "target continues it). See docs/training.md."
+        )
+
+
+def chat_prompt_ids(tokenizer, prompt: Prompt, system: str | None = None, plain: bool = False) -> list[int]:
     """Token ids of `prompt` formatted with the tokenizer's chat template, ending with the assistant prefix.
 
     `prompt` is a user string, a list of chat messages, or already token ids (returned as a list unchanged).
-    `system` is prepended as a system message unless the messages start with one.
+    `system` is prepended as a system message unless the messages start with one.  `plain`: no template, the
+    messages' contents joined by newlines and encoded as text (with the tokenizer's special tokens, e.g. BOS), for
+    targets without a chat template; a tokenizer without a template raises `ValueError` unless `plain`.
     """
     if isinstance(prompt, torch.Tensor):
         return prompt.flatten().tolist()
@@ -56,11 +90,12 @@ def chat_prompt_ids(tokenizer, prompt: Prompt, system: str | None = None) -> lis
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system is not None and (not messages or messages[0].get("role") != "system"):
         messages = [{"role": "system", "content": system}] + messages
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = "\n".join(m["content"] for m in messages)
-    return tokenizer(text)["input_ids"]
+    if plain:
+        text = "\n".join(m["content"] for m in messages)
+        return tokenizer(text)["input_ids"]
+    check_chat_template(tokenizer)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def user_turn_template(tokenizer, system: str | None = None) -> tuple[list[int], list[int]]:
@@ -70,8 +105,7 @@ def user_turn_template(tokenizer, system: str | None = None) -> tuple[list[int],
     any default one the template inserts (SmolLM2's does); the suffix is everything after it up to the assistant
     prefix.  Magpie-style synthesis lets the target continue the prefix, which makes it write a user turn.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat_template; pass prefix_ids/suffix_ids explicitly.")
+    check_chat_template(tokenizer, magpie=True)
     messages = [{"role": "user", "content": _SENTINEL}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
@@ -147,7 +181,20 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
         raise FileNotFoundError(f"prompt file {path!r} does not exist.")
     prompts: list[Prompt] = []
     skipped: list[int] = []  # line (JSONL) or item numbers, 1-based, of rows that hold no prompt
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as raw:
+        data = raw.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"prompt file {path!r}, line {line}: not UTF-8 text (byte {err.start}); save the file as UTF-8."
+        ) from err
+    if not text.strip():
+        raise ValueError(
+            f"prompt file {path!r} is empty; expected one prompt per line (.txt) or a JSON list."
+        )
+    with io.StringIO(text) as fh:
         if path.endswith(".txt"):
             rows: Iterable[tuple[int, Any]] = ((i, line.rstrip("\n")) for i, line in enumerate(fh, 1))
         elif path.endswith(".jsonl"):
@@ -177,6 +224,11 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
         logger.warning(
             f"prompt file {path!r}: {len(skipped)} rows hold no prompt (no messages/conversations/prompt/"
             f"instruction/question/text field), skipped: {where}s {skipped[:10]}{' ...' if len(skipped) > 10 else ''}"
+        )
+    if not prompts and limit != 0:
+        raise ValueError(
+            f"prompt file {path!r} holds no prompts ({len(skipped)} rows without a messages/conversations/prompt/"
+            "instruction/question/text field)."
         )
     check_not_evaluation(prompts, source=f"prompt file {path!r}")
     return prompts
@@ -381,6 +433,8 @@ __all__ = [
     "Prompt",
     "is_token_ids",
     "chat_prompt_ids",
+    "check_chat_template",
+    "has_chat_template",
     "user_turn_template",
     "prompt_text",
     "check_not_evaluation",

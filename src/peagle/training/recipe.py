@@ -158,12 +158,15 @@ def build_head(
     values.update({k: v for k, v in optional.items() if v is not None})
     values.update(config_overrides)
     vocab_size = int(target.config.get_text_config().vocab_size)
+    why_vocab = "given"
     if draft_vocab_size is None:
+        why_vocab = "the size rule's"
         needed = coverage_vocab_size(examples, vocab_size) if examples is not None else None
         plan = plan_head(target, values, needed_vocab=needed)  # keeps `needed` ids before a second layer
         smallest, largest = plan.vocab_range
         if needed is not None and largest < vocab_size:
             draft_vocab_size = max(smallest, min(largest, needed))
+            why_vocab = f"chosen from the training data: {needed} ids cover 99.5% of its response tokens"
             logger.info(
                 "draft vocabulary: %d ids (the examples need %d to cover 99.5%% of their response tokens; the size "
                 "rule allows [%d, %d] with %d layers)",
@@ -180,7 +183,18 @@ def build_head(
             f"a draft vocabulary of {draft_vocab_size} of the target's {vocab_size} ids is chosen from training "
             f"examples; pass them (or draft_vocab_size={vocab_size} for the whole vocabulary)."
         )
-    config = PEagleConfig.for_target(target, draft_vocab_size=draft_vocab_size, **values)
+    # PEagleConfig.for_target, with the draft vocabulary's reason logged as it is (not "given" when peagle chose it)
+    plan = plan_head(target, {**values, "draft_vocab_size": draft_vocab_size})
+    plan.notes[:] = [
+        f"draft_vocab_size: {draft_vocab_size} ({why_vocab})"
+        if n == f"draft_vocab_size: {draft_vocab_size} (given)"
+        else n
+        for n in plan.notes
+    ]
+    chosen = not {"num_hidden_layers", "embed_from_target"} & set(values) and why_vocab != "given"
+    over = plan.head_parameters > plan.budget and chosen
+    logging.getLogger("peagle.families").log(logging.WARNING if over else logging.INFO, plan.describe())
+    config = PEagleConfig(**plan.values)
     head = PEagleDrafter(config).to(dtype or torch.float32)
     if draft_vocab_size < vocab_size:
         head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, vocab_size, _eos_ids(target)))
@@ -439,6 +453,7 @@ def train_head(
     training_args: PEagleTrainingArguments | Mapping[str, Any] | None = None,
     resume_from_checkpoint: str | bool | None = None,
     progress: bool = True,
+    plain_prompts: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Self-distill data from `prompts`, train a head on it with [`PEagleTrainer`] and save it to `output_dir`.
 
@@ -453,6 +468,9 @@ def train_head(
         num_magpie_prompts: prompts the target writes itself (Magpie), added to `prompts`.
         num_code_prompts: coding prompts from Python's standard library, added to `prompts`.
         max_new_tokens, generation_batch_size, do_sample, temperature: self-distillation decoding.
+        plain_prompts: encode text prompts as plain text, without the tokenizer's chat template (for a target that
+            has none; Magpie prompts need one). Checked before any generation: a tokenizer without a chat
+            template and text prompts raise `ValueError` unless this is set.
         head: a head to continue training; default [`build_head`] on the examples with `num_hidden_layers`,
             `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init`, `layers_init` (each
             defaulting to the size rule of `peagle.families`: the draft vocabulary is chosen from the examples) and
@@ -482,11 +500,25 @@ def train_head(
     from ..families import head_parameters, target_parameters
     from .distill import self_distill, synthesize_prompts
     from .features import FeatureCache
-    from .prompts import check_not_evaluation, stdlib_code_prompts
-    from .shards import save_examples
+    from .prompts import check_chat_template, check_not_evaluation, is_token_ids, stdlib_code_prompts
+    from .shards import check_example, save_examples
     from .trainer import PEagleTrainer, PEagleTrainingArguments
 
     start = time.time()
+    if (
+        isinstance(generation_batch_size, bool)
+        or not isinstance(generation_batch_size, int)
+        or generation_batch_size < 1
+    ):
+        raise ValueError(
+            f"generation_batch_size (--gen-batch-size) is {generation_batch_size!r}; expected an integer >= 1."
+        )
+    generated = examples is None
+    if examples is None:
+        prompts = list(prompts)
+        text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
+        if num_magpie_prompts or text_prompts:
+            check_chat_template(tokenizer, plain_prompts=plain_prompts, magpie=bool(num_magpie_prompts))
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if isinstance(training_args, PEagleTrainingArguments):
@@ -497,6 +529,7 @@ def train_head(
         targs.setdefault("report_to", "none")
         targs.setdefault("disable_tqdm", not progress)
         args = PEagleTrainingArguments(**targs)
+    generated = examples is None
     if examples is None:
         prompts = list(prompts)
         if num_magpie_prompts:
@@ -517,10 +550,13 @@ def train_head(
             temperature=temperature,
             seed=args.seed,
             progress=progress,
+            plain_prompts=plain_prompts,
         )
         if args.should_save:
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
-    elif tokenizer is not None:
+    else:
+        examples = [check_example(ex, f"train_head examples, row {i}") for i, ex in enumerate(examples)]
+    if tokenizer is not None and not generated:
         check_not_evaluation(
             ([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m] for ex in examples),
             tokenizer,
@@ -571,7 +607,11 @@ def train_head(
         dataset = FeatureCache.build(
             target, examples, feature_cache, head.config.eagle_aux_hidden_state_layer_ids, progress=progress
         )
-        cache_info = {"path": os.fspath(feature_cache), "bytes": dataset.size_bytes}
+        cache_info = {
+            "path": os.fspath(feature_cache),
+            "bytes": dataset.size_bytes,
+            "dtype": dataset.index["dtype"].removeprefix("torch."),
+        }
 
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=dataset)
     result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)

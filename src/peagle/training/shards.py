@@ -47,8 +47,65 @@ def load_examples(path: str | os.PathLike) -> list[dict[str, Any]]:
         return read_shards(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"examples {path!r}: no such file or shard folder.")
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    examples = []
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        where = f"examples file {path!r}, line {number}"
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{where}: not UTF-8 text (byte {err.start} of the line).") from err
+        except json.JSONDecodeError as err:
+            cut = " (the file looks truncated)" if number == last else ""
+            raise ValueError(f"{where}: not valid JSON{cut} ({err.msg}, column {err.colno}).") from err
+        examples.append(check_example(row, where))
+    if not examples:
+        raise ValueError(f"examples file {path!r} holds no examples (it is empty).")
+    return examples
+
+
+def check_example(row: Any, where: str) -> dict[str, Any]:
+    """`row` if it is a training example (`input_ids`: token ids >= 0; `loss_mask`: as many 0s and 1s), else a
+    `ValueError` that starts with `where` (the file and the row) and names the field."""
+    if not isinstance(row, dict):
+        raise ValueError(
+            f"{where}: expected a JSON object with input_ids and loss_mask, got a {type(row).__name__}."
+        )
+    for key in ("input_ids", "loss_mask"):
+        if key not in row:
+            raise ValueError(
+                f"{where}: no {key!r} field (found {sorted(row)}); expected input_ids and loss_mask."
+            )
+        values = row[key]
+        if hasattr(values, "tolist"):  # a tensor or an array
+            values = values.tolist()
+        if isinstance(values, tuple):
+            values = list(values)
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}: {key} is {_short(values)}; expected a non-empty list of integers.")
+        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: {key} holds {bad!r} ({type(bad).__name__}); expected integers.")
+    ids, mask = _as_list(row["input_ids"]), _as_list(row["loss_mask"])
+    if len(mask) != len(ids):
+        raise ValueError(
+            f"{where}: loss_mask has {len(mask)} entries, input_ids {len(ids)}; expected one per token."
+        )
+    if min(ids) < 0:
+        raise ValueError(f"{where}: input_ids holds {min(ids)}; token ids are >= 0.")
+    other = next((v for v in mask if v not in (0, 1)), None)
+    if other is not None:
+        raise ValueError(f"{where}: loss_mask holds {other}; expected only 0 (prompt) and 1 (response).")
+    return row
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _as_list(x: Any) -> list[int]:
@@ -350,6 +407,7 @@ def _peagle_version() -> str:
 __all__ = [
     "save_examples",
     "load_examples",
+    "check_example",
     "write_shard",
     "read_shards",
     "read_manifest",

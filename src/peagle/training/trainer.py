@@ -588,6 +588,15 @@ class PEagleTrainer(Trainer):
         """Yield `(is_last, loss_sum, stats)` per segment that has something to learn; the forward pass runs
         lazily so the caller can wrap it in `no_sync`."""
         aux, last = self._features(inputs)
+        if "target_hidden_states" in inputs and not bool(
+            torch.isfinite(aux).all() and torch.isfinite(last).all()
+        ):
+            directory = getattr(self.train_dataset, "directory", None) or "(the dataset's target features)"
+            raise FloatingPointError(
+                f"the feature cache {directory} holds non-finite target features (at global step "
+                f"{self.state.global_step}): its dtype cannot hold this target's activations. Delete it and build it "
+                "again (FeatureCache.build picks bfloat16 when float16 overflows), or train without --feature-cache."
+            )
         target = self._target_distribution(last)
         num_segments = len(plans[0].segments)
         todo = []
@@ -658,6 +667,15 @@ class PEagleTrainer(Trainer):
         `args.flush_denormal` (restored afterwards).  Resuming from a checkpoint also resumes its budget count
         (`response_tokens_trained`)."""
         if resume_from_checkpoint:
+            folder = (
+                get_last_checkpoint(self.args.output_dir)
+                if resume_from_checkpoint is True
+                else os.fspath(resume_from_checkpoint)
+            )
+            if folder is not None and os.path.isdir(folder):
+                from .checkpoints import check_checkpoint_fits
+
+                check_checkpoint_fits(self.model, folder)
             self._resume_budget(resume_from_checkpoint)
         self._train_started = time.time()
         if not self.args.flush_denormal:
