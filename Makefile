@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast interop lint format demo bench clean
+.PHONY: install test test-fast interop lint format demo bench bench-batch gpu-check clean
 
 install: $(STAMP)
 
@@ -44,6 +44,15 @@ demo: install
 # the README's results table (about 25 min on the 2-core CPU); `peagle bench` alone sweeps K=1..10 with 3 repeats
 bench: install
 	$(BIN)/peagle bench --limit 16 --ks 3,7 --repeats 1 --max-new-tokens 128
+
+# the batched table of the README (plain batched greedy against the heads at B = 1, 2, 4, 8; about 15 min on the CPU)
+bench-batch: install
+	$(BIN)/peagle bench --batch-sizes 1,2,4,8 --limit 8 --max-new-tokens 128 --out bench_results/batch
+
+# the checks for a CUDA GPU (lossless fp32/bf16 at B = 1 and 8, a 1B cost curve, the batch table, FP8 kernels);
+# about 8 min on one GPU, no downloads; on a machine without one it says so and exits 0
+gpu-check: install
+	$(BIN)/python scripts/gpu_check.py --out gpu_results
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info

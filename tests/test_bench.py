@@ -152,3 +152,34 @@ def test_bench_command_validates_before_loading(monkeypatch):
     ):
         with pytest.raises(SystemExit, match=message):
             main(argv)
+
+
+def test_batch_benchmark_rows_summary_and_files(tmp_path):
+    """`peagle bench --batch-sizes`: every method at every B on the same prompts, each row checked against plain
+    batched greedy and against batch 1; a table and a plot (behaviour only, nothing compared by speed)."""
+    from peagle.bench_batch import format_batch_table, run_batch_benchmark, write_batch_results
+
+    target = make_target(eos_token_id=None)
+    head = make_head(target, confidence_threshold=None)
+    from peagle.generation.cost import VerifyCostModel
+
+    head.cost_model = VerifyCostModel.flat(max_tokens=8)  # no timing in tests: a fixed curve
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 127, (1, n), generator=gen) for n in (4, 9, 6, 3, 12)]
+    res = run_batch_benchmark(
+        target, prompts, {"peagle": head}, batch_sizes=(1, 2, 4), max_new_tokens=6, progress=False
+    )
+    assert res["config"]["prompts"] == 4  # the largest multiple of every batch size
+    assert res["config"]["methods"] == ["greedy", "peagle-auto", "peagle"]  # no EAGLE-3 head given
+    runs = res["runs"]
+    assert len(runs) == (4 + 2 + 1) * 3 and all(r["lossless"] for r in runs)
+    summary = {(s["batch_size"], s["method"]): s for s in res["summary"]}
+    assert (
+        summary[(2, "greedy")]["speedup"] == 1.0 and summary[(4, "peagle")]["rows_equal_to_batch1"] == "4/4"
+    )
+    assert summary[(4, "peagle-auto")]["new_tokens"] == 4 * 6
+    js, png = write_batch_results(res, tmp_path)
+    assert json.loads(js.read_text())["summary"] and png.stat().st_size > 1000
+    assert "| 4 | peagle-auto |" in format_batch_table(res["summary"])
+    with pytest.raises(ValueError, match="cannot fill whole batches"):
+        run_batch_benchmark(target, prompts[:2], {}, batch_sizes=(4,), progress=False)

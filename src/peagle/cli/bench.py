@@ -46,6 +46,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="assistant_confidence_threshold of the fixed-K rows (default 0: K drafts every round)",
     )
     p.add_argument(
+        "--batch-sizes",
+        default=None,
+        help="comma-separated batch sizes, e.g. 1,2,4,8: run the batched benchmark instead (plain batched greedy "
+        "against the heads at each B on the same left-padded prompts; writes bench_batch.json/.png)",
+    )
+    p.add_argument(
         "--no-default-rule",
         dest="default_rule",
         action="store_false",
@@ -67,6 +73,8 @@ def _ints(text: str, name: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     # validate everything before anything heavy loads
     ks = _ints(args.ks, "ks")
+    if args.batch_sizes is not None:
+        _ints(args.batch_sizes, "batch-sizes")
     if args.limit is not None and args.limit < 1:
         raise SystemExit(f"peagle bench: --limit must be >= 1, got {args.limit}")
     if args.repeats < 1 or args.max_new_tokens < 1:
@@ -124,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise SystemExit(f"peagle bench: {folder} does not fit the target: {err}") from err
     prompts = load_prompts(tokenizer, datasets, args.limit)
+    if args.batch_sizes is not None:
+        return _run_batches(args, target, tokenizer, prompts, heads, head_dtype)
     timed_generate(target, prompts[datasets[0]][0], 4)  # warm-up
     for head in heads.values():  # and the heads' cost models (measured once per machine, then cached)
         timed_generate(target, prompts[datasets[0]][0], 4, assistant=head)
@@ -153,6 +163,44 @@ def run(args: argparse.Namespace) -> int:
     lossless = all(s["lossless"] for s in results["summary"])
     if not lossless:
         print("WARNING: some speculative outputs differ from plain greedy (see 'lossless' column)")
+    return 0 if lossless else 1
+
+
+def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
+    """`--batch-sizes`: the batched benchmark on the prompts of every set, interleaved (mixed lengths)."""
+    import itertools
+
+    import torch
+
+    from ..bench import machine_description
+    from ..bench_batch import format_batch_table, left_pad, run_batch_benchmark, write_batch_results
+
+    sizes = _ints(args.batch_sizes, "batch-sizes")
+    mixed = [p for group in itertools.zip_longest(*prompts.values()) for p in group if p is not None]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = target.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    # warm-up, and each head's cost model at every batch size (measured once per machine, then cached)
+    for batch in sizes:
+        ids, mask = left_pad(mixed[:batch], pad)
+        for head in [None, *heads.values()]:
+            extra = {"assistant_model": head} if head is not None else {}
+            with torch.inference_mode():
+                target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4, **extra)
+    results = run_batch_benchmark(
+        target, mixed, heads, sizes, args.max_new_tokens, pad_token_id=pad, eos_token_ids=eos
+    )
+    results["machine"] = machine_description()
+    results["head_dtype"] = str(head_dtype).removeprefix("torch.")
+    results["command"] = (
+        f"peagle bench --batch-sizes {args.batch_sizes} --limit {args.limit} --max-new-tokens {args.max_new_tokens}"
+    )
+    js, png = write_batch_results(results, args.out)
+    print(format_batch_table(results["summary"]))
+    print(f"\nwrote {js} and {png}")
+    lossless = all(s["lossless"] for s in results["summary"])
+    if not lossless:
+        print("WARNING: some speculative rows differ from plain batched greedy (see '= plain batched')")
     return 0 if lossless else 1
 
 

@@ -7,7 +7,7 @@ round's speculative slots (the same number in every row).  The loop hands over e
 t = embed(x_{t+1}) + fc(f_t) at position t: the accepted drafts and the bonus, paired with the verify pass's
 features); rows accept different numbers of drafts, so a round's block of new real slots is ragged and is
 left-padded with masked holes.  Each round crops the speculative slots away, then runs
-[`PEagleDrafter.draft_round`] on the block.  docs/DESIGN.md sections 3 and 8 have the slot layout.
+[`PEagleDrafter.draft_round`] on the block.  docs/DESIGN.md sections 3 and 10 have the slot layout.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def choose_batch_num_drafts(
     Returns:
         k; 0 means verify no draft (a plain step).  Ties go to the smaller k.
 
-    >>> choose_batch_num_drafts([[0.9, 0.9], [0.1, 0.1]], [1.0, 1.3, 1.6])
+    >>> choose_batch_num_drafts([[0.9, 0.9], [0.1, 0.1]], [1.0, 1.3, 1.9])
     1
     """
     depth = min((len(r) for r in rows), default=0)

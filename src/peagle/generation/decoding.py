@@ -10,7 +10,7 @@ A round: the drafter proposes k drafts per row ([`PEagleCandidateGenerator`]), t
 cache gets *holes*: the slots of rejected drafts stay in the cache, masked out of the 2D attention mask, and
 each row's position ids count only its real tokens.  The slots no row kept are cropped; when holes pile up, both
 caches are compacted (each row's real slots gathered to the right, holes becoming left padding).  Finished rows
-leave the batch.  docs/DESIGN.md section 8 draws the cache after a ragged round.
+leave the batch.  docs/DESIGN.md section 10 draws the cache after a ragged round.
 """
 
 from __future__ import annotations

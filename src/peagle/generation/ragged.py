@@ -1,6 +1,6 @@
 """Caches with holes: the target's and the drafter's KV caches in a batched round keep the slots of rejected
 drafts (and the left padding of ragged blocks) as masked holes; once enough pile up, each row's valid slots are
-gathered to the right and the holes become left padding.  docs/DESIGN.md section 8."""
+gathered to the right and the holes become left padding.  docs/DESIGN.md section 10."""
 
 from __future__ import annotations
 
