@@ -30,7 +30,7 @@ MODULES = _modules_with_examples()
 
 
 def test_modules_with_examples_are_found():
-    assert "peagle.generation.cost" in MODULES and "peagle.configuration_peagle" in MODULES
+    assert "peagle.generation.rule" in MODULES and "peagle.configuration_peagle" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -190,7 +190,7 @@ def test_default_cost_rule_at_batch_size_two(target, tmp_path, monkeypatch):
 
 
 def test_batch_rule_sums_the_rows():
-    from peagle.generation.cost import choose_batch_num_drafts, choose_num_drafts
+    from peagle.generation.rule import choose_batch_num_drafts, choose_num_drafts
 
     curve = [1.0, 1.2, 1.4, 1.6]
     assert choose_batch_num_drafts([[0.9, 0.9, 0.9]], curve) == choose_num_drafts([0.9, 0.9, 0.9], curve) == 3

@@ -14,7 +14,8 @@ from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
 from peagle.generation import cost as cost_mod
 from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
 from peagle.generation.candidates import PEagleCandidateGenerator
-from peagle.generation.cost import VerifyCostModel, choose_num_drafts, expected_tokens
+from peagle.generation.cost import VerifyCostModel
+from peagle.generation.rule import choose_num_drafts, expected_tokens
 
 
 @pytest.fixture(scope="module")

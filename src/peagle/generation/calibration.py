@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .cost import calibrated_probability
+from .rule import calibrated_probability
 
 MIN_SAMPLES = 40
 """Depths judged in fewer rounds than this share the previous depth's map."""

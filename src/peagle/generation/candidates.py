@@ -24,15 +24,15 @@ from transformers.utils import logging
 
 from ..configuration_peagle import default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
-from .cost import (
+from .cost import cost_model_for
+from .ragged import compact, worth_compacting
+from .rule import (
     AcceptanceCorrection,
     best_batch_rate,
     calibrated_probabilities,
     choose_batch_num_drafts,
-    cost_model_for,
     expected_tokens,
 )
-from .ragged import compact, worth_compacting
 from .stats import PEagleGenerationStats
 
 logger = logging.get_logger(__name__)

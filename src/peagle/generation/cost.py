@@ -1,24 +1,14 @@
-"""Cost-aware drafting: how many drafts to verify each round, from the head's probabilities and the machine's
-measured cost of verifying n tokens.
+"""Cost-aware drafting: the machine's measured cost of verifying n tokens per row, for the rule in [`rule`].
 
-A round that verifies k drafts emits, in expectation,
-
-    E(k) = 1 + sum_{i=1..k} prod_{j<=i} p_j
-
-tokens (p_j: the calibrated probability that draft j is accepted given drafts 1..j-1 were), and costs
-`cost(k + 1)` seconds of target time plus the drafter's own pass.  [`choose_num_drafts`] picks the k in 0..K that
-maximises E(k) / (cost(k + 1) + drafter cost); k = 0 makes the round a plain step.  The cost curve is whatever
-the machine measures: on a GPU verifying 8 tokens costs about as much as 1 (a flat curve, so the rule drafts K
+[`VerifyCostModel`] holds the cost curve: calibrated once per (target, device, dtype, threads, batch size) by
+timing forward passes (cached as JSON under the peagle cache folder), refined online from the verify passes
+generation runs anyway, inspectable (`to_dict`) and overridable (`VerifyCostModel.flat(...)`, `from_dict`, or
+`set_cost_model`).  On a GPU verifying 8 tokens costs about as much as 1 (a flat curve, so the rule drafts K
 whenever the probabilities are not tiny); on a CPU each extra token costs a visible fraction of a step.
-
-[`VerifyCostModel`] holds that curve: calibrated once per (target, device, dtype, threads) by timing forward
-passes (cached as JSON under the peagle cache folder), refined online from the verify passes generation runs
-anyway, inspectable (`to_dict`) and overridable (`VerifyCostModel.flat(...)`, `from_dict`, or `set_cost_model`).
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
 import json
@@ -27,7 +17,6 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,159 +25,21 @@ import torch
 
 from ..modeling_peagle import cache_kwarg
 
+# the rule's names stay importable from here: the `custom_generate/` recipe of heads already pushed reads them so
+from .rule import (  # noqa: F401
+    AcceptanceCorrection,
+    best_batch_rate,
+    best_rate,
+    calibrated_probabilities,
+    calibrated_probability,
+    choose_batch_num_drafts,
+    choose_num_drafts,
+    expected_tokens,
+)
+
 CACHE_SUBDIR = "cost"
 CALIBRATION_CONTEXT = 256
 """Context length (tokens) the calibration times its verify passes at."""
-
-
-# ---------------------------------------------------------------------------------------------- the rule
-def expected_tokens(probs: Sequence[float], k: int) -> float:
-    """E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j: expected tokens a round verifying the first k drafts emits.
-
-    >>> expected_tokens([0.5, 0.5], 2)
-    1.75
-    """
-    total, run = 1.0, 1.0
-    for p in probs[:k]:
-        run *= float(p)
-        total += run
-    return total
-
-
-def choose_num_drafts(
-    probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
-) -> int:
-    """The k in 0..K maximising expected tokens per second of one row's round ([`choose_batch_num_drafts`] with
-    one row).
-
-    >>> choose_num_drafts([0.9, 0.9, 0.1], [1.0, 1.1, 1.2, 1.3])
-    2
-    >>> choose_num_drafts([0.9, 0.9], [1.0, 3.0, 3.0])
-    0
-    """
-    return choose_batch_num_drafts([probs], verify_seconds, drafter_seconds)
-
-
-def choose_batch_num_drafts(
-    rows: Sequence[Sequence[float]], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
-) -> int:
-    """The one k in 0..K every row of a batched round verifies, maximising the batch's expected tokens per second.
-
-    Args:
-        rows: per row, `[K]` calibrated acceptance probabilities of its drafts (conditional on the earlier
-            drafts being accepted).  Every row verifies the same number of drafts (one target pass over
-            `B x (k + 1)` tokens), so the round's expected tokens are the rows' `E(k)` summed.
-        verify_seconds: `[K + 1]` seconds to verify n = 1..K+1 tokens per row, for this batch size
-            (`verify_seconds[n - 1]`).
-        drafter_seconds: the drafter's cost this round (paid whatever k is).
-
-    Returns:
-        k; 0 means verify no draft (a plain step).  Ties go to the smaller k.
-
-    >>> choose_batch_num_drafts([[0.9, 0.9], [0.1, 0.1]], [1.0, 1.3, 1.9])
-    1
-    """
-    depth = min((len(r) for r in rows), default=0)
-    best_k, top = 0, -1.0
-    runs = [1.0] * len(rows)
-    total = float(len(rows))
-    for k in range(depth + 1):
-        if k > 0:
-            for i, row in enumerate(rows):
-                runs[i] *= float(row[k - 1])
-            total += sum(runs)
-        rate = total / (verify_seconds[k] + drafter_seconds)
-        if rate > top * (1 + 1e-9):
-            best_k, top = k, rate
-    return best_k
-
-
-def best_rate(probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0) -> float:
-    """Expected tokens per second at [`choose_num_drafts`]'s k."""
-    return best_batch_rate([probs], verify_seconds, drafter_seconds)
-
-
-def best_batch_rate(
-    rows: Sequence[Sequence[float]], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
-) -> float:
-    """Expected tokens per second of a batched round at [`choose_batch_num_drafts`]'s k."""
-    k = choose_batch_num_drafts(rows, verify_seconds, drafter_seconds)
-    return sum(expected_tokens(r, k) for r in rows) / (verify_seconds[k] + drafter_seconds)
-
-
-# ---------------------------------------------------------------------------------------------- calibration
-def calibrated_probability(calibration: dict[str, Any] | None, depth: int, confidence: float) -> float:
-    """Map the head's confidence in its draft at `depth` to an acceptance probability.
-
-    `calibration` is a head's `config.draft_calibration`: `{"method": "isotonic", "x": [[...] per depth],
-    "y": [[...] per depth]}`, a monotone piecewise-linear map per depth (the last depth's map serves deeper
-    ones; flat beyond its ends).  None: the raw confidence.  Plain Python: it runs for every draft of a round.
-
-    >>> calibrated_probability({"x": [[0.2, 0.6]], "y": [[0.1, 0.5]]}, 3, 0.4)
-    0.3
-    """
-    if not calibration:
-        return float(confidence)
-    xs, ys = calibration["x"], calibration["y"]
-    d = min(depth, len(xs) - 1)
-    x, y = xs[d], ys[d]
-    c = float(confidence)
-    if c <= x[0]:
-        return float(y[0])
-    if c >= x[-1]:
-        return float(y[-1])
-    i = bisect.bisect_right(x, c)
-    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-    return round(y0 + (c - x0) / (x1 - x0) * (y1 - y0), 12) if x1 > x0 else float(y0)
-
-
-def calibrated_probabilities(calibration: dict[str, Any] | None, confidences: Sequence[float]) -> list[float]:
-    """The acceptance probabilities of one round's drafts: depth d's map applied to the d-th confidence.
-
-    >>> calibrated_probabilities({"x": [[0.0, 1.0], [0.0, 1.0]], "y": [[0.0, 0.5], [0.0, 0.25]]}, [1.0, 1.0])
-    [0.5, 0.25]
-    """
-    return [calibrated_probability(calibration, d, c) for d, c in enumerate(confidences)]
-
-
-@dataclass
-class AcceptanceCorrection:
-    """Per-depth correction of the calibrated probabilities from the rounds one generation has verified.
-
-    The calibration describes the head on its calibration text; the prompt at hand may be easier (code) or
-    harder, and the rule verifies deep drafts exactly when their predicted probabilities are high, where any
-    calibration error counts most.  Each verified round tells, for every depth up to the first rejection, the
-    predicted probability and whether the draft was accepted; depth d's probabilities are multiplied by
-    ``(accepted_d + prior) / (predicted_d + prior)`` (1 until evidence accumulates; capped at 1 overall).
-
-    >>> c = AcceptanceCorrection(prior=1.0)
-    >>> c.observe([0.8, 0.5], accepted=0)  # the first draft was rejected
-    >>> [round(p, 4) for p in c.apply([0.8, 0.5])]
-    [0.4444, 0.5]
-    """
-
-    prior: float = 2.0
-    predicted: list[float] = field(default_factory=list)
-    accepted: list[float] = field(default_factory=list)
-
-    def factor(self, depth: int) -> float:
-        if depth >= len(self.predicted):
-            return 1.0
-        return (self.accepted[depth] + self.prior) / (self.predicted[depth] + self.prior)
-
-    def apply(self, probs: Sequence[float]) -> list[float]:
-        return [min(1.0, p * self.factor(d)) for d, p in enumerate(probs)]
-
-    def observe(self, probs: Sequence[float], accepted: int) -> None:
-        """One verified round: `probs` of the drafts it verified, as predicted *before* this correction (the
-        factor compares the uncorrected predictions with the outcomes; fed corrected ones, it would settle at
-        the square root of the right factor), and `accepted` of them kept."""
-        for d in range(min(len(probs), accepted + 1)):  # depths past the first rejection were not tested
-            while d >= len(self.predicted):
-                self.predicted.append(0.0)
-                self.accepted.append(0.0)
-            self.predicted[d] += float(probs[d])
-            self.accepted[d] += 1.0 if d < accepted else 0.0
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -517,18 +368,10 @@ def forget_cost_models() -> None:
 
 
 __all__ = [
-    "AcceptanceCorrection",
     "VerifyCostModel",
-    "calibrated_probabilities",
-    "calibrated_probability",
-    "best_batch_rate",
-    "best_rate",
-    "choose_batch_num_drafts",
-    "choose_num_drafts",
     "cost_model_for",
     "cost_model_key",
     "cost_cache_path",
-    "expected_tokens",
     "forget_cost_models",
     "measure_cost_model",
     "save_cost_model",
