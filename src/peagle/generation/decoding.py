@@ -25,7 +25,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculativ
 
 from ..modeling_peagle import PEagleDrafter, cache_kwarg
 from .candidates import PEagleCandidateGenerator, grouped_processing
-from .ragged import compact, has_sliding_layers, worth_compacting
+from .ragged import batch_refusal, compact, worth_compacting
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -93,6 +93,15 @@ def _cut(tokens: torch.LongTensor, budget: int, eos: torch.Tensor | None) -> tup
     return tokens, ended
 
 
+def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
+    reason = batch_refusal(cache) if batch > 1 else None
+    if reason is not None:
+        raise ValueError(
+            f"P-EAGLE drafting for a batch of {batch} prompts cannot run on {type(model).__name__}'s cache: it has "
+            f"{reason}. Call generate() once per prompt for this target (batch 1 works)."
+        )
+
+
 @torch.no_grad()
 def peagle_decoding(
     model: Any,
@@ -139,12 +148,7 @@ def peagle_decoding(
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)
-    if batch > 1 and has_sliding_layers(cache):
-        raise ValueError(
-            f"P-EAGLE drafting for a batch of {batch} prompts needs a target whose cache layers are all full "
-            f"attention; {type(model).__name__} has sliding-window (or other windowed) layers, where rejected "
-            "drafts left as masked holes would shift the window. Call generate() once per prompt for this target."
-        )
+    _refuse_batch(model, cache, batch)
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()  # transformers' own assisted decoding does the same before cropping
 
@@ -205,6 +209,7 @@ def peagle_decoding(
         **cache_kwarg(cache),
         **overrides,
     )
+    _refuse_batch(model, cache, batch)  # layers a cache creates lazily exist now
     feats = features(out)
     raw = out.logits[:, -1:].float()
     scores = logits_processor(input_ids, raw[:, 0].clone())[:, None]
@@ -259,7 +264,7 @@ def peagle_decoding(
             drafter.select_rows(torch.tensor(keep))
             emitted = [emitted[j] for j in keep]
             rows.active = [rows.active[j] for j in keep]
-        if worth_compacting(kv_mask) and not has_sliding_layers(cache):
+        if worth_compacting(kv_mask) and batch_refusal(cache) is None:
             kv_mask = compact(cache, kv_mask)
         has_holes = bool((kv_mask == 0).any())
 

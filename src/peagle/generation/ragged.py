@@ -49,9 +49,20 @@ def worth_compacting(mask: torch.Tensor) -> bool:
     return free >= COMPACT_MIN_SLOTS and free >= COMPACT_FRACTION * mask.shape[1]
 
 
-def has_sliding_layers(cache: Cache) -> bool:
-    """Whether some layer of the (target's) cache is not a plain full-attention dynamic layer."""
-    return any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", []))
+def batch_refusal(cache: Cache) -> str | None:
+    """Why a batch cannot keep holes in this (target's) cache, or None.  Holes need full-attention layers of
+    transformers' dynamic kind: a sliding window counts slots, so holes would shrink it; recurrent (linear
+    attention) state cannot skip a slot; static layers cannot drop finished rows or be compacted."""
+    layers = list(getattr(cache, "layers", []))
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        return "sliding-window layers, where rejected drafts left as masked holes would shift the window"
+    others = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    if others:
+        return (
+            f"cache layers of kind {others}; batched rounds need transformers' dynamic full-attention layers "
+            "(drop cache_implementation, or use the default DynamicCache)"
+        )
+    return None
 
 
 def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
@@ -64,4 +75,4 @@ def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
     return new_mask
 
 
-__all__ = ["compact", "compact_cache", "compaction_index", "has_sliding_layers", "worth_compacting"]
+__all__ = ["batch_refusal", "compact", "compact_cache", "compaction_index", "worth_compacting"]
