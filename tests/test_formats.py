@@ -409,6 +409,31 @@ def test_config_errors(tmp_path):
         PEagleDrafter.from_pretrained(folder)
 
 
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"eagle_aux_hidden_state_layer_ids": "1,4,7"}, "eagle_aux_hidden_state_layer_ids is '1,4,7'"),
+        ({"eagle_aux_hidden_state_layer_ids": [1, "4", 7]}, "eagle_aux_hidden_state_layer_ids is"),
+        ({"ptd_token_id": "127"}, r"ptd_token_id is '127' \(str\); expected an integer"),
+        ({"hidden_size": 64.0}, r"hidden_size is 64.0 \(float\); expected an integer"),
+        ({"draft_vocab_size": "48"}, "draft_vocab_size is '48'"),
+        ({"num_hidden_layers": "2"}, "num_hidden_layers is '2'"),
+        ({"attention_bias": "true"}, r"attention_bias is 'true' \(str\); expected true or false"),
+        ({"peagle": {"num_speculative_tokens": "7"}}, r"num_speculative_tokens is '7' \(str\)"),
+        (
+            {"peagle": {"num_speculative_tokens": 100000000}},
+            r"num_speculative_tokens is 100000000; .*\[1, 64\]",
+        ),
+        ({"peagle": {"num_speculative_tokens": 2.5}}, "num_speculative_tokens is 2.5"),
+        ({"peagle": {"draft_calibration": {"method": "isotonic", "x": [[0.1]], "y": [[0.1, 0.2]]}}}, "knots"),
+    ],
+)
+def test_foreign_config_values_are_checked_not_coerced(tmp_path, change, words):
+    folder, _, _ = write_aws(tmp_path / "aws", **change)
+    with pytest.raises(ValueError, match=rf"{folder / 'config.json'}.*{words}"):
+        peagle.load_head(folder)
+
+
 # ------------------------------------------------------------------------------------------ export
 def _tiny_head(seed=1, **overrides):
     target = make_target()

@@ -247,3 +247,100 @@ def test_refuses_pickle_checkpoint(tiny_head, tmp_path):
 def test_import_registers_auto_classes():
     assert AutoConfig.for_model("peagle").__class__ is PEagleConfig
     assert peagle.PEagleDrafter is PEagleDrafter
+
+
+# ------------------------------------------------------------------ values read from config.json (#57)
+def _saved_config(tiny_head, tmp_path, **changes):
+    tiny_head.save_pretrained(tmp_path)
+    file = tmp_path / "config.json"
+    cfg = json.loads(file.read_text())
+    cfg.update(changes)
+    file.write_text(json.dumps(cfg))
+    return file
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("num_speculative_tokens", "7", "num_speculative_tokens is '7' (str); expected an integer"),
+        ("num_speculative_tokens", 2.5, "num_speculative_tokens is 2.5 (float); expected an integer"),
+        ("num_speculative_tokens", True, "num_speculative_tokens is True (bool)"),
+        ("mask_token_id", "127", "mask_token_id is '127' (str); expected an integer"),
+        ("eagle_aux_hidden_state_layer_ids", "1,2,3", "eagle_aux_hidden_state_layer_ids is '1,2,3'"),
+        ("eagle_aux_hidden_state_layer_ids", [1, 2.0, 3], "eagle_aux_hidden_state_layer_ids is"),
+        ("num_parallel_positions", "8", "num_parallel_positions is '8'"),
+        ("confidence_threshold", True, "confidence_threshold is True"),
+        ("confidence_threshold", "0.5", "confidence_threshold is '0.5'"),
+        ("embed_from_target", "false", "embed_from_target is 'false'"),
+        ("drafting_mode", 1, "drafting_mode is 1"),
+        ("hidden_size", "64", "'hidden_size' expected int, got str"),
+        ("num_hidden_layers", 0, "num_hidden_layers is 0; expected an integer >= 1"),
+    ],
+)
+def test_config_json_type_errors_name_the_field_and_the_file(tiny_head, tmp_path, field, value, words):
+    file = _saved_config(tiny_head, tmp_path, **{field: value})
+    for load in (peagle.load_head, AutoModel.from_pretrained, PEagleConfig.from_pretrained):
+        with pytest.raises(ValueError) as err:
+            load(tmp_path)
+        assert str(file) in str(err.value) and words in str(err.value), (load, str(err.value))
+
+
+@pytest.mark.parametrize("k", [30_000_000, 100_000_000, 65, 0, -1])
+def test_num_speculative_tokens_is_bounded_where_it_is_read(tiny_head, tmp_path, k):
+    file = _saved_config(tiny_head, tmp_path, num_speculative_tokens=k)
+    with pytest.raises(
+        ValueError, match=rf"{file}: num_speculative_tokens is {k}; expected an integer in \[1, 64\]"
+    ):
+        peagle.load_head(tmp_path)
+    with pytest.raises(ValueError, match=r"num_parallel_positions is 1000; expected an integer in \[1, 64\]"):
+        PEagleConfig.for_target(tiny_target_config(), num_parallel_positions=1000)
+    assert (
+        PEagleConfig.for_target(tiny_target_config(), num_speculative_tokens=64).num_speculative_tokens == 64
+    )
+
+
+def test_config_json_that_is_not_utf8_names_the_file(tiny_head, tmp_path):
+    file = _saved_config(tiny_head, tmp_path)
+    file.write_bytes(file.read_bytes().replace(b'"peagle"', b'"p\xe9agle"', 1))
+    with pytest.raises(ValueError, match=rf"{file} is not UTF-8 text: byte 0xe9"):
+        peagle.load_head(tmp_path)
+
+
+_CALIBRATION = {
+    "method": "isotonic",
+    "x": [[0.1, 0.5, 0.9]],
+    "y": [[0.05, 0.4, 0.8]],
+    "report": {"samples": [9]},
+}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"x": [[0.9, 0.5, 0.1]]}, r"draft_calibration.x\[0\] is \[0.9, 0.5, 0.1\]; expected non-decreasing"),
+        (
+            {"y": [[-0.5, 0.4, 0.8]]},
+            r"draft_calibration.y\[0\] is \[-0.5, 0.4, 0.8\]; expected probabilities",
+        ),
+        ({"y": [[0.05, 0.4, 1.5]]}, r"draft_calibration.y\[0\].*expected probabilities in \[0, 1\]"),
+        ({"y": [[0.05, 0.4]]}, r"draft_calibration.x\[0\] has 3 knots and y\[0\] 2"),
+        ({"y": [[0.05, 0.4, 0.8], [0.1]]}, "1 maps in x and 2 in y"),
+        ({"x": None}, "draft_calibration.x is None"),
+        ({"x": [["0.1", 0.5, 0.9]]}, "expected finite numbers"),
+        ({"x": [[0.1, float("nan"), 0.9]]}, "expected finite numbers"),
+        ({"y": [[]]}, "draft_calibration.y is"),
+        ({"method": "platt"}, "draft_calibration.method is 'platt'; expected one of"),
+        ({"method": None}, "draft_calibration.method is None"),
+    ],
+)
+def test_malformed_draft_calibration_is_refused_at_load(tiny_head, tmp_path, change, words):
+    file = _saved_config(tiny_head, tmp_path, draft_calibration={**_CALIBRATION, **change})
+    with pytest.raises(ValueError, match=rf"{file}: .*{words}"):
+        peagle.load_head(tmp_path)
+
+
+def test_a_well_formed_draft_calibration_loads(tiny_head, tmp_path):
+    _saved_config(tiny_head, tmp_path, draft_calibration=_CALIBRATION)
+    assert peagle.load_head(tmp_path).config.draft_calibration == _CALIBRATION
+    with pytest.raises(ValueError, match="draft_calibration is 'isotonic'"):
+        PEagleConfig.for_target(tiny_target_config(), draft_calibration="isotonic")

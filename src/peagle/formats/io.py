@@ -164,9 +164,14 @@ def _open_safetensors(file: Path):
 
 
 def read_json(file: Path) -> dict[str, Any]:
-    """A JSON object from `file`; a malformed file is an error naming it, line and column."""
+    """A JSON object from `file`; a malformed or non-UTF-8 file is an error naming it (and the line and column, or
+    the offending byte)."""
     try:
         value = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{file} is not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start} (JSON files are UTF-8)."
+        ) from err
     except json.JSONDecodeError as err:
         raise ValueError(
             f"{file} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
