@@ -344,3 +344,41 @@ def test_a_well_formed_draft_calibration_loads(tiny_head, tmp_path):
     assert peagle.load_head(tmp_path).config.draft_calibration == _CALIBRATION
     with pytest.raises(ValueError, match="draft_calibration is 'isotonic'"):
         PEagleConfig.for_target(tiny_target_config(), draft_calibration="isotonic")
+
+
+# ------------------------------------------------------------------ moving or casting a head (#57)
+@pytest.mark.parametrize(
+    "convert",
+    [
+        lambda h: h.to(torch.bfloat16),
+        lambda h: h.half(),
+        lambda h: h.to("cpu", torch.float64),
+        lambda h: h.bfloat16().float(),
+    ],
+    ids=["to-bf16", "half", "to-cpu-f64", "bf16-then-float"],
+)
+def test_casting_a_head_leaves_its_target_untouched(convert):
+    target = make_target(tie_word_embeddings=True)  # input table and output layer: one parameter
+    head = make_head(target, embed_from_target=True).attach_target(target)
+    table = target.get_input_embeddings().weight
+    assert head.embed_tokens.weight is table  # shared, as attach_target does
+    before = table.detach().clone()
+    ids = torch.tensor([[1, 5, 9, 22, 7, 40]])
+    ref = target.generate(ids, max_new_tokens=10, do_sample=False)
+    convert(head)
+    assert target.get_input_embeddings().weight is table and table.dtype == torch.float32
+    assert target.get_output_embeddings().weight.dtype == torch.float32
+    assert torch.equal(table, before)
+    assert torch.equal(target.generate(ids, max_new_tokens=10, do_sample=False), ref)
+    out = target.generate(ids, max_new_tokens=10, do_sample=False, assistant_model=head)
+    assert torch.equal(out, ref)
+    assert target.get_input_embeddings().weight.dtype == torch.float32
+
+
+def test_moving_a_head_to_its_own_dtype_still_shares_the_table_memory():
+    target = make_target()
+    head = make_head(target, embed_from_target=True).attach_target(target)
+    head.to("cpu")
+    weight = target.get_input_embeddings().weight
+    assert head.embed_tokens.weight.data_ptr() == weight.data_ptr()  # no copy of the table
+    assert not head.embed_tokens.weight.requires_grad

@@ -339,6 +339,20 @@ class PEagleDrafter(PEaglePreTrainedModel):
             )
         return pusher(self, repo_id, **kwargs)
 
+    def _apply(self, fn, recurse=True):
+        """`nn.Module._apply` (behind `.to()`, `.half()`, `.cuda()`, `.float()`, ...), converting the head only.
+
+        With `embed_from_target` the head may hold its target's embedding parameter itself (`attach_target`), which
+        is also the target's input table and, when tied, its output layer.  torch converts parameters in place, so
+        casting or moving the head would cast or move the target.  The head first takes a parameter of its own
+        over the same tensor (no copy): the conversion then replaces the head's and leaves the target's untouched.
+        """
+        emb = getattr(self, "embed_tokens", None)
+        if self.config.embed_from_target and emb is not None:
+            weight = emb.weight
+            emb.weight = nn.Parameter(weight.data, requires_grad=weight.requires_grad)
+        return super()._apply(fn, recurse)
+
     # ------------------------------------------------------------------ embeddings and vocabularies
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
