@@ -289,6 +289,31 @@ def test_detect_layout():
         detect_layout({"model_type": "llama"}, ["model.layers.0.mlp.up_proj.weight"])
 
 
+@pytest.mark.parametrize("model_type", [None, "llama", "eagle"])
+def test_peagle_head_with_a_dropped_or_changed_model_type_is_refused(tmp_path, model_type):
+    """Read as the vLLM layout, such a head lost its K (5 -> 7) and confidence setting (0.0 -> none) silently."""
+    target = make_target()
+    for embed in (False, True):
+        folder = tmp_path / f"head-{embed}"
+        head_ = make_head(target, num_speculative_tokens=5, embed_from_target=embed)
+        head_.save_pretrained(folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg.pop("model_type")
+        if model_type is not None:
+            cfg["model_type"] = model_type
+        (folder / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(
+            ValueError, match=rf"{folder / 'config.json'}: model_type is {model_type!r}.*peagle's own"
+        ):
+            peagle.load_head(folder, target=target)
+        with pytest.raises(ValueError, match='Set "model_type": "peagle"'):
+            PEagleDrafter.from_pretrained(folder)
+        cfg["model_type"] = "peagle"  # the fix the message names
+        (folder / "config.json").write_text(json.dumps(cfg))
+        loaded = peagle.load_head(folder, target=target)
+        assert loaded.config.num_speculative_tokens == 5 and loaded.config.confidence_threshold == 0.0
+
+
 def test_aws_vllm_layout_gives_reference_logits(tmp_path):
     folder, config, raw = write_aws(tmp_path / "aws")
     head = PEagleDrafter.from_pretrained(folder)

@@ -22,9 +22,32 @@ EXTENSION_MODULES = {"peagle_fp8": "peagle.fp8"}
 """Config extension block -> the module that registers its builder with `PEagleDrafter` when imported."""
 
 
+OWN_KEYS = ("drafting_mode", "num_parallel_positions", "embed_from_target", "target_model_type")
+"""Top-level config.json fields only peagle's own layout writes (`PEagleConfig.to_dict` writes them all; the foreign
+layouts carry peagle's fields in a `peagle` block)."""
+OWN_TENSORS = ("mask_embedding",)
+"""Tensors only peagle's own layout stores (the foreign layouts put the mask vector into the embedding table)."""
+
+
 def detect(config: Mapping[str, Any], tensor_names: Collection[str]) -> bool:
-    """`model_type` is ``"peagle"``."""
-    return config.get("model_type") == PEagleConfig.model_type
+    """`model_type` is ``"peagle"``.
+
+    Raises `ValueError` for a peagle head whose `model_type` was dropped or changed (e.g. to ``"llama"``): read as
+    a foreign layout it would silently lose K, K_train and its confidence settings.
+    """
+    model_type = config.get("model_type")
+    if model_type == PEagleConfig.model_type:
+        return True
+    if config.get("speculators_model_type") is not None:
+        return False
+    keys = [k for k in OWN_KEYS if k in config] + [n for n in OWN_TENSORS if n in tensor_names]
+    if keys:
+        raise ValueError(
+            f"model_type is {model_type!r}, but the head holds peagle's own fields {keys}: a peagle-layout head "
+            f'whose model_type was dropped or changed. Set "model_type": "peagle" in config.json (read as another '
+            "layout it would lose num_speculative_tokens and confidence_threshold)."
+        )
+    return False
 
 
 def import_extensions(config: Mapping[str, Any]) -> None:
