@@ -688,3 +688,156 @@ def test_from_pretrained_without_a_registered_loader(tmp_path, monkeypatch):
     torch.testing.assert_close(
         _head_logits(loaded, ids, feats, parallel), _head_logits(head, ids, feats, parallel)
     )
+
+
+# ------------------------------------------------------------------------------------------ writing folders (#57)
+def _same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def _writers():
+    def export_peagle(head, folder, **kw):
+        peagle.export(head, folder, layout="peagle", **kw)
+
+    def export_vllm(head, folder, **kw):
+        peagle.export(head, folder, layout="vllm", **kw)
+
+    def save(head, folder, **kw):
+        head.save_pretrained(folder, **kw)
+
+    return {"export-peagle": export_peagle, "export-vllm": export_vllm, "save_pretrained": save}
+
+
+@pytest.mark.parametrize("writer", ["export-peagle", "export-vllm", "save_pretrained"])
+@pytest.mark.parametrize(
+    "first_sharded", [False, True], ids=["unsharded-then-sharded", "sharded-then-unsharded"]
+)
+def test_writing_a_head_over_another_leaves_only_the_new_one(tmp_path, writer, first_sharded):
+    from transformers import AutoModel
+
+    write = _writers()[writer]
+    a, _ = _tiny_head(seed=1)
+    b, _ = _tiny_head(seed=2)
+    assert not _same_weights(a, b)
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")  # not a head file: kept
+    sharded, unsharded = {"max_shard_size": "100KB"}, {}
+    write(a, folder, **(sharded if first_sharded else unsharded))
+    assert len(list(folder.glob("*.safetensors"))) == (
+        1 if not first_sharded else len(list(folder.glob("model-*")))
+    )
+    write(b, folder, **(unsharded if first_sharded else sharded))
+    weights = sorted(p.name for p in folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if first_sharded:  # the new head is one file: no shard and no index of the old one is left
+        assert weights == ["model.safetensors"] and not index.exists()
+    else:
+        listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        assert len(listed) > 1 and weights == listed
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    for load in (peagle.load_head, AutoModel.from_pretrained):
+        loaded = load(folder)
+        assert _same_weights(loaded, b) and not _same_weights(loaded, a), load
+
+
+def test_a_failed_export_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    a, _ = _tiny_head(seed=1)
+    b, _ = _tiny_head(seed=2)
+    folder = peagle.export(a, tmp_path / "head", layout="peagle")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(PEagleDrafter, "save_pretrained", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        peagle.export(b, folder, layout="peagle")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_written_folder_keeps_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    head, _ = _tiny_head()
+    umask = os.umask(0)
+    os.umask(umask)
+    head.save_pretrained(tmp_path / "new")
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o777 & ~umask
+    (tmp_path / "old").mkdir()
+    os.chmod(tmp_path / "old", 0o750)
+    head.save_pretrained(tmp_path / "old")
+    assert stat.S_IMODE((tmp_path / "old").stat().st_mode) == 0o750
+
+
+# ------------------------------------------------------------------------------------------ K on export (#57)
+@pytest.mark.parametrize("layout", ["peagle", "vllm", "speculators"])
+def test_export_records_the_k_it_is_given(tmp_path, layout):
+    head, _ = _tiny_head(num_speculative_tokens=5)
+    out = peagle.export(head, tmp_path / layout, layout=layout, num_speculative_tokens=3)
+    assert peagle.load_head(out).config.num_speculative_tokens == 3
+    assert head.config.num_speculative_tokens == 5  # the head itself is unchanged
+    assert (
+        peagle.load_head(peagle.export(head, tmp_path / "own", layout=layout)).config.num_speculative_tokens
+        == 5
+    )
+
+
+@pytest.mark.parametrize("k", [0, -5, 65, 2.5, "3", True])
+@pytest.mark.parametrize("layout", ["peagle", "vllm", "speculators"])
+def test_export_refuses_a_k_it_cannot_record(tmp_path, layout, k):
+    head, _ = _tiny_head()
+    with pytest.raises(
+        ValueError, match=rf"num_speculative_tokens is {k!r}; expected an integer in \[1, 64\]"
+    ):
+        peagle.export(head, tmp_path / "out", layout=layout, num_speculative_tokens=k)
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_fails_when_what_it_wrote_does_not_reload_with_its_values(tmp_path, monkeypatch):
+    from peagle.formats import vllm
+
+    head, _ = _tiny_head(num_speculative_tokens=5)
+    real = vllm.peagle_metadata
+    monkeypatch.setattr(vllm, "peagle_metadata", lambda c, k: {**real(c, k), "num_speculative_tokens": 7})
+    with pytest.raises(
+        ValueError, match="reloads with num_speculative_tokens 7 instead of 5; nothing was written"
+    ):
+        peagle.export(head, tmp_path / "out", layout="vllm")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--layout", "speculators", "--num-speculative-tokens", "-5"],
+        ["--layout", "peagle", "-k", "0"],
+        ["--layout", "vllm", "-k", "3e7"],
+    ],
+)
+def test_cli_export_refuses_k_out_of_range(tmp_path, capsys, flags):
+    from peagle.cli import main
+
+    folder, _, _ = write_aws(tmp_path / "aws")
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(folder), "--out", str(tmp_path / "out"), *flags])
+    assert exit_.value.code != 0
+    assert "expected an integer in [1, 64]" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_export_peagle_layout_reloads_with_the_given_k(tmp_path, capsys):
+    from peagle.cli import main
+
+    folder, _, _ = write_aws(tmp_path / "aws")
+    out = tmp_path / "out"
+    assert (
+        main(
+            ["export", str(folder), "--out", str(out), "--layout", "peagle", "--num-speculative-tokens", "3"]
+        )
+        == 0
+    )
+    assert peagle.load_head(out).config.num_speculative_tokens == 3

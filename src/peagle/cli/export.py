@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._common import add_num_speculative_tokens_argument
+
 VERIFIER_CHOICES = ("local", "hub")
 
 
@@ -29,9 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "'local' (the default with --target: the target's folder, so speculators loads the export offline), "
         "'hub' (its Hub id, for publishing), or a folder / Hub id given as is",
     )
-    p.add_argument(
-        "--num-speculative-tokens", type=int, default=None, help="K to record (default: the head's)"
-    )
+    add_num_speculative_tokens_argument(p, "K to record (default: the head's)")
     p.add_argument(
         "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
     )

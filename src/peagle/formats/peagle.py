@@ -87,8 +87,16 @@ def from_peagle(
     max_shard_size: int | str = "5GB",
     verifier: str | None = None,
 ) -> None:
-    """`head.save_pretrained(out)` (attached to `target_model` first, if given); K stays the config's, and the
-    config's `target_model_name` names the target (`verifier` is for the speculators layout)."""
+    """`head.save_pretrained(out)` (attached to `target_model` first, if given), recording `num_speculative_tokens`
+    as K when given (the head's own config is left as it was); the config's `target_model_name` names the target
+    (`verifier` is for the speculators layout)."""
     if target_model is not None:
         head.attach_target(target_model)
-    head.save_pretrained(out, max_shard_size=max_shard_size)
+    config = head.config
+    own = config.num_speculative_tokens
+    if num_speculative_tokens is not None:
+        config.num_speculative_tokens = num_speculative_tokens
+    try:
+        head.save_pretrained(out, max_shard_size=max_shard_size)
+    finally:
+        config.num_speculative_tokens = own
