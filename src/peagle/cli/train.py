@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ._common import add_target_argument
+from ._common import add_target_argument, positive_int, speculative_tokens
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -40,14 +40,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     head.add_argument("--mode", default="parallel", choices=["parallel", "autoregressive"])
     head.add_argument(
         "--num-layers",
-        type=int,
+        type=positive_int,
         default=None,
         help="drafter layers (default: 2, or 1 when the size rule's budgets leave 2 too small a draft vocabulary); "
         "with --base-head, grow the base head to this many first (the new layers start adding nothing)",
     )
     head.add_argument(
         "--draft-vocab-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="LM-head rows (default: the smallest covering 99.5%% of the data's response tokens, within the size "
         "rule); with --base-head, resize the base head's vocabulary first (a larger one keeps its ids and rows)",
@@ -74,7 +74,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     tr = p.add_argument_group("training")
     tr.add_argument(
         "--num-parallel-positions",
-        type=int,
+        type=speculative_tokens,
         default=8,
         help="K_train: parallel positions (depths) per anchor",
     )

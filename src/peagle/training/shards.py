@@ -47,8 +47,33 @@ def load_examples(path: str | os.PathLike) -> list[dict[str, Any]]:
         return read_shards(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"examples {path!r}: no such file or shard folder.")
+    examples = []
     with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for row, line in enumerate(fh, 1):
+            if line.strip():
+                examples.append(json.loads(line))
+                check_loss_mask(examples[-1], f"{path} line {row}")
+    return examples
+
+
+def check_loss_mask(example: Any, where: str) -> None:
+    """Raise `ValueError` naming `where` (file and row, or example) when the example's `loss_mask` holds anything
+    but 0 and 1 (false/true): a 2 would count as two response tokens.  A missing mask is left to the caller.
+
+    >>> check_loss_mask({"input_ids": [5, 6], "loss_mask": [0, 2]}, "data.jsonl line 3")
+    Traceback (most recent call last):
+    ...
+    ValueError: data.jsonl line 3: loss_mask[1] is 2; expected 0 or 1 (1 marks a response token).
+    """
+    mask = example.get("loss_mask") if isinstance(example, dict) else None
+    if mask is None:
+        return
+    values = mask.tolist() if hasattr(mask, "tolist") else mask
+    if not isinstance(values, list):
+        raise ValueError(f"{where}: loss_mask is {values!r}; expected a list of 0 and 1.")
+    for i, v in enumerate(values):
+        if type(v) not in (int, bool) or v not in (0, 1):
+            raise ValueError(f"{where}: loss_mask[{i}] is {v!r}; expected 0 or 1 (1 marks a response token).")
 
 
 def _as_list(x: Any) -> list[int]:
@@ -308,7 +333,11 @@ def _unpack_checked(tensors: dict[str, Any], entry: dict[str, Any], path: str) -
     if bad:
         detail = ", ".join(f"{k}: manifest {m}, file {f}" for k, (m, f) in bad.items())
         raise ValueError(f"shard {path} does not match {MANIFEST} ({detail}).")
-    return unpack_examples(tensors)
+    examples = unpack_examples(tensors)
+    if "loss_mask" in tensors and bool((tensors["loss_mask"] > 1).any()):
+        for i, ex in enumerate(examples):
+            check_loss_mask(ex, f"shard {path} example {i}")
+    return examples
 
 
 def _response_tokens(tensors: dict[str, Any]) -> int:
@@ -350,6 +379,7 @@ def _peagle_version() -> str:
 __all__ = [
     "save_examples",
     "load_examples",
+    "check_loss_mask",
     "write_shard",
     "read_shards",
     "read_manifest",
