@@ -382,3 +382,46 @@ def test_moving_a_head_to_its_own_dtype_still_shares_the_table_memory():
     weight = target.get_input_embeddings().weight
     assert head.embed_tokens.weight.data_ptr() == weight.data_ptr()  # no copy of the table
     assert not head.embed_tokens.weight.requires_grad
+
+
+# ------------------------------------------------------------------ the draft-vocabulary map of a saved head (#57)
+_KEEP = torch.tensor([3, 4, 10, 11, 12, 20, 40, 41, 50, 60, 70, 80, 90, 100, 110, 126])
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda d: d.__setitem__(15, 200), r"maps draft id 15 to target id 215 .*outside \[0, 128\)"),
+        (
+            lambda d: d.__setitem__(1, -5),
+            r"maps draft id 1 to target id -4 \(d2t\[1\] = -5\), outside",
+        ),  # wraps
+        (lambda d: d.__setitem__(2, d[1] - 1), r"maps draft ids \[1, 2\] all to target id 4"),
+        (lambda d: d.copy_(_KEEP), "maps draft id 15 .* It looks like absolute target ids"),
+    ],
+    ids=["past-the-vocabulary", "negative-wraps", "duplicate", "absolute-ids"],
+)
+def test_a_native_d2t_that_cannot_map_is_refused_at_load(tiny_target, tmp_path, edit, words):
+    """Such a map raised a torch IndexError mid-generation, or wrapped round silently when negative."""
+    head = make_head(tiny_target, draft_vocab_size=16)
+    head.set_draft_vocab(_KEEP)
+    head.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    edit(state["d2t"])
+    state["t2d"] = torch.zeros(128, dtype=torch.bool)  # t2d is checked after d2t
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    for load in (peagle.load_head, PEagleDrafter.from_pretrained, AutoModel.from_pretrained):
+        with pytest.raises(ValueError, match=rf"{tmp_path / 'model.safetensors'}: tensor 'd2t' {words}"):
+            load(tmp_path)
+
+
+def test_a_native_t2d_that_disagrees_with_d2t_is_refused(tiny_target, tmp_path):
+    head = make_head(tiny_target, draft_vocab_size=16)
+    head.set_draft_vocab(_KEEP)
+    head.save_pretrained(tmp_path)
+    assert torch.equal(peagle.load_head(tmp_path).d2t, head.d2t)
+    state = load_file(tmp_path / "model.safetensors")
+    state["t2d"][5] = True
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="tensor 't2d' disagrees with 'd2t'"):
+        peagle.load_head(tmp_path)
