@@ -36,6 +36,17 @@ def positive_int(value: str) -> int:
     return n
 
 
+def non_negative_int(value: str) -> int:
+    """argparse type of a count that may be 0 (examples to skip)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    return n
+
+
 def add_num_speculative_tokens_argument(p: argparse.ArgumentParser, help: str) -> None:
     """`-k/--num-speculative-tokens`: inference K (K_train is `--num-parallel-positions`)."""
     p.add_argument("-k", "--num-speculative-tokens", type=speculative_tokens, default=None, help=help)
