@@ -841,3 +841,18 @@ def test_cli_export_peagle_layout_reloads_with_the_given_k(tmp_path, capsys):
         == 0
     )
     assert peagle.load_head(out).config.num_speculative_tokens == 3
+
+
+def test_saving_into_the_working_folder_replaces_the_head_files_in_place(tmp_path, monkeypatch):
+    a, _ = _tiny_head(seed=1)
+    b, _ = _tiny_head(seed=2)
+    folder = tmp_path / "head"
+    a.save_pretrained(folder, max_shard_size="100KB")
+    (folder / "notes.txt").write_text("mine")
+    monkeypatch.chdir(folder)
+    b.save_pretrained(".")
+    assert folder.samefile(".") and (folder / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == ["model.safetensors"]
+    assert not (folder / "model.safetensors.index.json").exists()
+    assert _same_weights(peagle.load_head(folder), b)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -116,9 +116,12 @@ def _swap_in(new: Path, folder: Path) -> None:
         if not (entry.is_file() and HEAD_FILES.match(entry.name)) and not (new / entry.name).exists():
             os.rename(entry, new / entry.name)
     old = folder.with_name(f".{folder.name}.old-{uuid.uuid4().hex[:12]}")
+    cwd = Path.cwd()
     try:
+        if folder == cwd or folder in cwd.parents:  # renaming it would leave this process in a deleted folder
+            raise OSError("the working folder")
         os.rename(folder, old)
-    except OSError:  # e.g. a mount point or the working folder of another process: replace entry by entry
+    except OSError:  # e.g. the working folder or a mount point: replace entry by entry instead
         for entry in list(folder.iterdir()):
             if entry.is_file() and HEAD_FILES.match(entry.name):
                 entry.unlink()
