@@ -244,7 +244,7 @@ class PEagleConfig(LlamaConfig):
     def from_dict(cls, config_dict, **kwargs):
         """transformers' `from_dict`; errors name the config.json when the caller says where it came from
         (`AutoConfig.from_pretrained` passes `name_or_path`)."""
-        where = kwargs.get("name_or_path") or config_dict.get("_name_or_path")
+        where = kwargs.get("name_or_path")
         try:
             return super().from_dict(config_dict, **kwargs)
         except (ValueError, TypeError, StrictDataclassError) as err:
