@@ -444,6 +444,9 @@ def test_config_errors(tmp_path):
         ({"draft_vocab_size": "48"}, "draft_vocab_size is '48'"),
         ({"num_hidden_layers": "2"}, "num_hidden_layers is '2'"),
         ({"attention_bias": "true"}, r"attention_bias is 'true' \(str\); expected true or false"),
+        ({"rope_theta": "500000"}, "rope_theta is '500000'; expected a positive number"),
+        ({"rope_scaling": "llama3"}, "rope_scaling is 'llama3'; expected an object or null"),
+        ({"hidden_act": 1}, r"hidden_act is 1 \(int\); expected a string"),
         ({"peagle": {"num_speculative_tokens": "7"}}, r"num_speculative_tokens is '7' \(str\)"),
         (
             {"peagle": {"num_speculative_tokens": 100000000}},

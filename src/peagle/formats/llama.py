@@ -55,17 +55,35 @@ def flag(cfg: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
     return value
 
 
+def _text(cfg: Mapping[str, Any], key: str, where: str, default: str) -> str:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key} is {value!r} ({type(value).__name__}); expected a string.")
+    return value
+
+
 def strip_model_prefix(name: str) -> str:
     return name[len("model.") :] if name.startswith("model.") else name
 
 
-def rope_parameters(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def rope_parameters(cfg: Mapping[str, Any], where: str = "config.json") -> dict[str, Any]:
     """transformers >= 5 `rope_parameters` from either that key or legacy `rope_theta` + `rope_scaling`."""
     params = cfg.get("rope_parameters")
+    scaling = cfg.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"{where}: {key} is {value!r}; expected an object or null.")
+    theta = cfg.get("rope_theta")
+    if theta is not None and (
+        isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0
+    ):
+        raise ValueError(f"{where}: rope_theta is {theta!r}; expected a positive number.")
     if isinstance(params, Mapping) and params:
         rope = dict(params)
     else:
-        rope = dict(cfg.get("rope_scaling") or {})
+        rope = dict(scaling or {})
     if "type" in rope:
         rope.setdefault("rope_type", rope["type"])
         del rope["type"]
@@ -91,10 +109,10 @@ def llama_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_key_value_heads": integer(cfg, "num_key_value_heads", where, heads),
         "head_dim": integer(cfg, "head_dim", where, hidden // heads),
-        "hidden_act": cfg.get("hidden_act") or "silu",
+        "hidden_act": _text(cfg, "hidden_act", where, "silu"),
         "max_position_embeddings": integer(cfg, "max_position_embeddings", where, 2048),
         "rms_norm_eps": float(eps or 1e-6),
-        "rope_parameters": rope_parameters(cfg),
+        "rope_parameters": rope_parameters(cfg, where),
         "attention_bias": flag(cfg, "attention_bias", where, False),
         "mlp_bias": flag(cfg, "mlp_bias", where, False),
         "vocab_size": integer(cfg, "vocab_size", where),
