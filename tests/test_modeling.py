@@ -425,3 +425,15 @@ def test_a_native_t2d_that_disagrees_with_d2t_is_refused(tiny_target, tmp_path):
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="tensor 't2d' disagrees with 'd2t'"):
         peagle.load_head(tmp_path)
+
+
+def test_every_bad_field_of_a_config_json_is_named_in_one_error(tiny_head, tmp_path):
+    file = _saved_config(
+        tiny_head, tmp_path, num_speculative_tokens="7", mask_token_id="127", embed_from_target=1
+    )
+    with pytest.raises(ValueError) as err:
+        peagle.load_head(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{file}: ")
+    for words in ("mask_token_id is '127'", "num_speculative_tokens is '7'", "embed_from_target is 1"):
+        assert words in message, message

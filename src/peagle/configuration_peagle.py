@@ -56,45 +56,51 @@ def _is_number(value: Any) -> bool:
 
 
 def check_field_values(config: Any) -> None:
-    """Raise `ValueError` naming the field when a peagle or Llama size field has the wrong type or range.
+    """Raise `ValueError` naming every peagle or Llama size field whose value has the wrong type or range.
 
     Values read from config.json are never coerced: `"7"`, `7.0`, `2.5` or `true` for an integer field, a string of
-    aux layer ids, or a K above `MAX_SPECULATIVE_TOKENS` are refused.
+    aux layer ids, or a K above `MAX_SPECULATIVE_TOKENS` are refused; all such fields are named in one message.
     """
+    problems = []
     for name, (lo, hi, optional) in _INT_FIELDS.items():
         value = getattr(config, name, None)
         if value is None and optional:
             continue
         if not _is_int(value):
-            raise ValueError(f"{name} is {value!r} ({type(value).__name__}); expected an integer.")
-        if value < lo or (hi is not None and value > hi):
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected an integer")
+        elif value < lo or (hi is not None and value > hi):
             bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
             why = " (peagle's bound on K, MAX_SPECULATIVE_TOKENS)" if hi is not None else ""
-            raise ValueError(f"{name} is {value}; expected an integer {bound}{why}.")
+            problems.append(f"{name} is {value}; expected an integer {bound}{why}")
     for name in _BOOL_FIELDS:
         value = getattr(config, name, None)
         if not isinstance(value, bool):
-            raise ValueError(f"{name} is {value!r} ({type(value).__name__}); expected true or false.")
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected true or false")
     for name in _STR_FIELDS:
         value = getattr(config, name, None)
         if value is not None and not isinstance(value, str):
-            raise ValueError(f"{name} is {value!r} ({type(value).__name__}); expected a string or null.")
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected a string or null")
     if not isinstance(config.drafting_mode, str) or config.drafting_mode not in DRAFTING_MODES:
-        raise ValueError(f"drafting_mode is {config.drafting_mode!r}; expected one of {DRAFTING_MODES}.")
+        problems.append(f"drafting_mode is {config.drafting_mode!r}; expected one of {DRAFTING_MODES}")
     ids = config.eagle_aux_hidden_state_layer_ids
     if ids is not None and (
         not isinstance(ids, (list, tuple)) or len(ids) != 3 or not all(_is_int(i) and i >= 0 for i in ids)
     ):
-        raise ValueError(
+        problems.append(
             f"eagle_aux_hidden_state_layer_ids is {ids!r}; expected a list of exactly 3 target layer ids "
-            "(integers >= 0)."
+            "(integers >= 0)"
         )
     threshold = config.confidence_threshold
     if threshold is not None and (not _is_number(threshold) or not 0.0 <= threshold <= 1.0):
-        raise ValueError(
-            f"confidence_threshold is {threshold!r}; expected a probability in [0, 1] or null (cost-aware drafting)."
+        problems.append(
+            f"confidence_threshold is {threshold!r}; expected a probability in [0, 1] or null (cost-aware drafting)"
         )
-    check_draft_calibration(config.draft_calibration)
+    try:
+        check_draft_calibration(config.draft_calibration)
+    except ValueError as err:
+        problems.append(str(err).rstrip("."))
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
 
 
 def check_draft_calibration(calibration: Any) -> None:
