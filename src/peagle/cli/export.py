@@ -35,8 +35,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
     )
-    p.add_argument("--max-shard-size", default="5GB")
+    p.add_argument(
+        "--max-shard-size",
+        type=shard_size,
+        default="5GB",
+        help="largest weight file, e.g. 500MB (default 5GB)",
+    )
     return p
+
+
+def shard_size(value: str) -> str:
+    """argparse type of `--max-shard-size`: a positive size with a unit (`500MB`, `5GB`; KB, MB, GB, TB)."""
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        size = parse_size_to_int(value)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size such as 500MB or 5GB, got {value!r}")
+    return value
 
 
 def target_locations(spec: str, target=None) -> tuple[str | None, str | None]:
