@@ -437,3 +437,13 @@ def test_every_bad_field_of_a_config_json_is_named_in_one_error(tiny_head, tmp_p
     assert message.startswith(f"{file}: ")
     for words in ("mask_token_id is '127'", "num_speculative_tokens is '7'", "embed_from_target is 1"):
         assert words in message, message
+
+
+def test_numpy_integers_are_kept_as_plain_ints():
+    import numpy as np
+
+    cfg = PEagleConfig.for_target(
+        tiny_target_config(), num_speculative_tokens=np.int64(5), mask_token_id=np.int32(9)
+    )
+    assert type(cfg.num_speculative_tokens) is int and type(cfg.mask_token_id) is int
+    assert json.loads(cfg.to_json_string())["num_speculative_tokens"] == 5

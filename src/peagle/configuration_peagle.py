@@ -228,6 +228,10 @@ class PEagleConfig(LlamaConfig):
 
     def __post_init__(self, **kwargs):
         check_field_values(self)  # before any default is derived from a value of the wrong type
+        for name in _INT_FIELDS:  # numpy / torch integers as plain ints (lossless; JSON writes only ints)
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                setattr(self, name, int(value))
         if self.draft_vocab_size is None:
             self.draft_vocab_size = self.vocab_size
         if self.target_hidden_size is None:
