@@ -671,6 +671,7 @@ def test_layout_registry_and_load_head(tmp_path):
     assert set(formats.EXPORT_LAYOUTS) == {"peagle", "speculators", "vllm"}
     assert peagle.load_head is formats.load_head
     assert PEagleDrafter._checkpoint_loader is formats.load_head  # registered by importing peagle.formats
+    assert PEagleDrafter._folder_writer is formats.replacing_folder  # save_pretrained swaps its folder in
     folder, _, raw = write_aws(tmp_path / "aws")
     head = peagle.load_head(folder)
     assert head.config.drafting_mode == "parallel" and not head.training
@@ -862,3 +863,11 @@ def test_saving_into_the_working_folder_replaces_the_head_files_in_place(tmp_pat
     assert not (folder / "model.safetensors.index.json").exists()
     assert _same_weights(peagle.load_head(folder), b)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_without_a_registered_folder_writer_save_pretrained_writes_in_place(tmp_path, monkeypatch):
+    """As remote code without peagle nothing is registered: transformers' own save_pretrained."""
+    head, _ = _tiny_head()
+    monkeypatch.setattr(PEagleDrafter, "_folder_writer", None)
+    head.save_pretrained(tmp_path / "head")
+    assert _same_weights(peagle.load_head(tmp_path / "head"), head)

@@ -16,14 +16,8 @@ f_0..f_{p-1}; bonus token b = x_p:
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
-import re
-import shutil
-import tempfile
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -67,72 +61,15 @@ CheckpointLoader = Callable[..., Any]
 HubPusher = Callable[..., Any]
 """`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.hub` registers its
 `push_to_hub`)."""
+FolderWriter = Callable[[Any], Any]
+"""`writer(folder)`: a context manager yielding the folder to write a head into, then putting it in place of `folder`
+(`peagle.formats` registers `io.replacing_folder`, which never leaves old files beside new ones)."""
 ExtensionBuilder = Callable[[Any, Any], None]
 """`build(head, config_value)`: rebuilds modules a `peagle_*` config block describes, in `__init__`."""
 ExtensionSaver = Callable[[Any, str], None]
 """`save(head, folder)`: writes what such a head needs besides weights and config, after `save_pretrained`."""
 EXTENSION_PREFIX = "peagle_"
 """Config attributes named `peagle_<name>` are extension blocks (e.g. `peagle_fp8`); each needs a builder."""
-
-
-HEAD_FILES = re.compile(
-    r"^(config\.json|generation_config\.json|.*\.safetensors|.*\.index\.json|pytorch_model.*\.bin|[^/]*\.py)$"
-)
-"""Names of the files a head folder's writer owns (config, weights and their index, remote code): `replacing_folder`
-drops the old ones; anything else in the folder (examples, checkpoints, a README) is kept."""
-
-
-@contextlib.contextmanager
-def replacing_folder(folder: str | os.PathLike) -> Iterator[Path]:
-    """Write a head into `folder` without ever leaving a mix of old and new files.
-
-    Yields a new, empty sibling folder to write into.  When the block ends without an error, the old folder's
-    entries that are not head files (`HEAD_FILES`: config, weights, weight index, remote code) and that the new
-    write did not produce move over, and the new folder takes `folder`'s place: readers see the old head or the new
-    one, never old shards beside a new index.  On an error the sibling is removed and `folder` stays as it was.
-    """
-    folder = Path(folder).expanduser().absolute()
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(f"{folder} is a file; expected a folder to write the head into.")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".writing", dir=folder.parent))
-    try:
-        yield tmp
-        _swap_in(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful swap
-
-
-def _swap_in(new: Path, folder: Path) -> None:
-    """Make `new` the content of `folder` (see `replacing_folder`)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    mode = folder.stat().st_mode & 0o7777 if folder.is_dir() else 0o777 & ~umask
-    os.chmod(new, mode)  # mkdtemp's folder is private (0o700); the head folder keeps its usual mode
-    if not folder.exists():
-        os.rename(new, folder)
-        return
-    for entry in list(folder.iterdir()):
-        if not (entry.is_file() and HEAD_FILES.match(entry.name)) and not (new / entry.name).exists():
-            os.rename(entry, new / entry.name)
-    old = folder.with_name(f".{folder.name}.old-{uuid.uuid4().hex[:12]}")
-    cwd = Path.cwd()
-    try:
-        if folder == cwd or folder in cwd.parents:  # renaming it would leave this process in a deleted folder
-            raise OSError("the working folder")
-        os.rename(folder, old)
-    except OSError:  # e.g. the working folder or a mount point: replace entry by entry instead
-        for entry in list(folder.iterdir()):
-            if entry.is_file() and HEAD_FILES.match(entry.name):
-                entry.unlink()
-        for entry in list(new.iterdir()):
-            target = folder / entry.name
-            if target.is_dir() and not entry.is_dir():
-                shutil.rmtree(target)
-            os.replace(entry, target)
-        return
-    os.rename(new, folder)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class _CacheOutput(ModelOutput):
@@ -308,6 +245,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
     # imported, the way peft's tuners register themselves; as remote code without peagle nothing is registered.
     _checkpoint_loader: ClassVar[CheckpointLoader | None] = None
     _hub_pusher: ClassVar[HubPusher | None] = None
+    _folder_writer: ClassVar[FolderWriter | None] = None
     _config_extensions: ClassVar[dict[str, tuple[ExtensionBuilder, ExtensionSaver | None]]] = {}
 
     @classmethod
@@ -318,6 +256,11 @@ class PEagleDrafter(PEaglePreTrainedModel):
         the head; for peagle's own layout it ends in `cls.from_pretrained_native`.
         """
         cls._checkpoint_loader = staticmethod(loader)
+
+    @classmethod
+    def register_folder_writer(cls, writer: FolderWriter) -> None:
+        """Make `save_pretrained` write through `writer(folder)` (a context manager yielding where to write)."""
+        cls._folder_writer = staticmethod(writer)
 
     @classmethod
     def register_hub_pusher(cls, pusher: HubPusher) -> None:
@@ -388,18 +331,26 @@ class PEagleDrafter(PEaglePreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' `save_pretrained`, then the `save` hooks of the config extensions this head uses.
 
-        The head is written into a sibling folder that then replaces `save_directory` (`replacing_folder`): old
-        weights, shards, index and config never stay beside new ones; other files in the folder are kept.
+        With peagle imported, the head is written into a sibling folder that then replaces `save_directory`
+        (`peagle.formats.io.replacing_folder`): old weights, shards, index and config never stay beside new ones;
+        other files in the folder are kept.
         """
-        if not kwargs.get("is_main_process", True):  # distributed: only the main process writes the folder
-            return super().save_pretrained(save_directory, *args, **kwargs)
+        writer = self._folder_writer
+        if writer is None or not kwargs.get(
+            "is_main_process", True
+        ):  # remote code, or not the writing process
+            return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):  # transformers names the repo after the folder it writes
             kwargs.setdefault("repo_id", Path(save_directory).name)
-        with replacing_folder(save_directory) as tmp:
-            result = super().save_pretrained(tmp, *args, **kwargs)
+        with writer(save_directory) as folder:
+            return self._save_into(folder, *args, **kwargs)
+
+    def _save_into(self, folder, *args, **kwargs):
+        result = super().save_pretrained(folder, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
             for key, (_, save) in self._config_extensions.items():
                 if save is not None and getattr(self.config, key, None):
-                    save(self, str(tmp))
+                    save(self, str(folder))
         return result
 
     def push_to_hub(self, repo_id: str, **kwargs):
@@ -837,4 +788,4 @@ class PEagleDrafter(PEaglePreTrainedModel):
         return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
 
 
-__all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft", "replacing_folder"]
+__all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]

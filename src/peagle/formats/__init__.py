@@ -16,7 +16,8 @@ A registry of layouts, one small module each, with `detect(config, tensor_names)
 one.  Each layout module cites the upstream sources its names were checked against; `llama` holds the
 Llama-style config fields the foreign layouts share.
 
-Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`, and (`auto`) the
+Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`, `io.replacing_folder`
+with `PEagleDrafter.register_folder_writer` (`save_pretrained` then swaps a fully written folder in), and (`auto`) the
 model types of the vLLM and speculators exports with `AutoConfig`/`AutoModel`, so that
 `AutoModel.from_pretrained(<export>)` returns a `PEagleDrafter` too.
 """
@@ -32,13 +33,21 @@ from typing import Any
 import torch
 
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS
-from ..modeling_peagle import PEagleDrafter, replacing_folder
+from ..modeling_peagle import PEagleDrafter
 from . import eagle3, speculators, vllm
 from . import peagle as native
 from .auto import register_auto_classes
 from .checks import check_native
 from .convert import build_head
-from .io import Checkpoint, TensorSource, read_checkpoint, read_tensors, resolve_folder, weight_files
+from .io import (
+    Checkpoint,
+    TensorSource,
+    read_checkpoint,
+    read_tensors,
+    replacing_folder,
+    resolve_folder,
+    weight_files,
+)
 from .speculators import speculators_config
 from .vllm import ARCHITECTURE as VLLM_ARCHITECTURE
 from .vllm import EAGLE3_ARCHITECTURES as VLLM_EAGLE3_ARCHITECTURES
@@ -311,6 +320,7 @@ def check_written(
 
 
 PEagleDrafter.register_checkpoint_loader(load_head)
+PEagleDrafter.register_folder_writer(replacing_folder)
 register_auto_classes()
 
 __all__ = [
@@ -328,6 +338,7 @@ __all__ = [
     "load_converted",
     "load_head",
     "resolve_folder",
+    "replacing_folder",
     "weight_files",
     "export",
     "check_written",
