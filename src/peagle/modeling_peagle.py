@@ -336,9 +336,8 @@ class PEagleDrafter(PEaglePreTrainedModel):
         other files in the folder are kept.
         """
         writer = self._folder_writer
-        if writer is None or not kwargs.get(
-            "is_main_process", True
-        ):  # remote code, or not the writing process
+        # as remote code without peagle nothing is registered; in distributed runs only the main process writes
+        if writer is None or not kwargs.get("is_main_process", True):
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):  # transformers names the repo after the folder it writes
             kwargs.setdefault("repo_id", Path(save_directory).name)

@@ -258,9 +258,8 @@ def export(
         dense = speculators.DENSE_LINEARS if layout == speculators.NAME else ()
         quantization = checked_quantization_config(head, LAYOUTS[layout].tensor_name, dense, strict=True)
     out = Path(out_dir)
-    with replacing_folder(
-        out
-    ) as tmp:  # old files never stay beside the new ones; a failed write leaves out as is
+    # old files never stay beside the new ones, and a failed write (or check) leaves `out` as it was
+    with replacing_folder(out) as tmp:
         writers[layout](
             head,
             tmp,

@@ -304,7 +304,7 @@ def _swap_in(new: Path, folder: Path) -> None:
                 entry.unlink()
         for entry in list(new.iterdir()):
             target = folder / entry.name
-            if target.is_dir() and not entry.is_dir():
+            if target.is_dir():  # the new write's folder of that name replaces the old one
                 shutil.rmtree(target)
             os.replace(entry, target)
         return
