@@ -326,3 +326,10 @@ def test_check_saved_head_refuses_a_folder_that_does_not_reload_with_the_head(tm
     head.config.num_speculative_tokens = 3
     with pytest.raises(ValueError, match="reloads with num_speculative_tokens 5 instead of 3"):
         check_saved_head(tmp_path / "h", head)
+
+
+@pytest.mark.parametrize("layers", [0, -1])
+def test_build_head_refuses_a_head_without_layers(layers):
+    """A config saying 0 layers described a head that had 1 (the fused layer): its vLLM export did not reload."""
+    with pytest.raises(ValueError, match=f"num_hidden_layers is {layers}; expected an integer >= 1"):
+        build_head(make_target(), num_hidden_layers=layers)
