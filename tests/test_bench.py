@@ -183,3 +183,24 @@ def test_batch_benchmark_rows_summary_and_files(tmp_path):
     assert "| 4 | peagle-auto |" in format_batch_table(res["summary"])
     with pytest.raises(ValueError, match="cannot fill whole batches"):
         run_batch_benchmark(target, prompts[:2], {}, batch_sizes=(4,), progress=False)
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "65", "3e7", "x"])
+def test_demo_refuses_k_out_of_range_before_loading(monkeypatch, capsys, k):
+    """`-k 0` ran the demo with the head's K = 7."""
+    import peagle.demo
+    import peagle.targets
+    from peagle.cli import main
+
+    def no_loading(*a, **kw):
+        raise AssertionError("nothing should load for an invalid K")
+
+    monkeypatch.setattr(peagle.targets, "load_target", no_loading)
+    monkeypatch.setattr(peagle.targets, "load_default_target", no_loading)
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "-k", k])
+    assert exit_.value.code != 0 and "expected an integer in [1, 64]" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"num_speculative_tokens is 0; expected an integer in \[1, 64\]"):
+        peagle.demo.run_demo(num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="confidence_threshold is 1.5"):
+        peagle.demo.run_demo(confidence_threshold=1.5)

@@ -289,6 +289,31 @@ def test_detect_layout():
         detect_layout({"model_type": "llama"}, ["model.layers.0.mlp.up_proj.weight"])
 
 
+@pytest.mark.parametrize("model_type", [None, "llama", "eagle"])
+def test_peagle_head_with_a_dropped_or_changed_model_type_is_refused(tmp_path, model_type):
+    """Read as the vLLM layout, such a head lost its K (5 -> 7) and confidence setting (0.0 -> none) silently."""
+    target = make_target()
+    for embed in (False, True):
+        folder = tmp_path / f"head-{embed}"
+        head_ = make_head(target, num_speculative_tokens=5, embed_from_target=embed)
+        head_.save_pretrained(folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg.pop("model_type")
+        if model_type is not None:
+            cfg["model_type"] = model_type
+        (folder / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(
+            ValueError, match=rf"{folder / 'config.json'}: model_type is {model_type!r}.*peagle's own"
+        ):
+            peagle.load_head(folder, target=target)
+        with pytest.raises(ValueError, match='Set "model_type": "peagle"'):
+            PEagleDrafter.from_pretrained(folder)
+        cfg["model_type"] = "peagle"  # the fix the message names
+        (folder / "config.json").write_text(json.dumps(cfg))
+        loaded = peagle.load_head(folder, target=target)
+        assert loaded.config.num_speculative_tokens == 5 and loaded.config.confidence_threshold == 0.0
+
+
 def test_aws_vllm_layout_gives_reference_logits(tmp_path):
     folder, config, raw = write_aws(tmp_path / "aws")
     head = PEagleDrafter.from_pretrained(folder)
@@ -407,6 +432,34 @@ def test_config_errors(tmp_path):
     save_file(raw, folder / "model.safetensors")
     with pytest.raises(ValueError, match="absolute target ids"):
         PEagleDrafter.from_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"eagle_aux_hidden_state_layer_ids": "1,4,7"}, "eagle_aux_hidden_state_layer_ids is '1,4,7'"),
+        ({"eagle_aux_hidden_state_layer_ids": [1, "4", 7]}, "eagle_aux_hidden_state_layer_ids is"),
+        ({"ptd_token_id": "127"}, r"ptd_token_id is '127' \(str\); expected an integer"),
+        ({"hidden_size": 64.0}, r"hidden_size is 64.0 \(float\); expected an integer"),
+        ({"draft_vocab_size": "48"}, "draft_vocab_size is '48'"),
+        ({"num_hidden_layers": "2"}, "num_hidden_layers is '2'"),
+        ({"attention_bias": "true"}, r"attention_bias is 'true' \(str\); expected true or false"),
+        ({"rope_theta": "500000"}, "rope_theta is '500000'; expected a positive number"),
+        ({"rope_scaling": "llama3"}, "rope_scaling is 'llama3'; expected an object or null"),
+        ({"hidden_act": 1}, r"hidden_act is 1 \(int\); expected a string"),
+        ({"peagle": {"num_speculative_tokens": "7"}}, r"num_speculative_tokens is '7' \(str\)"),
+        (
+            {"peagle": {"num_speculative_tokens": 100000000}},
+            r"num_speculative_tokens is 100000000; .*\[1, 64\]",
+        ),
+        ({"peagle": {"num_speculative_tokens": 2.5}}, "num_speculative_tokens is 2.5"),
+        ({"peagle": {"draft_calibration": {"method": "isotonic", "x": [[0.1]], "y": [[0.1, 0.2]]}}}, "knots"),
+    ],
+)
+def test_foreign_config_values_are_checked_not_coerced(tmp_path, change, words):
+    folder, _, _ = write_aws(tmp_path / "aws", **change)
+    with pytest.raises(ValueError, match=rf"{folder / 'config.json'}.*{words}"):
+        peagle.load_head(folder)
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -618,6 +671,7 @@ def test_layout_registry_and_load_head(tmp_path):
     assert set(formats.EXPORT_LAYOUTS) == {"peagle", "speculators", "vllm"}
     assert peagle.load_head.__module__ == "peagle"  # formats.load_head, also taking target_model= (#57)
     assert PEagleDrafter._checkpoint_loader is formats.load_head  # registered by importing peagle.formats
+    assert PEagleDrafter._folder_writer is formats.replacing_folder  # save_pretrained swaps its folder in
     folder, _, raw = write_aws(tmp_path / "aws")
     head = peagle.load_head(folder)
     assert head.config.drafting_mode == "parallel" and not head.training
@@ -638,3 +692,182 @@ def test_from_pretrained_without_a_registered_loader(tmp_path, monkeypatch):
     torch.testing.assert_close(
         _head_logits(loaded, ids, feats, parallel), _head_logits(head, ids, feats, parallel)
     )
+
+
+# ------------------------------------------------------------------------------------------ writing folders (#57)
+def _same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def _writers():
+    def export_peagle(head, folder, **kw):
+        peagle.export(head, folder, layout="peagle", **kw)
+
+    def export_vllm(head, folder, **kw):
+        peagle.export(head, folder, layout="vllm", **kw)
+
+    def save(head, folder, **kw):
+        head.save_pretrained(folder, **kw)
+
+    return {"export-peagle": export_peagle, "export-vllm": export_vllm, "save_pretrained": save}
+
+
+@pytest.mark.parametrize("writer", ["export-peagle", "export-vllm", "save_pretrained"])
+@pytest.mark.parametrize(
+    "first_sharded", [False, True], ids=["unsharded-then-sharded", "sharded-then-unsharded"]
+)
+def test_writing_a_head_over_another_leaves_only_the_new_one(tmp_path, writer, first_sharded):
+    from transformers import AutoModel
+
+    write = _writers()[writer]
+    a, _ = _tiny_head(seed=1)
+    b, _ = _tiny_head(seed=2)
+    assert not _same_weights(a, b)
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")  # not a head file: kept
+    sharded, unsharded = {"max_shard_size": "100KB"}, {}
+    write(a, folder, **(sharded if first_sharded else unsharded))
+    assert len(list(folder.glob("*.safetensors"))) == (
+        1 if not first_sharded else len(list(folder.glob("model-*")))
+    )
+    write(b, folder, **(unsharded if first_sharded else sharded))
+    weights = sorted(p.name for p in folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if first_sharded:  # the new head is one file: no shard and no index of the old one is left
+        assert weights == ["model.safetensors"] and not index.exists()
+    else:
+        listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        assert len(listed) > 1 and weights == listed
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    for load in (peagle.load_head, AutoModel.from_pretrained):
+        loaded = load(folder)
+        assert _same_weights(loaded, b) and not _same_weights(loaded, a), load
+
+
+def test_a_failed_export_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    a, _ = _tiny_head(seed=1)
+    b, _ = _tiny_head(seed=2)
+    folder = peagle.export(a, tmp_path / "head", layout="peagle")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(PEagleDrafter, "save_pretrained", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        peagle.export(b, folder, layout="peagle")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_written_folder_keeps_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    head, _ = _tiny_head()
+    umask = os.umask(0)
+    os.umask(umask)
+    head.save_pretrained(tmp_path / "new")
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o777 & ~umask
+    (tmp_path / "old").mkdir()
+    os.chmod(tmp_path / "old", 0o750)
+    head.save_pretrained(tmp_path / "old")
+    assert stat.S_IMODE((tmp_path / "old").stat().st_mode) == 0o750
+
+
+# ------------------------------------------------------------------------------------------ K on export (#57)
+@pytest.mark.parametrize("layout", ["peagle", "vllm", "speculators"])
+def test_export_records_the_k_it_is_given(tmp_path, layout):
+    head, _ = _tiny_head(num_speculative_tokens=5)
+    out = peagle.export(head, tmp_path / layout, layout=layout, num_speculative_tokens=3)
+    assert peagle.load_head(out).config.num_speculative_tokens == 3
+    assert head.config.num_speculative_tokens == 5  # the head itself is unchanged
+    assert (
+        peagle.load_head(peagle.export(head, tmp_path / "own", layout=layout)).config.num_speculative_tokens
+        == 5
+    )
+
+
+@pytest.mark.parametrize("k", [0, -5, 65, 2.5, "3", True])
+@pytest.mark.parametrize("layout", ["peagle", "vllm", "speculators"])
+def test_export_refuses_a_k_it_cannot_record(tmp_path, layout, k):
+    head, _ = _tiny_head()
+    with pytest.raises(
+        ValueError, match=rf"num_speculative_tokens is {k!r}; expected an integer in \[1, 64\]"
+    ):
+        peagle.export(head, tmp_path / "out", layout=layout, num_speculative_tokens=k)
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_fails_when_what_it_wrote_does_not_reload_with_its_values(tmp_path, monkeypatch):
+    from peagle.formats import vllm
+
+    head, _ = _tiny_head(num_speculative_tokens=5)
+    real = vllm.peagle_metadata
+    monkeypatch.setattr(vllm, "peagle_metadata", lambda c, k: {**real(c, k), "num_speculative_tokens": 7})
+    with pytest.raises(
+        ValueError, match="reloads with num_speculative_tokens 7 instead of 5; nothing was written"
+    ):
+        peagle.export(head, tmp_path / "out", layout="vllm")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--layout", "speculators", "--num-speculative-tokens", "-5"],
+        ["--layout", "peagle", "-k", "0"],
+        ["--layout", "vllm", "-k", "3e7"],
+        ["--max-shard-size=-5GB"],
+        ["--max-shard-size", "lots"],
+    ],
+)
+def test_cli_export_refuses_k_out_of_range(tmp_path, capsys, flags):
+    from peagle.cli import main
+
+    folder, _, _ = write_aws(tmp_path / "aws")
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(folder), "--out", str(tmp_path / "out"), *flags])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err
+    assert "expected an integer in [1, 64]" in err or "expected a positive size such as 500MB" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_export_peagle_layout_reloads_with_the_given_k(tmp_path, capsys):
+    from peagle.cli import main
+
+    folder, _, _ = write_aws(tmp_path / "aws")
+    out = tmp_path / "out"
+    assert (
+        main(
+            ["export", str(folder), "--out", str(out), "--layout", "peagle", "--num-speculative-tokens", "3"]
+        )
+        == 0
+    )
+    assert peagle.load_head(out).config.num_speculative_tokens == 3
+
+
+def test_saving_into_the_working_folder_replaces_the_head_files_in_place(tmp_path, monkeypatch):
+    a, _ = _tiny_head(seed=1)
+    b, _ = _tiny_head(seed=2)
+    folder = tmp_path / "head"
+    a.save_pretrained(folder, max_shard_size="100KB")
+    (folder / "notes.txt").write_text("mine")
+    monkeypatch.chdir(folder)
+    b.save_pretrained(".")
+    assert folder.samefile(".") and (folder / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == ["model.safetensors"]
+    assert not (folder / "model.safetensors.index.json").exists()
+    assert _same_weights(peagle.load_head(folder), b)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_without_a_registered_folder_writer_save_pretrained_writes_in_place(tmp_path, monkeypatch):
+    """As remote code without peagle nothing is registered: transformers' own save_pretrained."""
+    head, _ = _tiny_head()
+    monkeypatch.setattr(PEagleDrafter, "_folder_writer", None)
+    head.save_pretrained(tmp_path / "head")
+    assert _same_weights(peagle.load_head(tmp_path / "head"), head)

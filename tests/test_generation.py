@@ -353,8 +353,12 @@ def test_num_speculative_tokens_default_and_warning(target, caplog):
     assert head.last_generation_stats.num_speculative_tokens == 6
     warned = [r for r in caplog.records if "trained for 4 parallel positions" in r.getMessage()]
     assert len(warned) == 1
-    with pytest.raises(ValueError, match="expected an integer >= 1"):
+    with pytest.raises(ValueError, match=r"expected an integer in \[1, 64\]"):
         greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=0)
+    with pytest.raises(
+        ValueError, match=r"num_assistant_tokens \(K\) is 300; expected an integer in \[1, 64\]"
+    ):
+        greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=300)
 
 
 # ---------------------------------------------------------------------------------------------- confidence cut

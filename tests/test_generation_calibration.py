@@ -48,3 +48,41 @@ def test_calibrate_command_writes_the_config(tmp_path, capsys):
     head = PEagleDrafter.from_pretrained(tmp_path / "head")  # the stored calibration loads with the head
     assert head.config.draft_calibration["x"] == cal["x"]
     assert json.loads((tmp_path / "r.json").read_text())["calibration"]["y"] == cal["y"]
+
+
+def test_calibrate_command_refuses_counts_it_cannot_use(tmp_path, capsys):
+    """`--skip -5` took the last five examples (a negative slice); `--limit 0` fitted nothing."""
+    import pytest
+
+    from peagle.cli import main
+
+    for flags, words in (
+        (["--skip", "-5"], "expected an integer >= 0, got '-5'"),
+        (["--limit", "0"], "expected an integer >= 1, got '0'"),
+        (["--max-new-tokens", "0"], "expected an integer >= 1, got '0'"),
+        (["-k", "0"], "expected an integer in [1, 64], got '0'"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(["calibrate", str(tmp_path / "head"), "--examples", str(tmp_path / "x.jsonl"), *flags])
+        assert exit_.value.code != 0 and words in capsys.readouterr().err
+
+
+def test_calibrate_refuses_to_store_a_calibration_the_head_could_not_read(tmp_path, monkeypatch):
+    import pytest
+
+    from peagle.generation import calibration
+
+    target = make_target(eos_token_id=None)
+    target.save_pretrained(tmp_path / "target")
+    make_head(target).save_pretrained(tmp_path / "head")
+    before = (tmp_path / "head" / "config.json").read_text()
+    (tmp_path / "heldout.jsonl").write_text(
+        json.dumps({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}) + "\n"
+    )
+    bad = {"calibration": {"method": "isotonic", "x": [[0.5, 0.1]], "y": [[0.2, 0.4]]}, "report": {}}
+    monkeypatch.setattr(calibration, "fit_draft_calibration", lambda *a, **k: bad)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        calibration.calibrate_head_folder(
+            str(tmp_path / "head"), str(tmp_path / "heldout.jsonl"), target=str(tmp_path / "target")
+        )
+    assert (tmp_path / "head" / "config.json").read_text() == before

@@ -243,6 +243,39 @@ def test_online_refinement_keeps_the_curve_shape():
     assert VerifyCostModel.from_dict(model.to_dict()) == model
 
 
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"verify_seconds": [True, 1.0]}, "verify_seconds must be positive seconds"),
+        ({"verify_seconds": ["1.0"]}, "verify_seconds must be positive seconds"),
+        ({"verify_seconds": [1.0, float("inf")]}, "verify_seconds must be positive seconds"),
+        ({"verify_seconds": []}, "verify_seconds must be positive seconds"),
+        ({"verify_seconds": "1.0"}, "verify_seconds must be positive seconds"),
+        ({"smoothing": 5}, r"smoothing must be a weight in \(0, 1\]"),
+        ({"smoothing": 0}, "smoothing must be a weight"),
+        ({"smoothing": -0.1}, "smoothing must be a weight"),
+        ({"smoothing": True}, "smoothing must be a weight"),
+        ({"drafter_seconds": -1.0}, "drafter_seconds must be seconds >= 0"),
+        ({"drafter_seconds": True}, "drafter_seconds must be seconds >= 0"),
+        ({"drafter_step_seconds": float("nan")}, "drafter_step_seconds must be seconds >= 0"),
+        ({"observations": [1, -2, 0]}, "observations must be counts"),
+        ({"observations": [1, True, 0]}, "observations must be counts"),
+        ({"key": []}, "key must be a dict"),
+    ],
+)
+def test_cost_model_refuses_values_a_cache_file_cannot_mean(change, words):
+    """`true` as seconds or a smoothing of 5 were accepted and turned the curve negative."""
+    data = {**VerifyCostModel([1.0, 1.5, 2.0], source="calibrated").to_dict(), **change}
+    with pytest.raises(ValueError, match=words):
+        VerifyCostModel.from_dict(data)
+
+
+def test_a_smoothing_of_one_follows_the_last_measurement():
+    model = VerifyCostModel([1.0, 2.0], smoothing=1, source="calibrated")
+    model.observe_verify(1, 3.0)
+    assert model.cost(1) == 3.0 and model.cost(2) > 0
+
+
 # ---------------------------------------------------------------------------------------------- calibration
 def test_calibration_lowers_heldout_error():
     """Confidences that overstate acceptance (true probability = confidence^3) are mapped close to the truth:

@@ -247,3 +247,203 @@ def test_refuses_pickle_checkpoint(tiny_head, tmp_path):
 def test_import_registers_auto_classes():
     assert AutoConfig.for_model("peagle").__class__ is PEagleConfig
     assert peagle.PEagleDrafter is PEagleDrafter
+
+
+# ------------------------------------------------------------------ values read from config.json (#57)
+def _saved_config(tiny_head, tmp_path, **changes):
+    tiny_head.save_pretrained(tmp_path)
+    file = tmp_path / "config.json"
+    cfg = json.loads(file.read_text())
+    cfg.update(changes)
+    file.write_text(json.dumps(cfg))
+    return file
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("num_speculative_tokens", "7", "num_speculative_tokens is '7' (str); expected an integer"),
+        ("num_speculative_tokens", 2.5, "num_speculative_tokens is 2.5 (float); expected an integer"),
+        ("num_speculative_tokens", True, "num_speculative_tokens is True (bool)"),
+        ("mask_token_id", "127", "mask_token_id is '127' (str); expected an integer"),
+        ("eagle_aux_hidden_state_layer_ids", "1,2,3", "eagle_aux_hidden_state_layer_ids is '1,2,3'"),
+        ("eagle_aux_hidden_state_layer_ids", [1, 2.0, 3], "eagle_aux_hidden_state_layer_ids is"),
+        ("num_parallel_positions", "8", "num_parallel_positions is '8'"),
+        ("confidence_threshold", True, "confidence_threshold is True"),
+        ("confidence_threshold", "0.5", "confidence_threshold is '0.5'"),
+        ("embed_from_target", "false", "embed_from_target is 'false'"),
+        ("drafting_mode", 1, "drafting_mode is 1"),
+        ("hidden_size", "64", "'hidden_size' expected int, got str"),
+        ("num_hidden_layers", 0, "num_hidden_layers is 0; expected an integer >= 1"),
+    ],
+)
+def test_config_json_type_errors_name_the_field_and_the_file(tiny_head, tmp_path, field, value, words):
+    file = _saved_config(tiny_head, tmp_path, **{field: value})
+    for load in (peagle.load_head, AutoModel.from_pretrained, PEagleConfig.from_pretrained):
+        with pytest.raises(ValueError) as err:
+            load(tmp_path)
+        assert str(file) in str(err.value) and words in str(err.value), (load, str(err.value))
+
+
+@pytest.mark.parametrize("k", [30_000_000, 100_000_000, 65, 0, -1])
+def test_num_speculative_tokens_is_bounded_where_it_is_read(tiny_head, tmp_path, k):
+    file = _saved_config(tiny_head, tmp_path, num_speculative_tokens=k)
+    with pytest.raises(
+        ValueError, match=rf"{file}: num_speculative_tokens is {k}; expected an integer in \[1, 64\]"
+    ):
+        peagle.load_head(tmp_path)
+    with pytest.raises(ValueError, match=r"num_parallel_positions is 1000; expected an integer in \[1, 64\]"):
+        PEagleConfig.for_target(tiny_target_config(), num_parallel_positions=1000)
+    assert (
+        PEagleConfig.for_target(tiny_target_config(), num_speculative_tokens=64).num_speculative_tokens == 64
+    )
+
+
+def test_config_json_that_is_not_utf8_names_the_file(tiny_head, tmp_path):
+    file = _saved_config(tiny_head, tmp_path)
+    file.write_bytes(file.read_bytes().replace(b'"peagle"', b'"p\xe9agle"', 1))
+    with pytest.raises(ValueError, match=rf"{file} is not UTF-8 text: byte 0xe9"):
+        peagle.load_head(tmp_path)
+
+
+_CALIBRATION = {
+    "method": "isotonic",
+    "x": [[0.1, 0.5, 0.9]],
+    "y": [[0.05, 0.4, 0.8]],
+    "report": {"samples": [9]},
+}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"x": [[0.9, 0.5, 0.1]]}, r"draft_calibration.x\[0\] is \[0.9, 0.5, 0.1\]; expected non-decreasing"),
+        (
+            {"y": [[-0.5, 0.4, 0.8]]},
+            r"draft_calibration.y\[0\] is \[-0.5, 0.4, 0.8\]; expected probabilities",
+        ),
+        ({"y": [[0.05, 0.4, 1.5]]}, r"draft_calibration.y\[0\].*expected probabilities in \[0, 1\]"),
+        ({"y": [[0.05, 0.4]]}, r"draft_calibration.x\[0\] has 3 knots and y\[0\] 2"),
+        ({"y": [[0.05, 0.4, 0.8], [0.1]]}, "1 maps in x and 2 in y"),
+        ({"x": None}, "draft_calibration.x is None"),
+        ({"x": [["0.1", 0.5, 0.9]]}, "expected finite numbers"),
+        ({"x": [[0.1, float("nan"), 0.9]]}, "expected finite numbers"),
+        ({"y": [[]]}, "draft_calibration.y is"),
+        ({"method": "platt"}, "draft_calibration.method is 'platt'; expected one of"),
+        ({"method": None}, "draft_calibration.method is None"),
+    ],
+)
+def test_malformed_draft_calibration_is_refused_at_load(tiny_head, tmp_path, change, words):
+    file = _saved_config(tiny_head, tmp_path, draft_calibration={**_CALIBRATION, **change})
+    with pytest.raises(ValueError, match=rf"{file}: .*{words}"):
+        peagle.load_head(tmp_path)
+
+
+def test_a_well_formed_draft_calibration_loads(tiny_head, tmp_path):
+    _saved_config(tiny_head, tmp_path, draft_calibration=_CALIBRATION)
+    assert peagle.load_head(tmp_path).config.draft_calibration == _CALIBRATION
+    with pytest.raises(ValueError, match="draft_calibration is 'isotonic'"):
+        PEagleConfig.for_target(tiny_target_config(), draft_calibration="isotonic")
+
+
+# ------------------------------------------------------------------ moving or casting a head (#57)
+@pytest.mark.parametrize(
+    "convert",
+    [
+        lambda h: h.to(torch.bfloat16),
+        lambda h: h.half(),
+        lambda h: h.to("cpu", torch.float64),
+        lambda h: h.bfloat16().float(),
+    ],
+    ids=["to-bf16", "half", "to-cpu-f64", "bf16-then-float"],
+)
+def test_casting_a_head_leaves_its_target_untouched(convert):
+    target = make_target(tie_word_embeddings=True)  # input table and output layer: one parameter
+    head = make_head(target, embed_from_target=True).attach_target(target)
+    table = target.get_input_embeddings().weight
+    assert head.embed_tokens.weight is table  # shared, as attach_target does
+    before = table.detach().clone()
+    ids = torch.tensor([[1, 5, 9, 22, 7, 40]])
+    ref = target.generate(ids, max_new_tokens=10, do_sample=False)
+    convert(head)
+    assert target.get_input_embeddings().weight is table and table.dtype == torch.float32
+    assert target.get_output_embeddings().weight.dtype == torch.float32
+    assert torch.equal(table, before)
+    assert torch.equal(target.generate(ids, max_new_tokens=10, do_sample=False), ref)
+    out = target.generate(ids, max_new_tokens=10, do_sample=False, assistant_model=head)
+    assert torch.equal(out, ref)
+    assert target.get_input_embeddings().weight.dtype == torch.float32
+
+
+def test_moving_a_head_to_its_own_dtype_still_shares_the_table_memory():
+    target = make_target()
+    head = make_head(target, embed_from_target=True).attach_target(target)
+    head.to("cpu")
+    weight = target.get_input_embeddings().weight
+    assert head.embed_tokens.weight.data_ptr() == weight.data_ptr()  # no copy of the table
+    assert not head.embed_tokens.weight.requires_grad
+
+
+# ------------------------------------------------------------------ the draft-vocabulary map of a saved head (#57)
+_KEEP = torch.tensor([3, 4, 10, 11, 12, 20, 40, 41, 50, 60, 70, 80, 90, 100, 110, 126])
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda d: d.__setitem__(15, 200), r"maps draft id 15 to target id 215 .*outside \[0, 128\)"),
+        (
+            lambda d: d.__setitem__(1, -5),
+            r"maps draft id 1 to target id -4 \(d2t\[1\] = -5\), outside",
+        ),  # wraps
+        (lambda d: d.__setitem__(2, d[1] - 1), r"maps draft ids \[1, 2\] all to target id 4"),
+        (lambda d: d.copy_(_KEEP), "maps draft id 15 .* It looks like absolute target ids"),
+    ],
+    ids=["past-the-vocabulary", "negative-wraps", "duplicate", "absolute-ids"],
+)
+def test_a_native_d2t_that_cannot_map_is_refused_at_load(tiny_target, tmp_path, edit, words):
+    """Such a map raised a torch IndexError mid-generation, or wrapped round silently when negative."""
+    head = make_head(tiny_target, draft_vocab_size=16)
+    head.set_draft_vocab(_KEEP)
+    head.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    edit(state["d2t"])
+    state["t2d"] = torch.zeros(128, dtype=torch.bool)  # t2d is checked after d2t
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    for load in (peagle.load_head, PEagleDrafter.from_pretrained, AutoModel.from_pretrained):
+        with pytest.raises(ValueError, match=rf"{tmp_path / 'model.safetensors'}: tensor 'd2t' {words}"):
+            load(tmp_path)
+
+
+def test_a_native_t2d_that_disagrees_with_d2t_is_refused(tiny_target, tmp_path):
+    head = make_head(tiny_target, draft_vocab_size=16)
+    head.set_draft_vocab(_KEEP)
+    head.save_pretrained(tmp_path)
+    assert torch.equal(peagle.load_head(tmp_path).d2t, head.d2t)
+    state = load_file(tmp_path / "model.safetensors")
+    state["t2d"][5] = True
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="tensor 't2d' disagrees with 'd2t'"):
+        peagle.load_head(tmp_path)
+
+
+def test_every_bad_field_of_a_config_json_is_named_in_one_error(tiny_head, tmp_path):
+    file = _saved_config(
+        tiny_head, tmp_path, num_speculative_tokens="7", mask_token_id="127", embed_from_target=1
+    )
+    with pytest.raises(ValueError) as err:
+        peagle.load_head(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{file}: ")
+    for words in ("mask_token_id is '127'", "num_speculative_tokens is '7'", "embed_from_target is 1"):
+        assert words in message, message
+
+
+def test_numpy_integers_are_kept_as_plain_ints():
+    import numpy as np
+
+    cfg = PEagleConfig.for_target(
+        tiny_target_config(), num_speculative_tokens=np.int64(5), mask_token_id=np.int32(9)
+    )
+    assert type(cfg.num_speculative_tokens) is int and type(cfg.mask_token_id) is int
+    assert json.loads(cfg.to_json_string())["num_speculative_tokens"] == 5

@@ -295,3 +295,15 @@ def test_peagle_train_lora_command(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="--base-head"):
         main(argv[:-2])
+
+
+def test_casting_an_adapted_head_leaves_its_target_untouched():
+    """`.to()` on the peft wrapper reaches the head's own `_apply`: the target's shared table stays float32."""
+    target = make_target(tie_word_embeddings=True)
+    head = make_head(target, embed_from_target=True).attach_target(target)
+    model = apply_lora(head, lora_config(r=4))
+    model.to(torch.bfloat16)
+    assert target.get_input_embeddings().weight.dtype == torch.float32
+    assert target.get_output_embeddings().weight.dtype == torch.float32
+    ids = torch.tensor([[1, 5, 9, 22]])
+    assert target.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 8)

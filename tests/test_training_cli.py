@@ -199,3 +199,23 @@ def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path,
     )
     chat = [json.loads(line) for line in (tmp_path / "chat" / "examples.jsonl").read_text().splitlines()]
     assert tok.convert_tokens_to_ids("<|im_start|>") in chat[0]["input_ids"]
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--num-layers", "0"], "argument --num-layers: expected an integer >= 1, got '0'"),
+        (["--num-layers", "-2"], "expected an integer >= 1, got '-2'"),
+        (["--draft-vocab-size", "0"], "expected an integer >= 1, got '0'"),
+        (["--num-parallel-positions", "0"], r"expected an integer in [1, 64], got '0'"),
+        (["--num-parallel-positions", "100000"], r"expected an integer in [1, 64], got '100000'"),
+    ],
+)
+def test_train_refuses_sizes_a_head_cannot_have(tmp_path, capsys, flags, words):
+    """`--num-layers 0` exited 0 with a config saying 0 layers while the head had 1."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--output", str(tmp_path / "head"), *flags])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err
+    assert words in err, err
+    assert not (tmp_path / "head").exists()

@@ -328,3 +328,52 @@ def test_train_head_checks_examples_it_is_given(tmp_path):
     ):
         with pytest.raises(ValueError, match=rf"train_head examples, {message}"):
             train_head(target, output_dir=tmp_path / "h", examples=[good, bad], training_args=args)
+
+
+def test_train_head_over_a_folder_holding_a_sharded_head_leaves_only_the_new_head(tmp_path):
+    """`peagle train --output d` over a sharded head left d unloadable (the old index beside the new file)."""
+    import json
+
+    from peagle import PEagleDrafter, load_head
+
+    target = make_target(eos_token_id=None)
+    out = tmp_path / "head"
+    old = make_head(target, seed=5)
+    old.save_pretrained(out, max_shard_size="100KB")
+    assert (out / "model.safetensors.index.json").is_file()
+    (out / "examples.jsonl").write_text("{}\n")  # what a training run keeps in its folder stays
+    g = torch.Generator().manual_seed(0)
+    examples = [
+        {"input_ids": torch.randint(3, 120, (30,), generator=g).tolist(), "loss_mask": [0] * 6 + [1] * 24}
+        for _ in range(4)
+    ]
+    head, _ = train_head(
+        target, output_dir=out, examples=examples, training_args=one_step_args(tmp_path), draft_vocab_size=64,
+        progress=False,
+    )  # fmt: skip
+    assert not (out / "model.safetensors.index.json").exists()
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
+    assert (out / "examples.jsonl").read_text() == "{}\n" and (out / "train_summary.json").is_file()
+    loaded = load_head(out)
+    assert loaded.config.draft_vocab_size == 64 and isinstance(loaded, PEagleDrafter)
+    assert torch.equal(loaded.lm_head.weight, head.lm_head.weight)
+    assert json.loads((out / "train_summary.json").read_text())["draft_vocab_size"] == 64
+
+
+def test_check_saved_head_refuses_a_folder_that_does_not_reload_with_the_head(tmp_path):
+    from peagle.training.recipe import check_saved_head
+
+    target = make_target()
+    head = make_head(target, num_speculative_tokens=5)
+    head.save_pretrained(tmp_path / "h")
+    check_saved_head(tmp_path / "h", head)
+    head.config.num_speculative_tokens = 3
+    with pytest.raises(ValueError, match="reloads with num_speculative_tokens 5 instead of 3"):
+        check_saved_head(tmp_path / "h", head)
+
+
+@pytest.mark.parametrize("layers", [0, -1])
+def test_build_head_refuses_a_head_without_layers(layers):
+    """A config saying 0 layers described a head that had 1 (the fused layer): its vLLM export did not reload."""
+    with pytest.raises(ValueError, match=f"num_hidden_layers is {layers}; expected an integer >= 1"):
+        build_head(make_target(), num_hidden_layers=layers)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import re
 import sys
 
 import pytest
 import torch
 
+from helpers import make_target
 from peagle.training import load_examples, read_shards, save_examples, shards, write_shard
 from peagle.training.shards import parse_cycle_ranges, read_manifest
 
@@ -270,3 +272,56 @@ def test_dataset_folders_lists_the_shard_folders_of_a_dataset(tmp_path):
         "heldout-set3",
     ]
     assert dataset_folders(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize("bad", [2, -1, 0.5, "1", None])
+def test_a_loss_mask_other_than_0_and_1_is_refused_naming_the_file_and_row(tmp_path, bad):
+    """A mask of 2s was counted as more response tokens than the example has."""
+    rows = [
+        {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]},
+        {"input_ids": [8, 9, 10], "loss_mask": [0, 1, bad]},
+    ]
+    path = tmp_path / "ex.jsonl"
+    path.write_text(
+        json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n"
+    )  # a blank line still counts as a row
+    with pytest.raises(
+        ValueError, match=rf"{path} line 3: loss_mask\[2\] is {re.escape(repr(bad))}; expected 0 or 1"
+    ):
+        load_examples(path)
+    rows[1]["loss_mask"][2] = True  # JSON true/false are 1/0
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert load_examples(path)[1]["loss_mask"] == [0, 1, True]
+
+
+def test_a_shard_whose_loss_mask_holds_a_2_is_refused(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {
+        "input_ids": np.array([5, 6, 7, 8], dtype=np.uint16),
+        "offsets": np.array([0, 2, 4], dtype=np.int64),
+        "loss_mask": np.array([0, 1, 1, 2], dtype=np.uint8),
+    }
+    save_file(tensors, str(tmp_path / "shard-00000.safetensors"))
+    entry = {
+        "file": "shard-00000.safetensors",
+        "source": "x",
+        "examples": 2,
+        "tokens": 4,
+        "response_tokens": 4,
+    }
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"format": shards.FORMAT, "version": 1, "shards": [entry]})
+    )
+    with pytest.raises(ValueError, match=r"shard-00000.safetensors example 1: loss_mask\[1\] is 2"):
+        read_shards(tmp_path)
+
+
+def test_train_head_refuses_in_memory_examples_with_a_bad_loss_mask(tmp_path):
+    from peagle.training import train_head
+
+    target = make_target()
+    bad = [{"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 2, 1]}]
+    with pytest.raises(ValueError, match=r"example 0: loss_mask\[2\] is 2"):
+        train_head(target, output_dir=tmp_path / "head", examples=bad, training_args={"max_steps": 1})

@@ -10,7 +10,8 @@ Importing peagle has these side effects, and no others:
 - registers the `"peagle"` model type with `AutoConfig`/`AutoModel` (and for Hub remote code);
 - installs the one version-guarded generate() dispatch hook (`install_generate_hook`; undo with
   `uninstall_generate_hook`), so `target.generate(ids, assistant_model=head)` drafts with the head;
-- `peagle.formats` registers its layout loader on `PEagleDrafter.from_pretrained`, and `peagle.hub` its
+- `peagle.formats` registers its layout loader on `PEagleDrafter.from_pretrained` and its folder swap on
+  `save_pretrained` (old files never stay beside new ones), and `peagle.hub` its
   `push_to_hub`: the model itself imports neither (docs/DESIGN.md section 5).
 """
 

@@ -8,12 +8,157 @@ add what a drafter needs to know about its target and about parallel drafting.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
+import os
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassError
 from transformers import LlamaConfig
 
 DRAFTING_MODES = ("parallel", "autoregressive")
+CALIBRATION_METHODS = ("isotonic",)
+"""The `draft_calibration["method"]` values the drafting rule knows (`peagle.generation.calibration` fits them)."""
+MAX_SPECULATIVE_TOKENS = 64
+"""Upper bound on `num_speculative_tokens` (K) and `num_parallel_positions` (K_train) in a config.
+
+A round appends K - 1 parallel slots to the drafter's pass and the cost rule times target passes over 1..K + 1
+tokens, so both grow with K; acceptance decays geometrically with depth (the shipped heads accept under 20% of
+their 7th drafts), and P-EAGLE heads are trained and served with K of 5 to 16.  64 leaves four times that room while
+a stray 3e7 in config.json fails at once instead of allocating gigabytes in `generate()`."""
+_INT_FIELDS = {  # field -> (smallest value, largest value or None, None allowed)
+    "vocab_size": (1, None, False),
+    "hidden_size": (1, None, False),
+    "intermediate_size": (1, None, False),
+    "num_hidden_layers": (1, None, False),
+    "num_attention_heads": (1, None, False),
+    "num_key_value_heads": (1, None, True),
+    "head_dim": (1, None, True),
+    "max_position_embeddings": (1, None, False),
+    "draft_vocab_size": (1, None, True),
+    "target_hidden_size": (1, None, True),
+    "target_num_hidden_layers": (1, None, True),
+    "mask_token_id": (0, None, True),
+    "num_parallel_positions": (1, MAX_SPECULATIVE_TOKENS, False),
+    "num_speculative_tokens": (1, MAX_SPECULATIVE_TOKENS, False),
+}
+_BOOL_FIELDS = ("norm_before_residual", "embed_from_target")
+_STR_FIELDS = ("target_model_name", "target_model_type")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_field_values(config: Any) -> None:
+    """Raise `ValueError` naming every peagle or Llama size field whose value has the wrong type or range.
+
+    Values read from config.json are never coerced: `"7"`, `7.0`, `2.5` or `true` for an integer field, a string of
+    aux layer ids, or a K above `MAX_SPECULATIVE_TOKENS` are refused; all such fields are named in one message.
+    """
+    problems = []
+    for name, (lo, hi, optional) in _INT_FIELDS.items():
+        value = getattr(config, name, None)
+        if value is None and optional:
+            continue
+        if not _is_int(value):
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected an integer")
+        elif value < lo or (hi is not None and value > hi):
+            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            why = " (peagle's bound on K, MAX_SPECULATIVE_TOKENS)" if hi is not None else ""
+            problems.append(f"{name} is {value}; expected an integer {bound}{why}")
+    for name in _BOOL_FIELDS:
+        value = getattr(config, name, None)
+        if not isinstance(value, bool):
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected true or false")
+    for name in _STR_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None and not isinstance(value, str):
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected a string or null")
+    if not isinstance(config.drafting_mode, str) or config.drafting_mode not in DRAFTING_MODES:
+        problems.append(f"drafting_mode is {config.drafting_mode!r}; expected one of {DRAFTING_MODES}")
+    ids = config.eagle_aux_hidden_state_layer_ids
+    if ids is not None and (
+        not isinstance(ids, (list, tuple)) or len(ids) != 3 or not all(_is_int(i) and i >= 0 for i in ids)
+    ):
+        problems.append(
+            f"eagle_aux_hidden_state_layer_ids is {ids!r}; expected a list of exactly 3 target layer ids "
+            "(integers >= 0)"
+        )
+    threshold = config.confidence_threshold
+    if threshold is not None and (not _is_number(threshold) or not 0.0 <= threshold <= 1.0):
+        problems.append(
+            f"confidence_threshold is {threshold!r}; expected a probability in [0, 1] or null (cost-aware drafting)"
+        )
+    try:
+        check_draft_calibration(config.draft_calibration)
+    except ValueError as err:
+        problems.append(str(err).rstrip("."))
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+
+
+def check_draft_calibration(calibration: Any) -> None:
+    """Raise `ValueError` unless `calibration` is None or a `draft_calibration` the drafting rule can use.
+
+    Expected: `{"method": "isotonic", "x": [[...] per depth], "y": [[...] per depth], ...}` (other keys, such as
+    the fit's `report` and `data`, are kept as they are): as many maps in `x` as in `y`, at least one; per depth
+    equal lengths (at least one knot), finite numbers, `x` non-decreasing, `y` in [0, 1].
+
+    >>> check_draft_calibration({"method": "isotonic", "x": [[0.2, 0.1]], "y": [[0.1, 0.5]]})
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_calibration.x[0] is [0.2, 0.1]; expected non-decreasing confidences (a monotone map).
+    """
+    if calibration is None:
+        return
+    if not isinstance(calibration, dict):
+        raise ValueError(
+            f"draft_calibration is {calibration!r}; expected null or an object "
+            '{"method": "isotonic", "x": [[...]], "y": [[...]]}.'
+        )
+    method = calibration.get("method")
+    if method not in CALIBRATION_METHODS:
+        raise ValueError(f"draft_calibration.method is {method!r}; expected one of {CALIBRATION_METHODS}.")
+    maps = {}
+    for key in ("x", "y"):
+        value = calibration.get(key)
+        if not isinstance(value, list) or not value or not all(isinstance(m, list) and m for m in value):
+            raise ValueError(
+                f"draft_calibration.{key} is {value!r}; expected a non-empty list of non-empty lists (one map per "
+                "depth)."
+            )
+        for d, m in enumerate(value):
+            if not all(_is_number(v) and math.isfinite(v) for v in m):
+                raise ValueError(f"draft_calibration.{key}[{d}] is {m!r}; expected finite numbers.")
+        maps[key] = value
+    xs, ys = maps["x"], maps["y"]
+    if len(xs) != len(ys):
+        raise ValueError(
+            f"draft_calibration has {len(xs)} maps in x and {len(ys)} in y; expected one (x, y) pair per depth."
+        )
+    for d, (x, y) in enumerate(zip(xs, ys)):
+        if len(x) != len(y):
+            raise ValueError(
+                f"draft_calibration.x[{d}] has {len(x)} knots and y[{d}] {len(y)}; expected equal lengths."
+            )
+        if any(b < a for a, b in zip(x, x[1:])):
+            raise ValueError(
+                f"draft_calibration.x[{d}] is {x}; expected non-decreasing confidences (a monotone map)."
+            )
+        if any(not 0.0 <= v <= 1.0 for v in y):
+            raise ValueError(f"draft_calibration.y[{d}] is {y}; expected probabilities in [0, 1].")
+
+
+def config_file_of(path: str | os.PathLike) -> str:
+    """The config.json a `from_pretrained` argument names (a folder's, or the file itself), for error messages."""
+    text = os.fspath(path)
+    return text if text.endswith(".json") else os.path.join(text, "config.json")
 
 
 @strict
@@ -82,6 +227,11 @@ class PEagleConfig(LlamaConfig):
     target_model_type: str | None = None
 
     def __post_init__(self, **kwargs):
+        check_field_values(self)  # before any default is derived from a value of the wrong type
+        for name in _INT_FIELDS:  # numpy / torch integers as plain ints (lossless; JSON writes only ints)
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                setattr(self, name, int(value))
         if self.draft_vocab_size is None:
             self.draft_vocab_size = self.vocab_size
         if self.target_hidden_size is None:
@@ -92,11 +242,30 @@ class PEagleConfig(LlamaConfig):
             self.eagle_aux_hidden_state_layer_ids = [int(i) for i in self.eagle_aux_hidden_state_layer_ids]
         super().__post_init__(**kwargs)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """transformers' `from_pretrained`; an invalid value is an error naming the field and the config.json."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except (ValueError, TypeError, StrictDataclassError) as err:
+            raise _in_file(err, config_file_of(pretrained_model_name_or_path)) from err
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' `from_dict`; errors name the config.json when the caller says where it came from
+        (`AutoConfig.from_pretrained` passes `name_or_path`)."""
+        where = kwargs.get("name_or_path")
+        try:
+            return super().from_dict(config_dict, **kwargs)
+        except (ValueError, TypeError, StrictDataclassError) as err:
+            if not where:
+                raise
+            raise _in_file(err, config_file_of(where)) from err
+
     def validate_architecture(self):
         """Checks run by `@strict` whenever a config is built or loaded."""
+        check_field_values(self)
         super().validate_architecture()
-        if self.drafting_mode not in DRAFTING_MODES:
-            raise ValueError(f"drafting_mode is {self.drafting_mode!r}; expected one of {DRAFTING_MODES}.")
         if self.draft_vocab_size is not None and self.draft_vocab_size > self.vocab_size:
             raise ValueError(
                 f"draft_vocab_size is {self.draft_vocab_size}, larger than vocab_size {self.vocab_size}; "
@@ -116,15 +285,6 @@ class PEagleConfig(LlamaConfig):
             raise ValueError(f"eagle_aux_hidden_state_layer_ids is {ids}; expected exactly 3 layer ids.")
         if ids is not None and self.target_num_hidden_layers is not None:
             check_aux_layer_ids(ids, self.target_num_hidden_layers)
-        if self.num_parallel_positions < 1 or self.num_speculative_tokens < 1:
-            raise ValueError(
-                f"num_parallel_positions ({self.num_parallel_positions}) and num_speculative_tokens "
-                f"({self.num_speculative_tokens}) must be >= 1."
-            )
-        if self.confidence_threshold is not None and not 0.0 <= self.confidence_threshold <= 1.0:
-            raise ValueError(
-                f"confidence_threshold is {self.confidence_threshold!r}; expected a probability in [0, 1]."
-            )
 
     @property
     def num_aux_layers(self) -> int:
@@ -161,6 +321,15 @@ class PEagleConfig(LlamaConfig):
         return cls(**plan.values)
 
 
+def _in_file(err: Exception, where: str) -> ValueError:
+    """`err` as a `ValueError` whose message starts with the config file (once), the strict-dataclass wrapping
+    dropped."""
+    message = str(err)
+    if isinstance(err, StrictDataclassError) and isinstance(err.__cause__, (ValueError, TypeError)):
+        message = str(err.__cause__)  # huggingface_hub's StrictDataclass*Error: our own message is the cause
+    return ValueError(message if where in message else f"{where}: {message}")
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high layers for an L-layer target: `(2, L//2, L-3)`, or `(1, L//2, L-1)` if L < 8."""
     if num_layers < 1:
@@ -180,4 +349,10 @@ def check_aux_layer_ids(ids: list[int], num_layers: int) -> None:
         )
 
 
-__all__ = ["PEagleConfig", "default_aux_layer_ids", "check_aux_layer_ids"]
+__all__ = [
+    "PEagleConfig",
+    "MAX_SPECULATIVE_TOKENS",
+    "default_aux_layer_ids",
+    "check_aux_layer_ids",
+    "check_draft_calibration",
+]

@@ -31,11 +31,24 @@ def run_demo(
     plain greedy output.
     """
     from .bench import chat_prompt_ids, timed_generate
+    from .configuration_peagle import MAX_SPECULATIVE_TOKENS
     from .generation.stats import PEagleGenerationStats
     from .modeling_peagle import PEagleDrafter
     from .runtime import resolve_dtype
     from .targets import load_default_drafter, load_target
 
+    k = num_speculative_tokens
+    if k is not None and (
+        isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS
+    ):
+        raise ValueError(
+            f"num_speculative_tokens is {k!r}; expected an integer in [1, {MAX_SPECULATIVE_TOKENS}] or None (the "
+            "head's own K)."
+        )
+    if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
+        raise ValueError(
+            f"confidence_threshold is {confidence_threshold!r}; expected a probability in [0, 1]."
+        )
     default_target = target is None or target == "default"
     if not default_target and head is None:
         raise ValueError(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -60,6 +61,9 @@ CheckpointLoader = Callable[..., Any]
 HubPusher = Callable[..., Any]
 """`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.hub` registers its
 `push_to_hub`)."""
+FolderWriter = Callable[[Any], Any]
+"""`writer(folder)`: a context manager yielding the folder to write a head into, then putting it in place of `folder`
+(`peagle.formats` registers `io.replacing_folder`, which never leaves old files beside new ones)."""
 ExtensionBuilder = Callable[[Any, Any], None]
 """`build(head, config_value)`: rebuilds modules a `peagle_*` config block describes, in `__init__`."""
 ExtensionSaver = Callable[[Any, str], None]
@@ -241,6 +245,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
     # imported, the way peft's tuners register themselves; as remote code without peagle nothing is registered.
     _checkpoint_loader: ClassVar[CheckpointLoader | None] = None
     _hub_pusher: ClassVar[HubPusher | None] = None
+    _folder_writer: ClassVar[FolderWriter | None] = None
     _config_extensions: ClassVar[dict[str, tuple[ExtensionBuilder, ExtensionSaver | None]]] = {}
 
     @classmethod
@@ -251,6 +256,11 @@ class PEagleDrafter(PEaglePreTrainedModel):
         the head; for peagle's own layout it ends in `cls.from_pretrained_native`.
         """
         cls._checkpoint_loader = staticmethod(loader)
+
+    @classmethod
+    def register_folder_writer(cls, writer: FolderWriter) -> None:
+        """Make `save_pretrained` write through `writer(folder)` (a context manager yielding where to write)."""
+        cls._folder_writer = staticmethod(writer)
 
     @classmethod
     def register_hub_pusher(cls, pusher: HubPusher) -> None:
@@ -319,12 +329,27 @@ class PEagleDrafter(PEaglePreTrainedModel):
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """transformers' `save_pretrained`, then the `save` hooks of the config extensions this head uses."""
-        result = super().save_pretrained(save_directory, *args, **kwargs)
+        """transformers' `save_pretrained`, then the `save` hooks of the config extensions this head uses.
+
+        With peagle imported, the head is written into a sibling folder that then replaces `save_directory`
+        (`peagle.formats.io.replacing_folder`): old weights, shards, index and config never stay beside new ones;
+        other files in the folder are kept.
+        """
+        writer = self._folder_writer
+        # as remote code without peagle nothing is registered; in distributed runs only the main process writes
+        if writer is None or not kwargs.get("is_main_process", True):
+            return self._save_into(save_directory, *args, **kwargs)
+        if kwargs.get("push_to_hub"):  # transformers names the repo after the folder it writes
+            kwargs.setdefault("repo_id", Path(save_directory).name)
+        with writer(save_directory) as folder:
+            return self._save_into(folder, *args, **kwargs)
+
+    def _save_into(self, folder, *args, **kwargs):
+        result = super().save_pretrained(folder, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             for key, (_, save) in self._config_extensions.items():
                 if save is not None and getattr(self.config, key, None):
-                    save(self, str(save_directory))
+                    save(self, str(folder))
         return result
 
     def push_to_hub(self, repo_id: str, **kwargs):
@@ -338,6 +363,20 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 "with huggingface_hub.HfApi().upload_folder."
             )
         return pusher(self, repo_id, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        """`nn.Module._apply` (behind `.to()`, `.half()`, `.cuda()`, `.float()`, ...), converting the head only.
+
+        With `embed_from_target` the head may hold its target's embedding parameter itself (`attach_target`), which
+        is also the target's input table and, when tied, its output layer.  torch converts parameters in place, so
+        casting or moving the head would cast or move the target.  The head first takes a parameter of its own
+        over the same tensor (no copy): the conversion then replaces the head's and leaves the target's untouched.
+        """
+        emb = getattr(self, "embed_tokens", None)
+        if self.config.embed_from_target and emb is not None:
+            weight = emb.weight
+            emb.weight = nn.Parameter(weight.data, requires_grad=weight.requires_grad)
+        return super()._apply(fn, recurse)
 
     # ------------------------------------------------------------------ embeddings and vocabularies
     def get_input_embeddings(self) -> nn.Embedding:

@@ -44,9 +44,35 @@ def positive_int(value: str) -> int:
     return number
 
 
+def speculative_tokens(value: str) -> int:
+    """argparse type of a K (`-k`, `--num-parallel-positions`): an integer in [1, MAX_SPECULATIVE_TOKENS]."""
+    from ..configuration_peagle import MAX_SPECULATIVE_TOKENS
+
+    try:
+        k = int(value)
+    except ValueError:
+        k = None
+    if k is None or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {value!r}"
+        )
+    return k
+
+
+def non_negative_int(value: str) -> int:
+    """argparse type of a count that may be 0 (examples to skip)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    return n
+
+
 def add_num_speculative_tokens_argument(p: argparse.ArgumentParser, help: str) -> None:
     """`-k/--num-speculative-tokens`: inference K (K_train is `--num-parallel-positions`)."""
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help=help)
+    p.add_argument("-k", "--num-speculative-tokens", type=speculative_tokens, default=None, help=help)
 
 
 def add_confidence_argument(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from ._common import DTYPES, add_head_dtype_argument, add_num_speculative_tokens_argument, add_target_argument
+from ._common import (
+    DTYPES,
+    add_head_dtype_argument,
+    add_num_speculative_tokens_argument,
+    add_target_argument,
+    non_negative_int,
+    positive_int,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -22,9 +29,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "prompt part of each is generated from; never an evaluation set",
     )
     add_target_argument(p)
-    p.add_argument("--limit", type=int, default=32, help="examples to use (default 32)")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N examples (e.g. those trained on)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=positive_int, default=32, help="examples to use (default 32)")
+    p.add_argument(
+        "--skip", type=non_negative_int, default=0, help="skip the first N examples (e.g. those trained on)"
+    )
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_num_speculative_tokens_argument(p, "drafts per round (default: the head's K)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="target dtype")
     add_head_dtype_argument(p)

@@ -11,6 +11,7 @@ from ._common import (
     add_head_dtype_argument,
     add_num_speculative_tokens_argument,
     add_target_argument,
+    positive_int,
 )
 
 
@@ -19,7 +20,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "demo",
         help="generate with and without a head (default: the shipped head on the embedded SmolLM2 target)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_num_speculative_tokens_argument(p, "K, draft tokens per round (default: the head's)")
     add_confidence_argument(p)
     p.add_argument(

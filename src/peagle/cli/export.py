@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._common import add_num_speculative_tokens_argument
+
 VERIFIER_CHOICES = ("local", "hub")
 
 
@@ -29,14 +31,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "'local' (the default with --target: the target's folder, so speculators loads the export offline), "
         "'hub' (its Hub id, for publishing), or a folder / Hub id given as is",
     )
-    p.add_argument(
-        "--num-speculative-tokens", type=int, default=None, help="K to record (default: the head's)"
-    )
+    add_num_speculative_tokens_argument(p, "K to record (default: the head's)")
     p.add_argument(
         "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
     )
-    p.add_argument("--max-shard-size", default="5GB")
+    p.add_argument(
+        "--max-shard-size",
+        type=shard_size,
+        default="5GB",
+        help="largest weight file, e.g. 500MB (default 5GB)",
+    )
     return p
+
+
+def shard_size(value: str) -> str:
+    """argparse type of `--max-shard-size`: a positive size with a unit (`500MB`, `5GB`; KB, MB, GB, TB)."""
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        size = parse_size_to_int(value)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size such as 500MB or 5GB, got {value!r}")
+    return value
 
 
 def target_locations(spec: str, target=None) -> tuple[str | None, str | None]:

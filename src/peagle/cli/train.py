@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ._common import add_target_argument, positive_int
+from ._common import add_target_argument, positive_int, speculative_tokens
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -93,7 +93,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     tr = p.add_argument_group("training")
     tr.add_argument(
         "--num-parallel-positions",
-        type=positive_int,
+        type=speculative_tokens,
         default=8,
         help="K_train: parallel positions (depths) per anchor",
     )

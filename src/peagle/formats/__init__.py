@@ -16,7 +16,8 @@ A registry of layouts, one small module each, with `detect(config, tensor_names)
 one.  Each layout module cites the upstream sources its names were checked against; `llama` holds the
 Llama-style config fields the foreign layouts share.
 
-Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`, and (`auto`) the
+Importing this package registers `load_head` with `PEagleDrafter.register_checkpoint_loader`, `io.replacing_folder`
+with `PEagleDrafter.register_folder_writer` (`save_pretrained` then swaps a fully written folder in), and (`auto`) the
 model types of the vLLM and speculators exports with `AutoConfig`/`AutoModel`, so that
 `AutoModel.from_pretrained(<export>)` returns a `PEagleDrafter` too.
 """
@@ -31,13 +32,22 @@ from typing import Any
 
 import torch
 
+from ..configuration_peagle import MAX_SPECULATIVE_TOKENS
 from ..modeling_peagle import PEagleDrafter
 from . import eagle3, speculators, vllm
 from . import peagle as native
 from .auto import register_auto_classes
 from .checks import check_native
 from .convert import build_head
-from .io import Checkpoint, TensorSource, read_checkpoint, read_tensors, resolve_folder, weight_files
+from .io import (
+    Checkpoint,
+    TensorSource,
+    read_checkpoint,
+    read_tensors,
+    replacing_folder,
+    resolve_folder,
+    weight_files,
+)
 from .speculators import speculators_config
 from .vllm import ARCHITECTURE as VLLM_ARCHITECTURE
 from .vllm import EAGLE3_ARCHITECTURES as VLLM_EAGLE3_ARCHITECTURES
@@ -199,14 +209,17 @@ def export(
 
     Args:
         head: a `PEagleDrafter`.
-        out_dir: the folder to write (created; old `model*.safetensors` files in it are removed).
+        out_dir: the folder to write (created).  The export is written beside it, reloaded and checked
+            (`check_written`), then takes its place: old weights, shards and config never stay beside new ones
+            (other files in the folder are kept), and a failed export leaves the folder as it was.
         layout: ``"vllm"`` (served by vLLM >= 0.16 with `{"method": "eagle3", "model": out_dir,
             "num_speculative_tokens": K, "parallel_drafting": true}`, see `vllm.speculative_config`),
             ``"speculators"`` or ``"peagle"``.
         target_model: checked against the head (hidden size, vocabulary, layers) and attached first; required
             for `embed_from_target` heads not yet attached (the vLLM and speculators layouts store the full
             embedding table, whose mask row holds the mask vector).
-        num_speculative_tokens: K recorded in the config (default `config.num_speculative_tokens`).
+        num_speculative_tokens: K recorded in the config (default `config.num_speculative_tokens`), an integer in
+            [1, `MAX_SPECULATIVE_TOKENS`]; every layout, peagle's own included, reloads with it.
         verifier: where the speculators layout says the target lives (`speculators_config.verifier.name_or_path`):
             a Hub id, or a local folder so that speculators loads the export offline (default: the head's
             `target_model_name`).  The other layouts do not record it.
@@ -222,6 +235,14 @@ def export(
     writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
     if layout not in writers:
         raise ValueError(f"layout is {layout!r}; expected one of {tuple(writers)}.")
+    k = num_speculative_tokens
+    if k is not None and (
+        isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS
+    ):
+        raise ValueError(
+            f"num_speculative_tokens is {k!r}; expected an integer in [1, {MAX_SPECULATIVE_TOKENS}] (or None: the "
+            f"head's own, {head.config.num_speculative_tokens})."
+        )
     if target_model is not None:  # a head written next to a target it was not built for is refused
         head.check_target(target_model)
     from ..families import check_export_target
@@ -237,23 +258,68 @@ def export(
         dense = speculators.DENSE_LINEARS if layout == speculators.NAME else ()
         quantization = checked_quantization_config(head, LAYOUTS[layout].tensor_name, dense, strict=True)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    writers[layout](
-        head,
-        out,
-        target_model=target_model,
-        num_speculative_tokens=num_speculative_tokens,
-        max_shard_size=max_shard_size,
-        verifier=str(verifier) if verifier is not None else None,
-    )
-    if quantization is not None:
-        from ..fp8.checkpoint import write_quantization_config
+    # old files never stay beside the new ones, and a failed write (or check) leaves `out` as it was
+    with replacing_folder(out) as tmp:
+        writers[layout](
+            head,
+            tmp,
+            target_model=target_model,
+            num_speculative_tokens=num_speculative_tokens,
+            max_shard_size=max_shard_size,
+            verifier=str(verifier) if verifier is not None else None,
+        )
+        if quantization is not None:
+            from ..fp8.checkpoint import write_quantization_config
 
-        write_quantization_config(out, quantization)
+            write_quantization_config(tmp, quantization)
+        check_written(tmp, head, layout, num_speculative_tokens, where=out)
     return out
 
 
+RELOADED_FIELDS = (
+    "drafting_mode",
+    "num_hidden_layers",
+    "hidden_size",
+    "vocab_size",
+    "draft_vocab_size",
+    "num_parallel_positions",
+    "confidence_threshold",
+    "draft_calibration",
+)
+"""The config fields an exported head must reload with (besides K, the mask token and the vocabulary map)."""
+
+
+def check_written(
+    folder: Path,
+    head: PEagleDrafter,
+    layout: str,
+    num_speculative_tokens: int | None,
+    where: Path | None = None,
+) -> None:
+    """Reload what `export` wrote into `folder` and raise `ValueError` unless it is the head with the values it was
+    given: K (`num_speculative_tokens`, default the head's), the fields of `RELOADED_FIELDS`, the mask token of a
+    parallel head and the draft vocabulary.  `where` is the folder named in the error (the export's destination)."""
+    where = where or folder
+    try:
+        loaded = load_head(folder)
+    except (ValueError, OSError) as err:
+        raise ValueError(
+            f"the {layout} export for {where} does not reload ({err}); nothing was written."
+        ) from err
+    want = {key: getattr(head.config, key) for key in RELOADED_FIELDS}
+    want["num_speculative_tokens"] = num_speculative_tokens or head.config.num_speculative_tokens
+    if head.config.drafting_mode == "parallel":
+        want["mask_token_id"] = head.config.mask_token_id
+    wrong = {k: (v, getattr(loaded.config, k)) for k, v in want.items() if getattr(loaded.config, k) != v}
+    if not torch.equal(loaded.d2t.cpu(), head.d2t.cpu()):
+        wrong["d2t"] = ("the head's", "another map")
+    if wrong:
+        said = ", ".join(f"{k} {got!r} instead of {v!r}" for k, (v, got) in wrong.items())
+        raise ValueError(f"the {layout} export for {where} reloads with {said}; nothing was written.")
+
+
 PEagleDrafter.register_checkpoint_loader(load_head)
+PEagleDrafter.register_folder_writer(replacing_folder)
 register_auto_classes()
 
 __all__ = [
@@ -271,8 +337,10 @@ __all__ = [
     "load_converted",
     "load_head",
     "resolve_folder",
+    "replacing_folder",
     "weight_files",
     "export",
+    "check_written",
     "vllm_config",
     "speculators_config",
     "speculative_config",

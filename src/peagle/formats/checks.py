@@ -113,6 +113,71 @@ def check_native(checkpoint: Checkpoint, cls: type | None = None, config: PEagle
     if missing:
         files = ", ".join(str(f) for f in checkpoint.files)
         raise ValueError(f"{files}: missing tensors {missing} required by {cfg_file}.")
+    _check_native_vocab_maps(checkpoint, config)
+
+
+def _read_tensor(file: Path, name: str) -> torch.Tensor:
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(file, framework="pt") as f:
+            return f.get_tensor(name)
+    return torch.load(file, map_location="cpu", weights_only=True)[name]
+
+
+def _check_native_vocab_maps(checkpoint: Checkpoint, config: PEagleConfig) -> None:
+    """`d2t` / `t2d` of a peagle-layout checkpoint: the map `check_d2t` wants, `t2d` True exactly at its targets."""
+    if "d2t" not in checkpoint.shapes:
+        return
+    file = checkpoint.shapes["d2t"][1]
+    offsets = _read_tensor(file, "d2t").to(torch.long).flatten()
+    targets = check_d2t(offsets, int(config.vocab_size), file)
+    if "t2d" in checkpoint.shapes:
+        t2d_file = checkpoint.shapes["t2d"][1]
+        expected = torch.zeros(int(config.vocab_size), dtype=torch.bool)
+        expected[targets] = True
+        if not torch.equal(_read_tensor(t2d_file, "t2d").to(torch.bool).flatten(), expected):
+            raise ValueError(
+                f"{t2d_file}: tensor 't2d' disagrees with 'd2t' (t2d must be True exactly at i + d2t[i])."
+            )
+
+
+def check_d2t(offsets: torch.Tensor, vocab_size: int, file: Any) -> torch.Tensor:
+    """The target ids `i + d2t[i]` of a draft-vocabulary map; raises `ValueError` naming `file` and the first bad
+    entry when one falls outside `[0, vocab_size)` (a negative one would wrap round when indexing) or two draft ids
+    map onto one target id.
+
+    >>> check_d2t(torch.tensor([0, 1, 1]), 8, "model.safetensors").tolist()
+    [0, 2, 3]
+    >>> check_d2t(torch.tensor([0, -2, 1]), 8, "model.safetensors")
+    Traceback (most recent call last):
+    ...
+    ValueError: model.safetensors: tensor 'd2t' maps draft id 1 to target id -1 (d2t[1] = -2), outside [0, 8).
+    """
+    offsets = offsets.to(torch.long).flatten()
+    targets = torch.arange(offsets.numel()) + offsets
+    outside = ((targets < 0) | (targets >= vocab_size)).nonzero().flatten()
+    if outside.numel():
+        i = int(outside[0])
+        hint = ""
+        if (
+            int(offsets.min()) >= 0
+            and int(offsets.max()) < vocab_size
+            and offsets.unique().numel() == offsets.numel()
+        ):
+            hint = " It looks like absolute target ids; d2t must hold offsets (target id = i + d2t[i])."
+        raise ValueError(
+            f"{file}: tensor 'd2t' maps draft id {i} to target id {int(targets[i])} (d2t[{i}] = {int(offsets[i])}), "
+            f"outside [0, {vocab_size}).{hint}"
+        )
+    unique, counts = targets.unique(return_counts=True)
+    if bool((counts > 1).any()):
+        twice = int(unique[counts > 1][0])
+        ids = (targets == twice).nonzero().flatten().tolist()
+        raise ValueError(
+            f"{file}: tensor 'd2t' maps draft ids {ids} all to target id {twice}; each target id may appear once."
+        )
+    return targets
 
 
 def check_converted(
@@ -170,20 +235,7 @@ def complete_vocab_maps(state: dict[str, TensorSource], config: Mapping[str, Any
     else:
         offsets = d2t.tensor.to(torch.long).flatten()
         if offsets.numel() == draft:
-            target = torch.arange(draft) + offsets
-            if int(target.min()) < 0 or int(target.max()) >= vocab or target.unique().numel() != draft:
-                hint = ""
-                if (
-                    int(offsets.min()) >= 0
-                    and int(offsets.max()) < vocab
-                    and offsets.unique().numel() == draft
-                ):
-                    hint = (
-                        " It looks like absolute target ids; d2t must hold offsets (target id = i + d2t[i])."
-                    )
-                raise ValueError(
-                    f"{d2t.file}: tensor 'd2t' maps draft ids outside [0, {vocab}) or twice onto one target id.{hint}"
-                )
+            check_d2t(offsets, vocab, d2t.file)
         state["d2t"] = TensorSource(d2t.name, d2t.file, offsets)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     if state["d2t"].tensor.numel() == draft:

@@ -98,7 +98,10 @@ def build_head(
                 "the target (target_model= in Python, --target on the command line) to take them from it."
             )
         config_kwargs["embed_from_target"] = True
-    config = cls.config_class(**config_kwargs)
+    try:
+        config = cls.config_class(**config_kwargs)
+    except ValueError as err:  # a value the layout's config.json (or its peagle block) holds
+        raise ValueError(f"{checkpoint.path / 'config.json'} ({checkpoint.layout} layout): {err}") from err
     complete_vocab_maps(state, config_kwargs, files)
     _take_from_target(state, config, target_model, files)
     if config.drafting_mode == "parallel":

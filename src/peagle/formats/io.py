@@ -7,9 +7,14 @@ run arbitrary code; even then they are read with `torch.load(weights_only=True)`
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
-from collections.abc import Iterable, Mapping
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,9 +169,14 @@ def _open_safetensors(file: Path):
 
 
 def read_json(file: Path) -> dict[str, Any]:
-    """A JSON object from `file`; a malformed file is an error naming it, line and column."""
+    """A JSON object from `file`; a malformed or non-UTF-8 file is an error naming it (and the line and column, or
+    the offending byte)."""
     try:
         value = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{file} is not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start} (JSON files are UTF-8)."
+        ) from err
     except json.JSONDecodeError as err:
         raise ValueError(
             f"{file} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
@@ -240,3 +250,63 @@ def write_checkpoint(
         old.unlink(missing_ok=True)
     save_torch_state_dict(dict(tensors), out, max_shard_size=max_shard_size, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+HEAD_FILES = re.compile(
+    r"^(config\.json|generation_config\.json|.*\.safetensors|.*\.index\.json|pytorch_model.*\.bin|[^/]*\.py)$"
+)
+"""Names of the files a head folder's writer owns (config, weights and their index, remote code): `replacing_folder`
+drops the old ones; anything else in the folder (examples, checkpoints, a README) is kept."""
+
+
+@contextlib.contextmanager
+def replacing_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """Write a head into `folder` without ever leaving a mix of old and new files.
+
+    Yields a new, empty sibling folder to write into.  When the block ends without an error, the old folder's
+    entries that are not head files (`HEAD_FILES`: config, weights, weight index, remote code) and that the new
+    write did not produce move over, and the new folder takes `folder`'s place: readers see the old head or the new
+    one, never old shards beside a new index.  On an error the sibling is removed and `folder` stays as it was.
+    """
+    folder = Path(folder).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file; expected a folder to write the head into.")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".writing", dir=folder.parent))
+    try:
+        yield tmp
+        _swap_in(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful swap
+
+
+def _swap_in(new: Path, folder: Path) -> None:
+    """Make `new` the content of `folder` (see `replacing_folder`)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = folder.stat().st_mode & 0o7777 if folder.is_dir() else 0o777 & ~umask
+    os.chmod(new, mode)  # mkdtemp's folder is private (0o700); the head folder keeps its usual mode
+    if not folder.exists():
+        os.rename(new, folder)
+        return
+    for entry in list(folder.iterdir()):
+        if not (entry.is_file() and HEAD_FILES.match(entry.name)) and not (new / entry.name).exists():
+            os.rename(entry, new / entry.name)
+    old = folder.with_name(f".{folder.name}.old-{uuid.uuid4().hex[:12]}")
+    cwd = Path.cwd()
+    try:
+        if folder == cwd or folder in cwd.parents:  # renaming it would leave this process in a deleted folder
+            raise OSError("the working folder")
+        os.rename(folder, old)
+    except OSError:  # e.g. the working folder or a mount point: replace entry by entry instead
+        for entry in list(folder.iterdir()):
+            if entry.is_file() and HEAD_FILES.match(entry.name):
+                entry.unlink()
+        for entry in list(new.iterdir()):
+            target = folder / entry.name
+            if target.is_dir():  # the new write's folder of that name replaces the old one
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        return
+    os.rename(new, folder)
+    shutil.rmtree(old, ignore_errors=True)

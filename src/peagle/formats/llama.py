@@ -34,17 +34,56 @@ _METADATA_FIELDS = (
 
 
 # ---------------------------------------------------------------------------------------------- reading
+def integer(cfg: Mapping[str, Any], key: str, where: str, default: Any = None) -> Any:
+    """`cfg[key]` when it is an integer (`default` when absent or null); anything else (`"64"`, `64.0`, `true`)
+    is an error naming the key and the file: values read from a file are never coerced."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: {key} is {value!r} ({type(value).__name__}); expected an integer.")
+    return value
+
+
+def flag(cfg: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    """`cfg[key]` when it is true or false (`default` when absent or null), else an error naming key and file."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {key} is {value!r} ({type(value).__name__}); expected true or false.")
+    return value
+
+
+def _text(cfg: Mapping[str, Any], key: str, where: str, default: str) -> str:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key} is {value!r} ({type(value).__name__}); expected a string.")
+    return value
+
+
 def strip_model_prefix(name: str) -> str:
     return name[len("model.") :] if name.startswith("model.") else name
 
 
-def rope_parameters(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def rope_parameters(cfg: Mapping[str, Any], where: str = "config.json") -> dict[str, Any]:
     """transformers >= 5 `rope_parameters` from either that key or legacy `rope_theta` + `rope_scaling`."""
     params = cfg.get("rope_parameters")
+    scaling = cfg.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"{where}: {key} is {value!r}; expected an object or null.")
+    theta = cfg.get("rope_theta")
+    if theta is not None and (
+        isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0
+    ):
+        raise ValueError(f"{where}: rope_theta is {theta!r}; expected a positive number.")
     if isinstance(params, Mapping) and params:
         rope = dict(params)
     else:
-        rope = dict(cfg.get("rope_scaling") or {})
+        rope = dict(scaling or {})
     if "type" in rope:
         rope.setdefault("rope_type", rope["type"])
         del rope["type"]
@@ -58,20 +97,25 @@ def llama_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
     missing = [k for k in ("hidden_size", "num_attention_heads", "vocab_size") if cfg.get(k) is None]
     if missing:
         raise ValueError(f"{where} lacks {missing}; expected a Llama-style drafter config.")
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    hidden, heads = integer(cfg, "hidden_size", where), integer(cfg, "num_attention_heads", where)
+    if heads < 1:
+        raise ValueError(f"{where}: num_attention_heads is {heads}; expected an integer >= 1.")
+    eps = cfg.get("rms_norm_eps")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0):
+        raise ValueError(f"{where}: rms_norm_eps is {eps!r}; expected a positive number.")
     fields: dict[str, Any] = {
         "hidden_size": hidden,
-        "intermediate_size": int(cfg.get("intermediate_size") or 4 * hidden),
+        "intermediate_size": integer(cfg, "intermediate_size", where, 4 * hidden),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(cfg.get("num_key_value_heads") or heads),
-        "head_dim": int(cfg.get("head_dim") or hidden // heads),
-        "hidden_act": cfg.get("hidden_act") or "silu",
-        "max_position_embeddings": int(cfg.get("max_position_embeddings") or 2048),
-        "rms_norm_eps": float(cfg.get("rms_norm_eps") or 1e-6),
-        "rope_parameters": rope_parameters(cfg),
-        "attention_bias": bool(cfg.get("attention_bias", False)),
-        "mlp_bias": bool(cfg.get("mlp_bias", False)),
-        "vocab_size": int(cfg["vocab_size"]),
+        "num_key_value_heads": integer(cfg, "num_key_value_heads", where, heads),
+        "head_dim": integer(cfg, "head_dim", where, hidden // heads),
+        "hidden_act": _text(cfg, "hidden_act", where, "silu"),
+        "max_position_embeddings": integer(cfg, "max_position_embeddings", where, 2048),
+        "rms_norm_eps": float(eps or 1e-6),
+        "rope_parameters": rope_parameters(cfg, where),
+        "attention_bias": flag(cfg, "attention_bias", where, False),
+        "mlp_bias": flag(cfg, "mlp_bias", where, False),
+        "vocab_size": integer(cfg, "vocab_size", where),
         "tie_word_embeddings": False,
     }
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range"):
@@ -82,7 +126,7 @@ def llama_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 def mask_token(cfg: Mapping[str, Any], where: str) -> int | None:
     """The mask token id under any of `MASK_TOKEN_KEYS` (they must agree), or None."""
-    values = {k: int(cfg[k]) for k in MASK_TOKEN_KEYS if cfg.get(k) is not None}
+    values = {k: integer(cfg, k, where) for k in MASK_TOKEN_KEYS if cfg.get(k) is not None}
     if len(set(values.values())) > 1:
         raise ValueError(f"{where} names different mask tokens {values}; expected one id.")
     return next(iter(values.values()), None)
@@ -102,7 +146,9 @@ def num_layers(
         raise ValueError(
             f"{where}: decoder layers {gaps} are missing from the weights (found {sorted(found)})."
         )
-    if declared is not None and int(declared) != count:
+    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int)):
+        raise ValueError(f"{where}: num_hidden_layers is {declared!r}; expected an integer.")
+    if declared is not None and declared != count:
         raise ValueError(
             f"{where} declares num_hidden_layers={declared}, but the weights hold {count} decoder layers "
             f"({first}* and layers.1..{count - 1}.*); num_hidden_layers counts the fused layer."
@@ -110,12 +156,18 @@ def num_layers(
     return count
 
 
-def aux_ids(cfg: Mapping[str, Any]) -> list[int] | None:
-    """`eagle_aux_hidden_state_layer_ids`, top level or under `eagle_config`."""
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
+def aux_ids(cfg: Mapping[str, Any], where: str = "config.json") -> list[int] | None:
+    """`eagle_aux_hidden_state_layer_ids`, top level or under `eagle_config`: a list of integers (not coerced)."""
+    key = "eagle_aux_hidden_state_layer_ids"
+    ids = cfg.get(key)
     if not ids and isinstance(cfg.get("eagle_config"), Mapping):
+        key = "eagle_config.eagle_aux_hidden_state_layer_ids"
         ids = cfg["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
-    return [int(i) for i in ids] if ids else None
+    if not ids:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{where}: {key} is {ids!r}; expected a list of integer layer ids.")
+    return list(ids)
 
 
 def to_peagle_state(
@@ -170,18 +222,20 @@ def to_peagle_state(
     if fc is None:
         raise ValueError(f"{', '.join(str(f) for f in checkpoint.files)}: missing tensor 'fc.weight'.")
     lm_head = state.get("lm_head.weight")
-    draft_vocab = cfg.get("draft_vocab_size") or cfg.get("truncated_vocab_size")
+    draft_vocab = integer(cfg, "draft_vocab_size", where) or integer(cfg, "truncated_vocab_size", where)
     if draft_vocab is None:
         draft_vocab = lm_head.tensor.shape[0] if lm_head is not None else fields["vocab_size"]
     target_hidden = (
-        cfg.get("target_hidden_size") or llama_config.get("target_hidden_size") or fc.tensor.shape[-1] // 3
+        integer(cfg, "target_hidden_size", where)
+        or integer(llama_config, "target_hidden_size", where)
+        or fc.tensor.shape[-1] // 3
     )
     config = {
         **fields,
         "draft_vocab_size": int(draft_vocab),
         "target_hidden_size": int(target_hidden),
-        "eagle_aux_hidden_state_layer_ids": aux_ids(cfg),
-        "norm_before_residual": bool(cfg.get("norm_before_residual", norm_before_residual)),
+        "eagle_aux_hidden_state_layer_ids": aux_ids(cfg, where),
+        "norm_before_residual": flag(cfg, "norm_before_residual", where, norm_before_residual),
         "drafting_mode": "parallel" if parallel else "autoregressive",
         "mask_token_id": mask_id if mask_id is not None else int(fields["vocab_size"]) - 1,
     }

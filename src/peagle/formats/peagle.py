@@ -22,9 +22,32 @@ EXTENSION_MODULES = {"peagle_fp8": "peagle.fp8"}
 """Config extension block -> the module that registers its builder with `PEagleDrafter` when imported."""
 
 
+OWN_KEYS = ("drafting_mode", "num_parallel_positions", "embed_from_target", "target_model_type")
+"""Top-level config.json fields only peagle's own layout writes (`PEagleConfig.to_dict` writes them all; the foreign
+layouts carry peagle's fields in a `peagle` block)."""
+OWN_TENSORS = ("mask_embedding",)
+"""Tensors only peagle's own layout stores (the foreign layouts put the mask vector into the embedding table)."""
+
+
 def detect(config: Mapping[str, Any], tensor_names: Collection[str]) -> bool:
-    """`model_type` is ``"peagle"``."""
-    return config.get("model_type") == PEagleConfig.model_type
+    """`model_type` is ``"peagle"``.
+
+    Raises `ValueError` for a peagle head whose `model_type` was dropped or changed (e.g. to ``"llama"``): read as
+    a foreign layout it would silently lose K, K_train and its confidence settings.
+    """
+    model_type = config.get("model_type")
+    if model_type == PEagleConfig.model_type:
+        return True
+    if config.get("speculators_model_type") is not None:
+        return False
+    keys = [k for k in OWN_KEYS if k in config] + [n for n in OWN_TENSORS if n in tensor_names]
+    if keys:
+        raise ValueError(
+            f"model_type is {model_type!r}, but the head holds peagle's own fields {keys}: a peagle-layout head "
+            f'whose model_type was dropped or changed. Set "model_type": "peagle" in config.json (read as another '
+            "layout it would lose num_speculative_tokens and confidence_threshold)."
+        )
+    return False
 
 
 def import_extensions(config: Mapping[str, Any]) -> None:
@@ -64,8 +87,16 @@ def from_peagle(
     max_shard_size: int | str = "5GB",
     verifier: str | None = None,
 ) -> None:
-    """`head.save_pretrained(out)` (attached to `target_model` first, if given); K stays the config's, and the
-    config's `target_model_name` names the target (`verifier` is for the speculators layout)."""
+    """`head.save_pretrained(out)` (attached to `target_model` first, if given), recording `num_speculative_tokens`
+    as K when given (the head's own config is left as it was); the config's `target_model_name` names the target
+    (`verifier` is for the speculators layout)."""
     if target_model is not None:
         head.attach_target(target_model)
-    head.save_pretrained(out, max_shard_size=max_shard_size)
+    config = head.config
+    own = config.num_speculative_tokens
+    if num_speculative_tokens is not None:
+        config.num_speculative_tokens = num_speculative_tokens
+    try:
+        head.save_pretrained(out, max_shard_size=max_shard_size)
+    finally:
+        config.num_speculative_tokens = own

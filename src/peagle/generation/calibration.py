@@ -11,12 +11,14 @@ the expected calibration error (ECE) before and after.  The result goes into `he
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from ..configuration_peagle import check_draft_calibration
 from .rule import calibrated_probability
 
 MIN_SAMPLES = 40
@@ -223,7 +225,10 @@ def calibrate_head_folder(
             "head_dtype": str(head_dtype or dtype).replace("torch.", ""),
         },
     )
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    check_draft_calibration(config["draft_calibration"])  # what the head will read back, before writing it
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # a reader sees the old config or the new one, never half of it
     return result
 
 

@@ -22,7 +22,7 @@ from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.utils import logging
 
-from ..configuration_peagle import default_aux_layer_ids
+from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
 from .cost import cost_model_for
 from .ragged import compact, worth_compacting
@@ -71,8 +71,11 @@ def resolve_num_speculative_tokens(generation_config: GenerationConfig, head: PE
     """
     requested = _given(generation_config, "num_assistant_tokens")
     k = head.config.num_speculative_tokens if requested is None else requested
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"num_assistant_tokens (K) is {k!r}; expected an integer >= 1.")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(
+            f"num_assistant_tokens (K) is {k!r}; expected an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
+            "(drafts past that depth are never accepted, and measuring their cost would take minutes)."
+        )
     return k
 
 

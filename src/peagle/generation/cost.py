@@ -67,11 +67,34 @@ class VerifyCostModel:
     smoothing: float = 0.1
 
     def __post_init__(self):
-        if not self.verify_seconds or any(not math.isfinite(s) or s <= 0 for s in self.verify_seconds):
+        # every field is checked, not coerced: a cache file may hold `true` as seconds or a smoothing of 5, which
+        # would turn the curve negative once online updates fold in
+        def seconds(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        if (
+            not isinstance(self.verify_seconds, (list, tuple))
+            or not self.verify_seconds
+            or any(not seconds(s) or s <= 0 for s in self.verify_seconds)
+        ):
             raise ValueError(
-                f"verify_seconds must be positive seconds per n = 1..N, got {self.verify_seconds}."
+                f"verify_seconds must be positive seconds per n = 1..N, got {self.verify_seconds!r}."
             )
         self.verify_seconds = [float(s) for s in self.verify_seconds]
+        for name in ("drafter_seconds", "drafter_step_seconds"):
+            value = getattr(self, name)
+            if not seconds(value) or value < 0:
+                raise ValueError(f"{name} must be seconds >= 0, got {value!r}.")
+        if not seconds(self.smoothing) or not 0 < self.smoothing <= 1:
+            raise ValueError(
+                f"smoothing must be a weight in (0, 1] (of a new observation), got {self.smoothing!r}."
+            )
+        if not isinstance(self.key, dict) or not isinstance(self.source, str):
+            raise ValueError(f"key must be a dict and source a string, got {self.key!r} and {self.source!r}.")
+        if not isinstance(self.observations, (list, tuple)) or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in self.observations
+        ):
+            raise ValueError(f"observations must be counts >= 0 per n, got {self.observations!r}.")
         if len(self.observations) != len(self.verify_seconds):
             self.observations = [0] * len(self.verify_seconds)
 

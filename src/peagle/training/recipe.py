@@ -658,9 +658,44 @@ def train_head(
     }
     if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
         head.save_pretrained(output_dir)
+        check_saved_head(output_dir, head)
         with open(os.path.join(output_dir, "train_summary.json"), "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2)
     return head, summary
+
+
+SAVED_FIELDS = (
+    "drafting_mode",
+    "num_hidden_layers",
+    "num_parallel_positions",
+    "num_speculative_tokens",
+    "draft_vocab_size",
+    "mask_token_id",
+    "embed_from_target",
+)
+"""The config fields a trained head's folder must reload with."""
+
+
+def check_saved_head(folder: str | os.PathLike, head: Any) -> None:
+    """Raise `ValueError` unless the peagle head saved in `folder` reloads with `head`'s sizes (`SAVED_FIELDS`) and
+    tensors of the shapes its config declares (`peagle.formats.check_native`); adapters (peft) are not checked."""
+    from ..configuration_peagle import PEagleConfig
+    from ..formats import check_native, inspect_checkpoint
+    from ..modeling_peagle import PEagleDrafter
+
+    if not isinstance(head, PEagleDrafter):
+        return
+    checkpoint = inspect_checkpoint(folder)
+    config = PEagleConfig.from_pretrained(folder)
+    check_native(checkpoint, type(head), config=config)
+    wrong = {
+        k: (getattr(head.config, k), getattr(config, k))
+        for k in SAVED_FIELDS
+        if getattr(head.config, k) != getattr(config, k)
+    }
+    if wrong:
+        said = ", ".join(f"{k} {got!r} instead of {want!r}" for k, (want, got) in wrong.items())
+        raise ValueError(f"the head saved in {folder} reloads with {said}.")
 
 
 def end_distributed() -> None:

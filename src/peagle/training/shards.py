@@ -365,7 +365,11 @@ def _unpack_checked(tensors: dict[str, Any], entry: dict[str, Any], path: str) -
     if bad:
         detail = ", ".join(f"{k}: manifest {m}, file {f}" for k, (m, f) in bad.items())
         raise ValueError(f"shard {path} does not match {MANIFEST} ({detail}).")
-    return unpack_examples(tensors)
+    examples = unpack_examples(tensors)
+    if "loss_mask" in tensors and bool((tensors["loss_mask"] > 1).any()):
+        for i, ex in enumerate(examples):
+            check_example(ex, f"shard {path} example {i}")
+    return examples
 
 
 def _response_tokens(tensors: dict[str, Any]) -> int:
