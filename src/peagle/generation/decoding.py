@@ -45,14 +45,20 @@ class _Rows:
         self.tokens[:, :prompt] = input_ids
         self.lengths = [prompt] * batch  # tokens of each row, prompt padding included (what processors see)
         self.active = list(range(batch))  # original index of each row still in the batch
+        self.done: set[int] = set()  # rows that ended (EOS, max_length, max_time)
 
     def history(self, row: int) -> torch.LongTensor:
         return self.tokens[row : row + 1, : self.lengths[row]]
 
-    def append(self, row: int, new: torch.LongTensor) -> None:
+    def append(self, row: int, new: torch.LongTensor, ended: bool = False) -> None:
         n = new.shape[0]
         self.tokens[row, self.lengths[row] : self.lengths[row] + n] = new
         self.lengths[row] += n
+        if ended:
+            self.done.add(row)
+
+    def ended(self, row: int) -> bool:
+        return row in self.done
 
 
 def _accept(
@@ -102,6 +108,203 @@ def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
         )
 
 
+class _Decoder:
+    """One `generate()` call's state: the target's cache with its validity mask and each row's next position,
+    the drafting side, the output buffer and what the call asked to return.  [`peagle_decoding`] runs it."""
+
+    def __init__(
+        self,
+        model,
+        head,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer,
+        model_kwargs,
+    ):
+        self.model, self.input_ids, self.processors = model, input_ids, logits_processor
+        self.streamer = streamer
+        self.batch, prompt_len = input_ids.shape
+        self.device = input_ids.device
+        self.max_length = int(generation_config.max_length)
+        pad = generation_config._pad_token_tensor
+        self.pad_id = int(pad) if pad is not None else 0
+        self.eos = generation_config._eos_token_tensor
+        self.do_sample = bool(generation_config.do_sample)
+        want_dict = bool(generation_config.return_dict_in_generate)
+        self.want_dict = want_dict
+        self.want = {
+            "scores": want_dict and bool(generation_config.output_scores),
+            "logits": want_dict and bool(generation_config.output_logits),
+            "hidden": want_dict and bool(generation_config.output_hidden_states),
+        }
+        self.timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
+        cache = model_kwargs.get("cache")
+        self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        _refuse_batch(model, self.cache, self.batch)
+        if hasattr(self.cache, "activate_past_recording"):
+            self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
+        mask = model_kwargs.get("attention_mask")
+        ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
+        self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
+        self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
+        self.drafter = PEagleCandidateGenerator(model, head, generation_config, logits_processor, self.batch)
+        self.rows = _Rows(input_ids, self.max_length, self.pad_id)
+        self.per_row: dict[str, list[list[Any]]] = {
+            name: [[] for _ in range(self.batch)] for name in self.want
+        }
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+
+    # ------------------------------------------------------------------ target passes
+    def _forward(self, ids: torch.LongTensor, pos: torch.LongTensor, mask: torch.Tensor | None, keep: int):
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=keep,
+            **cache_kwarg(self.cache),
+            **self.drafter.model_kwargs_overrides,
+        )
+        aux, layers = self.drafter.aux_layer_ids, self.drafter.num_target_layers
+        states = out.hidden_states
+        if states is None or len(states) != layers + 1 or any(states[i] is None for i in aux):
+            got = "none" if states is None else f"{len(states)} entries"
+            raise RuntimeError(
+                f"the target's forward returned hidden states ({got}) without layers {aux} in a tuple of "
+                f"{layers + 1} (embeddings + one per layer); its `output_hidden_states` handling differs from "
+                "what peagle expects."
+            )
+        return out, torch.cat([states[i] for i in aux], dim=-1)
+
+    def prefill(self) -> list[torch.LongTensor]:
+        """The prompt through the target, a plain step for every row; the drafter gets every real prompt slot."""
+        self.drafter.get_candidates([], 0, is_first_iteration=True)
+        positions = (self.kv_mask.cumsum(-1) - 1).masked_fill_(self.kv_mask == 0, 1)
+        padded = bool((self.kv_mask == 0).any())
+        out, feats = self._forward(self.input_ids, positions, self.kv_mask if padded else None, 1)
+        _refuse_batch(self.model, self.cache, self.batch)  # layers a cache creates lazily exist now
+        raw = out.logits[:, -1:].float()
+        scores = self.processors(self.input_ids, raw[:, 0].clone())[:, None]
+        if self.do_sample:
+            first = torch.multinomial(scores[:, 0].softmax(dim=-1), num_samples=1)
+        else:
+            first = scores[:, 0].argmax(dim=-1, keepdim=True)
+        emitted = self.record([first[b] for b in range(self.batch)], raw, scores, out)
+        for j, b in enumerate(self.rows.active):  # every real prompt position with the real token after it
+            if self.rows.ended(b):
+                continue
+            cols = self.kv_mask[j].nonzero()[:, 0]
+            nxt = torch.cat([self.input_ids[b, cols[1:]], emitted[j][:1]])
+            self.drafter.add_real_slots(j, nxt, feats[j, cols], 0)
+        return emitted
+
+    def round(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
+        """Drafts for every row, one verify pass over all rows, each row's accepted tokens; the cache keeps each
+        row's verified inputs, and the slots no row kept are cropped."""
+        rows, device = self.rows, self.device
+        budget = max(self.max_length - rows.lengths[b] for b in rows.active) - 1
+        drafts, draft_scores = self.drafter.get_candidates(
+            [rows.history(b) for b in rows.active], budget, rows=rows.active
+        )
+        last = torch.stack([e[-1] for e in emitted])[:, None].to(device)
+        inputs = torch.cat([last, drafts.to(device)], dim=1)
+        width = inputs.shape[1]
+        pos = self.next_pos[:, None] + torch.arange(width, device=device)
+        holes = bool((self.kv_mask == 0).any())
+        mask = (
+            torch.cat([self.kv_mask, self.kv_mask.new_ones(len(rows.active), width)], dim=1)
+            if holes
+            else None
+        )
+        out, feats = self._forward(inputs, pos, mask, width)
+        raw = out.logits[:, -width:].float()
+        scores = raw.clone()
+        if len(self.processors) > 0:
+            for i in range(width):
+                hist = [
+                    torch.cat([rows.history(b), inputs[j : j + 1, 1 : 1 + i].to(rows.tokens.device)], dim=1)
+                    for j, b in enumerate(rows.active)
+                ]
+                scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
+        q = draft_scores.to(device) if draft_scores is not None else None
+        accepted = _accept(raw, scores, inputs, q, self.do_sample)
+        # each row keeps its verified inputs (bonus + accepted drafts, within max_length)
+        lengths = [min(e.shape[0], self.max_length - rows.lengths[b]) for e, b in zip(accepted, rows.active)]
+        longest = max(lengths)
+        self.cache.crop(-(width - longest))
+        kept = torch.tensor(lengths, device=device)
+        self.kv_mask = torch.cat(
+            [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
+        )
+        starts = self.next_pos.tolist()
+        self.next_pos = self.next_pos + kept
+        emitted = self.record(accepted, raw, scores, out)
+        for j, b in enumerate(rows.active):  # each kept verify input's feature with the token after it
+            if not rows.ended(b):
+                self.drafter.add_real_slots(j, emitted[j], feats[j, : emitted[j].shape[0]], starts[j])
+        return emitted
+
+    # ------------------------------------------------------------------ rows
+    def record(self, emitted, raw, scores, out) -> list[torch.LongTensor]:
+        """Cut each row's new tokens at `max_length` and its first EOS, append them, keep what the call returns,
+        and tell the drafting side how many drafts each row kept."""
+        rows = self.rows
+        cut = []
+        for j, b in enumerate(rows.active):
+            tokens, done = _cut(emitted[j], self.max_length - rows.lengths[b], self.eos)
+            n = tokens.shape[0]
+            if self.want["scores"]:
+                self.per_row["scores"][b].extend(scores[j, :n])
+            if self.want["logits"]:
+                self.per_row["logits"][b].extend(raw[j, :n])
+            if self.want["hidden"]:
+                self.per_row["hidden"][b].append((out.hidden_states, j, n, not self.per_row["hidden"][b]))
+            rows.append(b, tokens, done)
+            cut.append(tokens)
+        if self.streamer is not None:
+            self.streamer.put(cut[0].cpu())
+        self.drafter.update_candidate_strategy([t.shape[0] - 1 for t in cut])
+        return cut
+
+    def drop_finished(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
+        """Remove the rows that ended (EOS, `max_length`, or every row at `max_time`) from both caches; compact the
+        target's cache when its holes pile up.  Returns the remaining rows' last tokens."""
+        rows = self.rows
+        if self.timers and any(bool(t(rows.tokens, None).any()) for t in self.timers):
+            for b in rows.active:
+                rows.done.add(b)
+        keep = [j for j, b in enumerate(rows.active) if not rows.ended(b)]
+        if len(keep) < len(rows.active):
+            rows.active = [rows.active[j] for j in keep]
+            if keep:
+                index = torch.tensor(keep, device=self.device)
+                self.cache.batch_select_indices(index)
+                self.kv_mask, self.next_pos = self.kv_mask[index], self.next_pos[index]
+                self.drafter.select_rows(torch.tensor(keep))
+            emitted = [emitted[j] for j in keep]
+        if rows.active and worth_compacting(self.kv_mask) and batch_refusal(self.cache) is None:
+            self.kv_mask = compact(self.cache, self.kv_mask)
+        return emitted
+
+    def result(self) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+        if self.streamer is not None:
+            self.streamer.end()
+        sequences = self.rows.tokens[:, : max(self.rows.lengths)]
+        if not self.want_dict:
+            return sequences
+        fill = float("-inf")
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences,
+            scores=_per_step(self.per_row["scores"], self.pad_id, fill) if self.want["scores"] else None,
+            logits=_per_step(self.per_row["logits"], self.pad_id, fill) if self.want["logits"] else None,
+            hidden_states=_hidden_per_step(self.per_row["hidden"]) if self.want["hidden"] else None,
+            past_key_values=self.cache if self.batch == 1 else None,
+        )
+
+
 @torch.no_grad()
 def peagle_decoding(
     model: Any,
@@ -122,207 +325,33 @@ def peagle_decoding(
     Output: what plain `generate()` with the same options returns: the same tokens under greedy decoding (the
     target's own distribution under sampling), rows that end early padded with `pad_token_id`, and a
     `GenerateDecoderOnlyOutput` when `return_dict_in_generate` (scores, logits and hidden states per step;
-    a row's entries after its end hold its last values' shape filled with the padding a finished row has:
-    -inf scores except at `pad_token_id`).
+    a row's entries after its end read -inf except 0 at `pad_token_id`, and zeros for hidden states).
     """
     from .hook import check_decoding_inputs  # the request checks live together
 
-    head = peagle_head
     streamer = peagle_streamer if peagle_streamer is not None else streamer
-    check_decoding_inputs(model, head, input_ids, generation_config, streamer, model_kwargs, _MANAGED_KWARGS)
+    check_decoding_inputs(
+        model, peagle_head, input_ids, generation_config, streamer, model_kwargs, _MANAGED_KWARGS
+    )
     if peagle_given is not None:
         generation_config._peagle_given = set(peagle_given)
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    max_length = int(generation_config.max_length)
-    pad = generation_config._pad_token_tensor
-    pad_id = int(pad) if pad is not None else 0
-    eos = generation_config._eos_token_tensor
-    do_sample = bool(generation_config.do_sample)
-    want_dict = bool(generation_config.return_dict_in_generate)
-    want_scores = want_dict and bool(generation_config.output_scores)
-    want_logits = want_dict and bool(generation_config.output_logits)
-    want_hidden = want_dict and bool(generation_config.output_hidden_states)
-    timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
-
-    cache = model_kwargs.get("cache")
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    _refuse_batch(model, cache, batch)
-    if hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()  # transformers' own assisted decoding does the same before cropping
-
-    attention_mask = model_kwargs.get("attention_mask")
-    kv_mask = (
-        attention_mask.long()
-        if attention_mask is not None
-        else torch.ones(batch, prompt_len, dtype=torch.long, device=device)
+    loop = _Decoder(
+        model,
+        peagle_head,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer,
+        model_kwargs,
     )
-    has_holes = bool((kv_mask == 0).any())
-    positions = kv_mask.cumsum(-1) - 1
-    positions.masked_fill_(kv_mask == 0, 1)
-    next_pos = kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
-
-    drafter = PEagleCandidateGenerator(model, head, generation_config, logits_processor, batch)
-    aux = drafter.aux_layer_ids
-    overrides = drafter.model_kwargs_overrides
-    rows = _Rows(input_ids, max_length, pad_id)
-    steps: dict[str, list[list[torch.Tensor]]] = {"scores": [], "logits": [], "hidden": []}
-    per_row: dict[str, list[list[Any]]] = {name: [[] for _ in range(batch)] for name in steps}
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-
-    def forward(ids: torch.LongTensor, pos: torch.LongTensor, mask: torch.Tensor | None) -> Any:
-        return model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=ids.shape[1],
-            **cache_kwarg(cache),
-            **overrides,
-        )
-
-    def features(out: Any) -> torch.Tensor:
-        states = out.hidden_states
-        if (
-            states is None
-            or len(states) != drafter.num_target_layers + 1
-            or any(states[i] is None for i in aux)
-        ):
-            got = "none" if states is None else f"{len(states)} entries"
-            raise RuntimeError(
-                f"the target's forward returned hidden states ({got}) without layers {aux} in a tuple of "
-                f"{drafter.num_target_layers + 1} (embeddings + one per layer); its `output_hidden_states` "
-                "handling differs from what peagle expects."
-            )
-        return torch.cat([states[i] for i in aux], dim=-1)
-
-    # ---- prefill: a plain step for every row
-    drafter.get_candidates([], 0, is_first_iteration=True)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=kv_mask if has_holes else None,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **cache_kwarg(cache),
-        **overrides,
-    )
-    _refuse_batch(model, cache, batch)  # layers a cache creates lazily exist now
-    feats = features(out)
-    raw = out.logits[:, -1:].float()
-    scores = logits_processor(input_ids, raw[:, 0].clone())[:, None]
-    if do_sample:
-        first = torch.multinomial(scores[:, 0].softmax(dim=-1), num_samples=1)
-    else:
-        first = scores[:, 0].argmax(dim=-1, keepdim=True)
-    emitted = [first[b] for b in range(batch)]
-    round_inputs_start = [0] * batch
-    prefill = True
-
-    while True:
-        # ---- bookkeeping of the round just verified (or the prefill)
-        ended = []
-        kept = []
-        for j, b in enumerate(rows.active):
-            tokens, done = _cut(emitted[j], max_length - rows.lengths[b], eos)
-            emitted[j] = tokens
-            kept.append(tokens.shape[0])
-            if want_scores:
-                per_row["scores"][b].extend(scores[j, : kept[j]])
-            if want_logits:
-                per_row["logits"][b].extend(raw[j, : kept[j]])
-            if want_hidden:
-                per_row["hidden"][b].append((out.hidden_states, j, kept[j], len(per_row["hidden"][b]) == 0))
-            rows.append(b, tokens)
-            if done:
-                ended.append(j)
-        if streamer is not None:
-            streamer.put(emitted[0].cpu())
-        drafter.update_candidate_strategy([n - 1 for n in kept])
-        # new real slots for the drafter: each kept verify input pairs its feature with the token after it
-        for j, b in enumerate(rows.active):
-            if j in ended:
-                continue
-            if prefill:  # every real prompt position, each paired with the real token after it
-                cols = kv_mask[j].nonzero()[:, 0]
-                nxt = torch.cat([input_ids[b, cols[1:]], emitted[j][:1]])
-                drafter.add_real_slots(j, nxt, feats[j, cols], 0)
-            else:
-                drafter.add_real_slots(j, emitted[j], feats[j, : kept[j]], round_inputs_start[j])
-        prefill = False
-        if timers and any(bool(t(rows.tokens, None).any()) for t in timers):
-            ended = list(range(len(rows.active)))
-        if ended:
-            keep = [j for j in range(len(rows.active)) if j not in ended]
-            if not keep:
-                break
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            kv_mask, next_pos = kv_mask[index], next_pos[index]
-            drafter.select_rows(torch.tensor(keep))
-            emitted = [emitted[j] for j in keep]
-            rows.active = [rows.active[j] for j in keep]
-        if worth_compacting(kv_mask) and batch_refusal(cache) is None:
-            kv_mask = compact(cache, kv_mask)
-        has_holes = bool((kv_mask == 0).any())
-
-        # ---- the next round: drafts, then one verify pass over every row
-        budget = max(max_length - rows.lengths[b] for b in rows.active) - 1
-        drafts, draft_scores = drafter.get_candidates(
-            [rows.history(b) for b in rows.active], budget, rows=rows.active
-        )
-        last = torch.stack([e[-1] for e in emitted])[:, None].to(device)
-        inputs = torch.cat([last, drafts.to(device)], dim=1)
-        width = inputs.shape[1]
-        pos = next_pos[:, None] + torch.arange(width, device=device)
-        mask = torch.cat([kv_mask, kv_mask.new_ones(kv_mask.shape[0], width)], dim=1) if has_holes else None
-        out = forward(inputs, pos, mask)
-        feats = features(out)
-        raw = out.logits[:, -width:].float()
-        scores = raw.clone()
-        if len(logits_processor) > 0:
-            for i in range(width):
-                hist = [
-                    torch.cat([rows.history(b), inputs[j : j + 1, 1 : 1 + i].to(rows.tokens.device)], dim=1)
-                    for j, b in enumerate(rows.active)
-                ]
-                scores[:, i] = grouped_processing(logits_processor, hist, raw[:, i], rows.active, batch)
-        emitted = _accept(
-            raw, scores, inputs, draft_scores.to(device) if draft_scores is not None else None, do_sample
-        )
-        # keep each row's verified inputs (bonus + accepted drafts); crop the slots no row kept
-        budgets = [max_length - rows.lengths[b] for b in rows.active]
-        lengths = [min(e.shape[0], n) for e, n in zip(emitted, budgets, strict=True)]
-        longest = max(lengths)
-        cache.crop(-(width - longest))
-        new_mask = (
-            torch.arange(longest, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
-        ).long()
-        kv_mask = torch.cat([kv_mask, new_mask], dim=1)
-        round_inputs_start = next_pos.tolist()
-        next_pos = next_pos + torch.tensor(lengths, device=device)
-        if any(n < longest for n in lengths):
-            has_holes = True
-
-    if streamer is not None:
-        streamer.end()
-    sequences = rows.tokens[:, : max(rows.lengths)]
-    if not want_dict:
-        return sequences
-    return GenerateDecoderOnlyOutput(
-        sequences=sequences,
-        scores=_per_step(per_row["scores"], batch, pad_id, fill=float("-inf")) if want_scores else None,
-        logits=_per_step(per_row["logits"], batch, pad_id, fill=float("-inf")) if want_logits else None,
-        hidden_states=_hidden_per_step(per_row["hidden"], batch) if want_hidden else None,
-        past_key_values=cache if batch == 1 else None,
-    )
+    emitted = loop.drop_finished(loop.prefill())
+    while loop.rows.active:
+        emitted = loop.drop_finished(loop.round(emitted))
+    return loop.result()
 
 
-def _per_step(
-    rows: list[list[torch.Tensor]], batch: int, pad_id: int, fill: float
-) -> tuple[torch.Tensor, ...]:
+def _per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple[torch.Tensor, ...]:
     """Per-row lists of `(V,)` tensors -> one `(B, V)` tensor per step; a row past its end reads `fill`
     everywhere but 0 at `pad_token_id`."""
     steps = max(len(r) for r in rows)
@@ -341,7 +370,7 @@ def _per_step(
     return tuple(out)
 
 
-def _hidden_per_step(rows: list[list[Any]], batch: int) -> tuple[tuple[torch.Tensor, ...], ...]:
+def _hidden_per_step(rows: list[list[Any]]) -> tuple[tuple[torch.Tensor, ...], ...]:
     """Hidden states per emitted step, as plain `generate()` returns them: the prefill's states over the prompt,
     then one `(B, 1, H)` per layer per new token (zeros for rows past their end)."""
     per_row_steps: list[list[tuple[torch.Tensor, ...]]] = []
