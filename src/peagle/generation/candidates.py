@@ -162,8 +162,6 @@ class PEagleCandidateGenerator:
         batch_size: rows decoded together (the cost rule's curve is measured for this many rows).
     """
 
-    requires_model_outputs: bool = True
-
     def __init__(
         self,
         target: Any,

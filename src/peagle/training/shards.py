@@ -87,9 +87,11 @@ def check_example(row: Any, where: str) -> dict[str, Any]:
             values = list(values)
         if not isinstance(values, list) or not values:
             raise ValueError(f"{where}: {key} is {_short(values)}; expected a non-empty list of integers.")
-        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
-        if bad is not None:
-            raise ValueError(f"{where}: {key} holds {bad!r} ({type(bad).__name__}); expected integers.")
+        # JSON true/false are 1/0 in a loss mask, never token ids
+        allowed = (int, bool) if key == "loss_mask" else (int,)
+        for v in values:
+            if type(v) not in allowed:
+                raise ValueError(f"{where}: {key} holds {v!r} ({type(v).__name__}); expected integers.")
     ids, mask = _as_list(row["input_ids"]), _as_list(row["loss_mask"])
     if len(mask) != len(ids):
         raise ValueError(
