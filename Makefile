@@ -45,7 +45,7 @@ demo: install
 bench: install
 	$(BIN)/peagle bench --limit 16 --ks 3,7 --repeats 1 --max-new-tokens 128
 
-# the batched table of the README (plain batched greedy against the heads at B = 1, 2, 4, 8; about 15 min on the CPU)
+# plain batched greedy against the heads at B = 1, 2, 4, 8 (16 prompts, 128 tokens; over 40 min on an AVX2 machine)
 bench-batch: install
 	$(BIN)/peagle bench --batch-sizes 1,2,4,8 --limit 8 --max-new-tokens 128 --out bench_results/batch
 
