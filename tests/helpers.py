@@ -223,13 +223,18 @@ class Oracle:
         return out
 
 
-def left_pad(rows: list[torch.LongTensor], pad: int = 0) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """A left-padded batch `(input_ids, attention_mask)` of 1D prompts, as a tokenizer with
-    `padding_side="left"` makes it."""
-    width = max(r.shape[0] for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - r.shape[0] :] = r
-        mask[i, width - r.shape[0] :] = 1
-    return ids, mask
+def exact_distribution(target, prompt: torch.LongTensor, steps: int, processors) -> dict[tuple, float]:
+    """Probability of every continuation of `steps` tokens under plain sampling with `processors`."""
+    probs = {(): 1.0}
+    for _ in range(steps):
+        prefixes = list(probs)
+        batch = torch.cat([prompt.expand(len(prefixes), -1), torch.tensor(prefixes, dtype=torch.long)], dim=1)
+        with torch.no_grad():
+            logits = target(batch).logits[:, -1].float()
+        rows = [processors(batch[i : i + 1], logits[i : i + 1]).softmax(-1)[0] for i in range(len(prefixes))]
+        probs = {
+            prefix + (t,): probs[prefix] * float(row[t])
+            for prefix, row in zip(prefixes, rows, strict=True)
+            for t in torch.nonzero(row > 0).flatten().tolist()
+        }
+    return probs

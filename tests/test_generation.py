@@ -16,7 +16,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerationMixin
 
 import peagle
-from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
+from helpers import LAYERS, Oracle, exact_distribution, greedy, make_head, make_target, prompt_ids
 from peagle import generation as gen
 from peagle.generation import hook as gen_hook
 
@@ -429,23 +429,6 @@ def test_confidence_threshold_cuts_rounds_losslessly(target, mode):
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-def _exact_distribution(target, prompt: torch.LongTensor, steps: int, processors) -> dict[tuple, float]:
-    """Probability of every continuation of `steps` tokens under plain sampling with `processors`."""
-    probs = {(): 1.0}
-    for _ in range(steps):
-        prefixes = list(probs)
-        batch = torch.cat([prompt.expand(len(prefixes), -1), torch.tensor(prefixes, dtype=torch.long)], dim=1)
-        with torch.no_grad():
-            logits = target(batch).logits[:, -1].float()
-        rows = [processors(batch[i : i + 1], logits[i : i + 1]).softmax(-1)[0] for i in range(len(prefixes))]
-        probs = {
-            prefix + (t,): probs[prefix] * float(row[t])
-            for prefix, row in zip(prefixes, rows)
-            for t in torch.nonzero(row > 0).flatten().tolist()
-        }
-    return probs
-
-
 def _sampling_models():
     """A 2-layer, 8-token target with logits of order 1 and a head whose draft vocabulary skips ids 3 and 7."""
     small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
@@ -526,7 +509,7 @@ def test_sampling_matches_target_distribution(monkeypatch):
         return [3] if ids.shape[-1] == prompt.shape[1] else list(range(8))
 
     steps = 3  # after the forced token
-    exact = _exact_distribution(target, forced, steps, _sampling_processors())
+    exact = exact_distribution(target, forced, steps, _sampling_processors())
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-5)
 
     context = {}

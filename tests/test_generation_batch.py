@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 import peagle
-from helpers import LAYERS, Oracle, left_pad, make_head, make_target, prompt_ids
+from helpers import LAYERS, Oracle, exact_distribution, make_head, make_target, prompt_ids
+from peagle.bench_batch import left_pad
 from peagle.generation import ragged
 from peagle.generation.cost import VerifyCostModel, cost_model_key
 
@@ -235,22 +236,6 @@ def _sampling_models():
     return target, head
 
 
-def _exact(target, prompt: torch.LongTensor, steps: int, processors) -> dict[tuple, float]:
-    probs = {(): 1.0}
-    for _ in range(steps):
-        prefixes = list(probs)
-        batch = torch.cat([prompt.expand(len(prefixes), -1), torch.tensor(prefixes, dtype=torch.long)], dim=1)
-        with torch.no_grad():
-            logits = target(batch).logits[:, -1].float()
-        rows = [processors(batch[i : i + 1], logits[i : i + 1]).softmax(-1)[0] for i in range(len(prefixes))]
-        probs = {
-            p + (t,): probs[p] * float(row[t])
-            for p, row in zip(prefixes, rows, strict=True)
-            for t in torch.nonzero(row > 0).flatten().tolist()
-        }
-    return probs
-
-
 def test_sampling_keeps_each_rows_distribution():
     """B = 2 left-padded prompts of different lengths, temperature + top-k: each row's continuations follow the
     target's exact distribution for that prompt (chi-square against full enumeration); drafts from the target's
@@ -260,7 +245,7 @@ def test_sampling_keeps_each_rows_distribution():
     ids, mask = left_pad(rows)
     steps = 3
     processors = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(3)])
-    exact = [_exact(target, r[None], steps, processors) for r in rows]
+    exact = [exact_distribution(target, r[None], steps, processors) for r in rows]
     noise = torch.Generator().manual_seed(5)
 
     def target_like(module, args, kwargs, out):

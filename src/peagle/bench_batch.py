@@ -28,7 +28,9 @@ BATCH_METHODS = ("greedy", "peagle-auto", "peagle", "eagle3-auto")
 round (acceptance, not speed: tokens per target pass at B against B = 1); the EAGLE-3-style head's default."""
 
 
-def left_pad(prompts: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+def left_pad(
+    prompts: Sequence[torch.Tensor], pad_token_id: int = 0
+) -> tuple[torch.LongTensor, torch.LongTensor]:
     """`(input_ids, attention_mask)` of `(1, T)` prompts, left-padded to the longest."""
     rows = [p.reshape(-1) for p in prompts]
     width = max(r.shape[0] for r in rows)
