@@ -33,12 +33,12 @@ interop: install
 	PEAGLE_VLLM_PYTHON="$$py" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m interop tests/interop
 
 lint: install
-	$(BIN)/ruff check src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check src tests benchmarks examples heads/src
+	$(BIN)/ruff format --check src tests benchmarks examples heads/src
 
 format: install
-	$(BIN)/ruff format src tests scripts
-	$(BIN)/ruff check --fix src tests scripts
+	$(BIN)/ruff format src tests benchmarks examples heads/src
+	$(BIN)/ruff check --fix src tests benchmarks examples heads/src
 
 demo: install
 	$(BIN)/peagle demo
@@ -54,7 +54,7 @@ bench-batch: install
 # the checks for a CUDA GPU (lossless fp32/bf16 at B = 1 and 8, a 1B cost curve, the batch table, FP8 kernels);
 # about 8 min on one GPU, no downloads; on a machine without one it says so and exits 0
 gpu-check: install
-	$(BIN)/python scripts/gpu_check.py --out gpu_results
+	$(BIN)/python benchmarks/gpu_check.py --out gpu_results
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info

@@ -165,24 +165,6 @@ def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
     assert PEagleDrafter.from_pretrained(tmp_path / "head").config.draft_calibration is None
 
 
-def test_training_budget_sums_the_stage_chain():
-    from peagle.training.recipe import training_budget
-
-    old = {"optimizer_steps": 10, "seconds": 3600.0, "response_tokens_trained": 500, "threads": 2,
-           "response_tokens_trained_estimated": True}  # fmt: skip
-    new = {
-        "optimizer_steps": 5,
-        "seconds": 1800.0,
-        "response_tokens_trained": 300,
-        "threads": 1,
-        "previous_stage": old,
-    }
-    assert training_budget(new) == {
-        "stages": 2, "response_tokens_trained": 800, "optimizer_steps": 15, "cpu_hours": 2.5, "estimated": True,
-    }  # fmt: skip
-    assert training_budget(old | {"response_tokens_trained_estimated": False})["estimated"] is False
-
-
 def test_build_head_layers_from_the_targets_last_layers():
     target = make_target()
     head = build_head(target, num_hidden_layers=2, layers_init="target")

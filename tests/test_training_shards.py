@@ -6,7 +6,6 @@ import doctest
 import json
 import os
 import re
-import sys
 
 import pytest
 import torch
@@ -14,8 +13,6 @@ import torch
 from helpers import make_target
 from peagle.training import load_examples, read_shards, save_examples, shards, write_shard
 from peagle.training.shards import parse_cycle_ranges, read_manifest
-
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 
 def test_docstring_examples():
@@ -161,26 +158,23 @@ def test_non_utf8_or_empty_examples_files_are_named(tmp_path):
     assert "truncated" not in str(info.value)
 
 
-def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
-    sys.path.insert(0, SCRIPTS)
-    try:
-        import pack_shards
-    finally:
-        sys.path.remove(SCRIPTS)
+def test_peagle_pack_packs_only_new_complete_rows(tmp_path, capsys):
+    from peagle.cli import main
+
     rows_path, folder = tmp_path / "rows.jsonl", tmp_path / "shards"
     data = examples(10, seed=3)
     rows = [dict(e, source="magpie" if i % 3 else "stdlib-code", cycle=i // 4) for i, e in enumerate(data)]
     lines = [json.dumps(r) + "\n" for r in rows]
     rows_path.write_text("".join(lines[:6]) + lines[6][:20])  # the last row is still being written
-    assert pack_shards.main([str(rows_path), str(folder), "--target", "tiny"]) == 0
+    assert main(["pack", str(rows_path), str(folder), "--target", "tiny"]) == 0
     manifest = read_manifest(folder)
     assert sorted(s["source"] for s in manifest["shards"]) == ["magpie", "stdlib-code"]
     assert all(s["rows"] == [0, 6] and s["rows_file"] == "rows.jsonl" for s in manifest["shards"])
     assert sum(s["examples"] for s in manifest["shards"]) == 6
-    assert pack_shards.main([str(rows_path), str(folder)]) == 0  # nothing new
+    assert main(["pack", str(rows_path), str(folder)]) == 0  # nothing new
     assert len(read_manifest(folder)["shards"]) == 2
     rows_path.write_text("".join(lines))
-    assert pack_shards.main([str(rows_path), str(folder)]) == 0
+    assert main(["pack", str(rows_path), str(folder)]) == 0
     manifest = read_manifest(folder)
     assert len(manifest["shards"]) == 4 and manifest["shards"][-1]["rows"] == [6, 10]
     packed = read_shards(folder)
@@ -198,7 +192,7 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     ]
     del again[2]["prompt_set"]  # a row of an older run in the same shard: it used the first prompt set
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in again))
-    assert pack_shards.main([str(rows_path), str(folder)]) == 0
+    assert main(["pack", str(rows_path), str(folder)]) == 0
     manifest = read_manifest(folder)
     assert manifest["shards"][-1]["cycles"] == [3, 3] and manifest["shards"][-1]["examples"] == 2
     assert manifest["shards"][-1]["engine"] == "vllm", "the manifest records what generated the rows"
@@ -225,22 +219,19 @@ def test_pack_shards_script_packs_only_new_complete_rows(tmp_path, capsys):
     assert len(read_shards(folder)) == 12
 
 
-def test_pack_shards_never_packs_a_cycle_another_folder_of_the_dataset_holds(tmp_path):
+def test_peagle_pack_never_packs_a_cycle_another_folder_of_the_dataset_holds(tmp_path):
     """grow_data.py's rows file holds every cycle, the held-out one too: packing it into `train/` must leave out
     the cycles `heldout/` (a sibling folder) holds."""
-    sys.path.insert(0, SCRIPTS)
-    try:
-        import pack_shards
-    finally:
-        sys.path.remove(SCRIPTS)
+    from peagle.cli import main
+
     data = examples(6, seed=4)
     rows = [dict(e, source="magpie", cycle=i // 2) for i, e in enumerate(data)]  # cycles 0, 1, 2
     held = tmp_path / "heldout.jsonl"
     held.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
-    assert pack_shards.main([str(held), str(tmp_path / "data" / "heldout"), "--target", "tiny"]) == 0
+    assert main(["pack", str(held), str(tmp_path / "data" / "heldout"), "--target", "tiny"]) == 0
     rows_path = tmp_path / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert pack_shards.main([str(rows_path), str(tmp_path / "data" / "train"), "--target", "tiny"]) == 0
+    assert main(["pack", str(rows_path), str(tmp_path / "data" / "train"), "--target", "tiny"]) == 0
     train = read_shards(tmp_path / "data" / "train")
     assert len(train) == 4
     assert not {tuple(e["input_ids"]) for e in train} & {tuple(r["input_ids"]) for r in rows[:2]}
@@ -254,7 +245,7 @@ def test_parse_cycle_ranges_reads_single_closed_and_open_ranges_and_names_a_bad_
 
 
 def test_dataset_folders_lists_the_shard_folders_of_a_dataset(tmp_path):
-    """grow_data.py skips and pack_shards.py refuses the cycles of every folder this lists: a held-out set added
+    """`peagle grow-data` skips and `peagle pack` refuses the cycles of every folder this lists: a held-out set added
     beside `train/` is covered without naming it anywhere."""
     from peagle.training.shards import dataset_folders
 

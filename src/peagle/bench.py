@@ -20,15 +20,14 @@ import os
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from .evaluation.timing import RunResult, machine_description, timed_generate  # re-exported: one home, timing
 from .generation.stats import PEagleGenerationStats
 from .vllm_process import VLLM_PYTHON_ENV, VLLM_RUNNER, vllm_environ
 
@@ -39,87 +38,6 @@ VLLM_METHODS = ("vllm", "vllm-peagle", "vllm-eagle3")
 AUTO = "-auto"
 """Suffix of a head's rows run with its default drafting rule (cost-aware unless the head sets a cut), e.g.
 `"peagle-auto"`; the head's plain rows draft K every round (or with the cut the benchmark is given)."""
-
-
-@dataclass
-class RunResult:
-    """One generate() call: tokens, wall time and where the time went."""
-
-    new_tokens: int
-    seconds: float
-    target_calls: int
-    target_seconds: float
-    drafter_calls: int
-    drafter_seconds: float
-    output: list[int] = field(repr=False, default_factory=list)
-    stats: PEagleGenerationStats | None = None
-    """The head's statistics of this call (None for methods without a P-EAGLE head)."""
-
-    @property
-    def tokens_per_target_pass(self) -> float:
-        """New tokens per target forward pass (prefill included), counted by forward hooks."""
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
-
-    @property
-    def overhead_seconds(self) -> float:
-        return max(0.0, self.seconds - self.target_seconds - self.drafter_seconds)
-
-
-class _ForwardTimer:
-    """Counts forward calls of a module and sums their wall time (hooks; no change to the module)."""
-
-    def __init__(self, module: torch.nn.Module | None):
-        self.calls, self.seconds, self._t0, self._handles = 0, 0.0, 0.0, []
-        if module is not None:
-            self._handles = [
-                module.register_forward_pre_hook(self._pre),
-                module.register_forward_hook(self._post),
-            ]
-
-    def _pre(self, *_):
-        self._t0 = time.perf_counter()
-
-    def _post(self, *_):
-        self.calls += 1
-        self.seconds += time.perf_counter() - self._t0
-
-    def close(self):
-        for h in self._handles:
-            h.remove()
-
-
-def timed_generate(
-    target, input_ids: torch.Tensor, max_new_tokens: int, assistant=None, **kwargs
-) -> RunResult:
-    """Greedy `target.generate` with timing and call counts of the target and of `assistant`."""
-    target_timer = _ForwardTimer(target)
-    drafter_timer = _ForwardTimer(assistant if isinstance(assistant, torch.nn.Module) else None)
-    gen_kwargs = dict(
-        max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(input_ids)
-    )
-    if assistant is not None:
-        gen_kwargs["assistant_model"] = assistant
-    gen_kwargs.update(kwargs)
-    try:
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = target.generate(input_ids, **gen_kwargs)
-        seconds = time.perf_counter() - t0
-    finally:
-        target_timer.close()
-        drafter_timer.close()
-    new = out[0, input_ids.shape[1] :].tolist()
-    stats = getattr(assistant, "last_generation_stats", None) if assistant is not None else None
-    return RunResult(
-        new_tokens=len(new),
-        seconds=seconds,
-        target_calls=target_timer.calls,
-        target_seconds=target_timer.seconds,
-        drafter_calls=drafter_timer.calls,
-        drafter_seconds=drafter_timer.seconds,
-        output=new,
-        stats=stats if isinstance(stats, PEagleGenerationStats) else None,
-    )
 
 
 def method_kwargs(
@@ -369,20 +287,6 @@ def write_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, P
     return js, plot(results["summary"], out / "bench.png")
 
 
-def machine_description() -> dict[str, Any]:
-    import os
-    import platform
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "processor": platform.processor() or platform.machine(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-
-
 def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
     """`(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template (a
     tokenizer without one, e.g. a base model's: the text as is)."""
@@ -558,4 +462,5 @@ __all__ = [
     "plot",
     "write_results",
     "RunResult",
+    "machine_description",
 ]

@@ -30,8 +30,9 @@ def run_demo(
     shipped head, which only fits the default target).  Returns True when every speculative output equals the
     plain greedy output.
     """
-    from .bench import chat_prompt_ids, timed_generate
+    from .bench import chat_prompt_ids
     from .configuration_peagle import MAX_SPECULATIVE_TOKENS
+    from .evaluation.timing import timed_generate
     from .generation.stats import PEagleGenerationStats
     from .modeling_peagle import PEagleDrafter
     from .runtime import resolve_dtype

@@ -1,6 +1,6 @@
-"""The `peagle` command: `peagle {demo,bench,train,calibrate,export,push} ...`.
+"""The `peagle` command: `peagle {demo,bench,train,calibrate,evaluate,export,push,pack,grow-data} ...`.
 
-One module per sub-command; each defines `add_parser(subparsers)` (argparse only, cheap to import) and
+One module per sub-command (`grow-data` lives in `grow_data.py`); each defines `add_parser(subparsers)` (argparse only, cheap to import) and
 `run(args) -> int`, which calls typed library functions.  Library modules never parse arguments or raise
 `SystemExit`; nothing in the library imports this package.
 
@@ -18,15 +18,15 @@ import sys
 
 from ._common import DefaultsHelpFormatter, describe_defaults
 
-COMMANDS = ("demo", "bench", "train", "calibrate", "export", "push")
-"""Sub-commands, each the module `peagle.cli.<name>`."""
+COMMANDS = ("demo", "bench", "train", "calibrate", "evaluate", "export", "push", "pack", "grow-data")
+"""Sub-commands, each the module `peagle.cli.<name>` (dashes as underscores)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        module = importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
         p = module.add_parser(sub)
         p.add_argument(
             "--debug",

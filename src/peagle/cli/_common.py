@@ -1,8 +1,10 @@
-"""Arguments shared by several sub-commands (argparse only)."""
+"""Arguments shared by several sub-commands (argparse only), and the bridge from settings dataclasses to flags."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 from ..runtime import DTYPE_CHOICES
 
@@ -104,3 +106,20 @@ def add_target_argument(p: argparse.ArgumentParser, help: str | None = None) -> 
         help=help
         or "target model: a local folder, a Hub id, or 'default' (the embedded SmolLM2-135M-Instruct)",
     )
+
+
+def dataclass_parent(*types: type) -> argparse.ArgumentParser:
+    """A parent parser (`sub.add_parser(..., parents=[...])`) with one flag per field of each settings dataclass,
+    named after the field (`--cod_ratio`, also spelled `--cod-ratio`), its default and help taken from the field:
+    transformers' `HfArgumentParser`, the pattern of transformers' own examples, so each default exists once."""
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(types, add_help=False)
+
+
+def dataclass_from_args(kind: type, args: argparse.Namespace, **overrides: Any):
+    """An instance of the settings dataclass `kind` from the parsed flags its fields became."""
+    values = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(kind) if f.init and hasattr(args, f.name)
+    }
+    return kind(**{**values, **overrides})

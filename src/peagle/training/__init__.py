@@ -10,8 +10,8 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
   [`build_head`], [`train_head`], which `peagle train` calls, [`grow_draft_vocab`] / [`resize_draft_vocab`]: a
-  trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers); `merge`
-  ([`average_heads`]: one head from several trained side by side from the same start).
+  trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers);
+- data tools behind `peagle grow-data` (`growth`) and `peagle pack` (`packing`).
 
 Example:
 
@@ -62,7 +62,6 @@ _EXPORTS = {
         "resize_draft_vocab",
         "end_distributed",
     ],
-    "merge": ["average_heads"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -72,7 +71,6 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
     from .losses import distillation_loss, target_draft_logits  # noqa: F401
     from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
-    from .merge import average_heads  # noqa: F401
     from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
     from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
     from .prompts import (  # noqa: F401

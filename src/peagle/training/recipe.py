@@ -766,30 +766,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def training_budget(summary: dict[str, Any]) -> dict[str, Any]:
-    """Cumulative budget of a head trained in stages: sums `response_tokens_trained` (token-passes),
-    `optimizer_steps` and CPU-hours (`seconds * threads`) over the `previous_stage` chain of a
-    `train_summary.json`.  `estimated` is True when some stage only records an estimate of its token-passes."""
-    tokens = steps = 0
-    cpu_seconds = 0.0
-    stages, estimated = 0, False
-    stage: dict[str, Any] | None = summary
-    while stage:
-        stages += 1
-        tokens += int(stage.get("response_tokens_trained") or 0)
-        estimated |= bool(stage.get("response_tokens_trained_estimated", False))
-        steps += int(stage.get("optimizer_steps") or 0)
-        cpu_seconds += float(stage.get("seconds") or 0.0) * int(stage.get("threads") or 1)
-        stage = stage.get("previous_stage")
-    return {
-        "stages": stages,
-        "response_tokens_trained": tokens,
-        "optimizer_steps": steps,
-        "cpu_hours": round(cpu_seconds / 3600, 2),
-        "estimated": estimated,
-    }
-
-
 __all__ = [
     "training_arguments",
     "build_head",
@@ -800,5 +776,4 @@ __all__ = [
     "load_head_for_training",
     "train_head",
     "format_summary",
-    "training_budget",
 ]

@@ -130,7 +130,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 def packed_cycles(
     folder: str | os.PathLike, ignore: Callable[[dict[str, Any]], bool] | None = None
 ) -> set[int]:
-    """The generation cycles (`scripts/grow_data.py`) the shards of `folder` hold, from the manifest's `cycles`
+    """The generation cycles (`peagle grow-data`) the shards of `folder` hold, from the manifest's `cycles`
     ranges (shards for which `ignore(entry)` is true left out): a later run skips them instead of generating or
     packing the same data again."""
     done: set[int] = set()

@@ -11,9 +11,9 @@ Writes `<out>/bench_partition.json` and `<out>/bench_partition.png`.
 
 Examples:
     # CPU, the width of SmolLM2-135M (576), a 1-layer drafter
-    python scripts/bench_partition.py --lengths 512,1024,2048,4096 --partitions 1,2,4,8
+    python benchmarks/bench_partition.py --lengths 512,1024,2048,4096 --partitions 1,2,4,8
     # GPU, paper-like lengths
-    python scripts/bench_partition.py --lengths 1024,2048,4096,8192,16384 --partitions 1,2,4,8 --layers 2
+    python benchmarks/bench_partition.py --lengths 1024,2048,4096,8192,16384 --partitions 1,2,4,8 --layers 2
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
-"""scripts/eval_acceptance.py's rules: held-out set specs, and decoding results pooled exactly over example sets
+"""peagle.evaluation.acceptance (`peagle evaluate`)'s rules: held-out set specs, and decoding results pooled exactly over example sets
 and over runs (`--pool`), refusing what would not be the same measure."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import eval_acceptance  # noqa: E402
-from eval_acceptance import heldout_spec, pool_results, pooled_summary, summarise  # noqa: E402
-
-from helpers import make_args, make_head  # noqa: E402
-from peagle.generation import PEagleGenerationStats  # noqa: E402
-from peagle.training import save_examples  # noqa: E402
+from helpers import make_args, make_head
+from peagle.evaluation import acceptance as eval_acceptance
+from peagle.evaluation.acceptance import heldout_spec, pool_results, pooled_summary, summarise
+from peagle.generation import PEagleGenerationStats
+from peagle.training import save_examples
 
 
 def test_heldout_spec_reads_skip_and_limit_or_keeps_the_defaults():

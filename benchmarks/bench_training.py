@@ -7,12 +7,12 @@ features (the frozen target's forward), drafter forward, backward, loss, attenti
 (data, optimizer, bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle machine.
 
 Usage:
-    python scripts/bench_training.py --examples training_data/smollm2-135m-instruct/train --steps 20 --out bench_results/training.json
-    python scripts/bench_training.py --examples ... --bf16          # the same with bf16 autocast
-    python scripts/bench_training.py --examples ... --bf16 --feature-cache runs/cache-bench   # features read, not computed
-    python scripts/bench_training.py --examples ... --bf16 --cod-ratio 0.5 --num-parallel-positions 4  # the levers
-    python scripts/bench_training.py --examples ... --bf16 --trainable-parameters '^(?!lm_head)'  # LM head frozen
-    python scripts/bench_training.py --examples ... --bf16 --num-layers 4   # the shipped P-EAGLE head's depth
+    python benchmarks/bench_training.py --examples training_data/smollm2-135m-instruct/train --steps 20 --out bench_results/training.json
+    python benchmarks/bench_training.py --examples ... --bf16          # the same with bf16 autocast
+    python benchmarks/bench_training.py --examples ... --bf16 --feature-cache runs/cache-bench   # features read, not computed
+    python benchmarks/bench_training.py --examples ... --bf16 --cod-ratio 0.5 --num-parallel-positions 4  # the levers
+    python benchmarks/bench_training.py --examples ... --bf16 --trainable-parameters '^(?!lm_head)'  # LM head frozen
+    python benchmarks/bench_training.py --examples ... --bf16 --num-layers 4   # the shipped P-EAGLE head's depth
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.bench import machine_description
+from peagle.evaluation.timing import machine_description
 from peagle.targets import DEFAULT_TARGET_NAME, load_default_target
 from peagle.training.recipe import build_head, training_arguments
 from peagle.training.shards import load_examples

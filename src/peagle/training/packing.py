@@ -1,28 +1,27 @@
 """Pack self-distilled JSONL rows into compact token-id shards (`peagle.training.shards`), resumably.
 
-Reads rows `{"input_ids", "loss_mask", "source", ...}` (as `scripts/grow_data.py` appends them to
+Reads rows `{"input_ids", "loss_mask", "source", ...}` (as `peagle grow-data` appends them to
 data/grow/rows.jsonl) and appends one shard per source to the shard folder.  Each shard's manifest entry records
 the JSONL file (name and a fingerprint of its first line) and the row range it holds (`rows: [start, stop]`),
-so a re-run on the same file packs only the rows appended since; grow_data.py rows carry their cycle, and a
+so a re-run on the same file packs only the rows appended since; `peagle grow-data` rows carry their cycle, and a
 cycle the folder already holds from another rows file (another run or machine) is skipped.  An unfinished
 last line (a writer still appending) is left for the next run.  Old shards are never
 rewritten.
 
 Usage:
-    python scripts/pack_shards.py data/grow/rows.jsonl data/shards/grow
-    python scripts/pack_shards.py data/grow/rows.jsonl data/shards/grow --dtype bfloat16 --target default
+    peagle pack data/grow/rows.jsonl data/shards/grow
+    peagle pack data/grow/rows.jsonl data/shards/grow --dtype bfloat16 --target default
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 from collections import defaultdict
 
-from peagle.targets import DEFAULT_TARGET_NAME
-from peagle.training.shards import MANIFEST, dataset_folders, packed_cycles, read_manifest, write_shard
+from ..targets import DEFAULT_TARGET_NAME
+from .shards import MANIFEST, dataset_folders, packed_cycles, read_manifest, write_shard
 
 
 def _same_file(shard: dict, rows_file: str, head: str) -> bool:
@@ -80,7 +79,7 @@ def pack(
     manifest entries."""
     rows_file = os.path.basename(rows_path)
     head = first_line_fingerprint(rows_path)
-    # this file resumes after the rows packed from it before; rows of grow_data.py carry their cycle, and a cycle
+    # this file resumes after the rows packed from it before; rows of `peagle grow-data` carry their cycle, and a cycle
     # the folder holds from another file (another run or machine) is never packed twice
     start = packed_rows(folder, rows_file, head)
     has_manifest = os.path.exists(os.path.join(folder, MANIFEST))
@@ -90,7 +89,7 @@ def pack(
     stop = start + len(lines)
     by_source: dict[str, list[dict]] = defaultdict(list)
     cycles: dict[str, list[int]] = defaultdict(list)
-    # how the rows were made (grow_data.py --engine, --prompt-set), recorded per shard for the fields its rows name
+    # how the rows were made (`peagle grow-data --engine, --prompt_set`), recorded per shard for the fields its rows name
     recorded: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     named: dict[str, set[str]] = defaultdict(set)
     dtypes: dict[str, set[str]] = defaultdict(set)  # rows that name their generation dtype win over `dtype`
@@ -138,40 +137,4 @@ def pack(
     return entries
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("rows", help="JSONL of rows with input_ids, loss_mask and source")
-    ap.add_argument("folder", help="shard folder (created if needed)")
-    ap.add_argument(
-        "--target",
-        default=DEFAULT_TARGET_NAME,
-        help="name of the model that generated the rows ('default': SmolLM2)",
-    )
-    ap.add_argument(
-        "--dtype", default="bfloat16", help="dtype the target generated in, for rows that do not name theirs"
-    )
-    ap.add_argument("--source", default="unknown", help="source of rows without a 'source' field")
-    ap.add_argument("--max-tokens-per-shard", type=int, default=4_000_000)
-    args = ap.parse_args(argv)
-    target = DEFAULT_TARGET_NAME if args.target == "default" else args.target
-    entries = pack(
-        args.rows,
-        args.folder,
-        target_name=target,
-        dtype=args.dtype,
-        default_source=args.source,
-        max_tokens_per_shard=args.max_tokens_per_shard,
-    )
-    for e in entries:
-        print(f"{e['file']}: {e['source']}, {e['examples']} examples, {e['response_tokens']} response tokens")
-    has_manifest = os.path.exists(os.path.join(args.folder, MANIFEST))
-    total = read_manifest(args.folder)["shards"] if has_manifest else []
-    print(
-        f"{len(entries)} new shard(s); {args.folder} holds {sum(s['examples'] for s in total)} examples, "
-        f"{sum(s['response_tokens'] for s in total)} response tokens in {len(total)} shard(s)"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["pack", "packed_rows", "first_line_fingerprint", "complete_lines", "sibling_cycles"]

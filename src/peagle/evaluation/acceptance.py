@@ -5,10 +5,10 @@ under the float32 SmolLM2 target, greedy, on the prompt part of held-out self-di
 on, never MT-Bench or HumanEval); every output is checked against plain greedy.  Acceptance does not depend on
 the machine, so the numbers hold on any hardware.
 
-`--teacher-forced` measures the same quantity without decoding: `PEagleTrainer.evaluate_acceptance` drafts a
+`--teacher_forced` measures the same quantity without decoding: `PEagleTrainer.evaluate_acceptance` drafts a
 round at every anchor of the held-out responses in one pass (their tokens are the target's greedy continuation)
 and counts the drafts greedy verification accepts; the target's features are computed once and cached
-(`--feature-cache`), so a checkpoint costs seconds, which is what the scaling curve needs.
+(`--feature_cache`), so a checkpoint costs seconds.
 
 `--examples` takes several held-out sets, each `FOLDER` or `FOLDER:SKIP:LIMIT`; decoding pools them (counts summed
 over every prompt, then divided) and also reports each set.  A long decoding split over the two cores, one process
@@ -16,120 +16,84 @@ per core, is pooled afterwards with `--pool`: the runs' `--out` files hold each 
 the pooled figure is exact.
 
 Usage:
-    python scripts/eval_acceptance.py src/peagle/default_heads/smollm2-135m-peagle runs/stage3-peagle \
-        --examples training_data/smollm2-135m-instruct/heldout --skip 48 --limit 24 -k 7 --out eval.json
-    python scripts/eval_acceptance.py HEAD --examples data/heldout:48:16 data/heldout-set2:40:80 --out a.json
-    python scripts/eval_acceptance.py --pool a.json b.json --out pooled.json
-    python scripts/eval_acceptance.py HEAD... --examples ... --skip 48 --limit 72 -k 7 --teacher-forced
+    peagle evaluate --heads HEAD_A HEAD_B --examples training_data/smollm2-135m-instruct/heldout --skip 48 \
+        --limit 24 --num_speculative_tokens 7 --out eval.json
+    peagle evaluate --heads HEAD --examples data/heldout:48:16 data/heldout-set2:40:80 --out a.json
+    peagle evaluate --pool a.json b.json --out pooled.json
+    peagle evaluate --heads HEAD... --examples ... --skip 48 --limit 72 --teacher_forced
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from peagle import PEagleDrafter
-from peagle.bench import timed_generate
-from peagle.generation import PEagleGenerationStats
-from peagle.generation.calibration import prompts_of_examples
-from peagle.runtime import DTYPE_CHOICES, resolve_dtype_name
-from peagle.targets import load_default_target
-from peagle.training.shards import load_examples
+from ..generation import PEagleGenerationStats
+from ..generation.calibration import prompts_of_examples
+from ..modeling_peagle import PEagleDrafter
+from ..runtime import DTYPE_CHOICES
+from ..training.shards import load_examples
+from .timing import timed_generate
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("heads", nargs="*", help="head folders")
-    ap.add_argument(
-        "--examples",
-        nargs="+",
-        default=[],
-        help="held-out examples (shards or JSONL), each FOLDER or FOLDER:SKIP:LIMIT (default --skip and --limit)",
+@dataclass
+class EvaluateArguments:
+    """The settings of `peagle evaluate` (each field is a flag of the same name)."""
+
+    heads: list[str] = field(default_factory=list, metadata={"help": "head folders"})
+    examples: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "held-out examples (shards or JSONL), each FOLDER or FOLDER:SKIP:LIMIT (default skip, limit)"
+        },
     )
-    ap.add_argument("--skip", type=int, default=48, help="skip the first N (the calibration/comparison ones)")
-    ap.add_argument("--limit", type=int, default=24)
-    ap.add_argument(
-        "--pool",
-        nargs="+",
+    skip: int = field(default=48, metadata={"help": "skip the first N (the calibration/comparison ones)"})
+    limit: int = 24
+    pool: list[str] | None = field(
         default=None,
-        metavar="RESULT_JSON",
-        help="pool earlier decoding runs' --out files (disjoint example ranges, same settings) instead of decoding",
+        metadata={
+            "help": "pool earlier decoding runs' --out files (disjoint example ranges, same settings) instead of "
+            "decoding"
+        },
     )
-    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=7)
-    ap.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=128,
-        help="tokens decoded per prompt (--teacher-forced: per response in the decoding walk)",
+    num_speculative_tokens: int = 7
+    max_new_tokens: int = field(
+        default=128, metadata={"help": "tokens decoded per prompt (teacher_forced: per response in the walk)"}
     )
-    ap.add_argument(
-        "--head-dtype",
+    head_dtype: str = field(
         default="auto",
-        choices=DTYPE_CHOICES,
-        help="the heads' dtype (auto: bfloat16 where this machine computes it natively, else float32)",
+        metadata={
+            "choices": DTYPE_CHOICES,
+            "help": "the heads' dtype (auto: bfloat16 where this machine computes it natively, else float32)",
+        },
     )
-    ap.add_argument("--out", default=None)
-    ap.add_argument(
-        "--teacher-forced",
-        action="store_true",
-        help="count the accepted drafts of a round at every anchor of the held-out responses (no decoding)",
+    out: str | None = None
+    teacher_forced: bool = field(
+        default=False,
+        metadata={"help": "count the accepted drafts of a round at every anchor of the held-out responses"},
     )
-    ap.add_argument(
-        "--truncate",
-        action="store_true",
-        help="--teacher-forced: keep each example's prompt and the first --max-new-tokens response tokens, all "
-        "that the decoding walk reads (the average over every anchor then covers only them); about half the cost",
+    truncate: bool = field(
+        default=False,
+        metadata={
+            "help": "teacher_forced: keep each example's prompt and the first max_new_tokens response tokens, all "
+            "that the decoding walk reads (about half the cost)"
+        },
     )
-    ap.add_argument(
-        "--write-greedy",
-        metavar="FOLDER",
+    write_greedy: str | None = field(
         default=None,
-        help="decode no head: write plain greedy's continuation of every --examples prompt (this target and dtype, "
-        "batch 1, --max-new-tokens) to this shard folder, one shard per set; the decoding walk over them counts "
-        "what decoding with a head gives, passes and all",
+        metadata={
+            "help": "decode no head: write plain greedy's continuation of every examples prompt to this shard "
+            "folder, one shard per set; the decoding walk over them counts what decoding with a head gives"
+        },
     )
-    ap.add_argument(
-        "--feature-cache",
+    feature_cache: str = field(
         default="runs/cache-heldout",
-        help="--teacher-forced: where the target's features of the examples are cached",
+        metadata={"help": "teacher_forced: where the target's features of the examples are cached"},
     )
-    args = ap.parse_args()
-    if args.pool:
-        if args.heads or args.examples:
-            ap.error("--pool reads earlier results: give no heads and no --examples")
-        try:
-            pooled = pool_results([json.loads(Path(f).read_text()) for f in args.pool])
-        except ValueError as err:
-            ap.error(str(err))
-        pooled["settings"]["pooled_from"] = args.pool
-        report(pooled["results"], pooled["settings"]["num_speculative_tokens"])
-        if args.out:
-            Path(args.out).write_text(json.dumps(pooled, indent=2))
-        return
-    if args.write_greedy:
-        if args.heads or args.teacher_forced or not args.examples:
-            ap.error("--write-greedy decodes plain greedy only: give --examples and no heads")
-        write_greedy(load_default_target()[0], args)
-        return
-    if not args.heads or not args.examples:
-        ap.error("give head folders and --examples (or --pool)")
-    if args.teacher_forced and len(args.examples) > 1:
-        ap.error("--teacher-forced takes one --examples set (scripts/scaling_curve.py pools several)")
-    args.head_dtype = resolve_dtype_name(args.head_dtype)  # recorded resolved
-
-    target, _ = load_default_target()
-    if args.teacher_forced:
-        args.examples, args.skip, args.limit = heldout_spec(args.examples[0], args.skip, args.limit)
-        results = teacher_forced(target, args)
-    else:
-        results = decode(target, args)
-        report(results, args.num_speculative_tokens)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
 
 
 def heldout_spec(spec: str, skip: int, limit: int) -> tuple[str, int, int]:
@@ -191,8 +155,8 @@ def write_greedy(target, args) -> None:
     Held-out responses were generated in bfloat16 and longer; decoding runs this target in its own dtype, and where
     the two greedy continuations part, the walk over the stored response reads other text than decoding does.
     Over these references the walk reads decoding's own text."""
-    from peagle.training.distill import example_of
-    from peagle.training.shards import write_shard
+    from ..training.distill import example_of
+    from ..training.shards import write_shard
 
     for spec, (where, prompts) in prompt_sets(args).items():
         examples = [
@@ -254,7 +218,7 @@ def pool_results(runs: list[dict]) -> dict:
     first = runs[0]
     for run in runs:
         if run["settings"].get("teacher_forced"):
-            raise ValueError("a --teacher-forced result has no generation stats to pool")
+            raise ValueError("a teacher-forced result has no generation stats to pool")
         differ = [k for k in POOLED_SETTINGS if run["settings"].get(k) != first["settings"].get(k)]
         if differ:
             raise ValueError(f"the runs were measured with other settings: {', '.join(differ)}")
@@ -299,8 +263,8 @@ def report(results: dict, k: int) -> None:
 def teacher_forced(target, args) -> dict:
     import tempfile
 
-    from peagle.training.features import FeatureCache
-    from peagle.training.trainer import PEagleTrainer, PEagleTrainingArguments
+    from ..training.features import FeatureCache
+    from ..training.trainer import PEagleTrainer, PEagleTrainingArguments
 
     examples = load_examples(args.examples)[args.skip : args.skip + args.limit]
     if args.truncate:
@@ -344,5 +308,14 @@ def truncated(example: dict, response_tokens: int) -> dict:
     return {"input_ids": list(example["input_ids"])[:end], "loss_mask": mask[:end]}
 
 
-if __name__ == "__main__":
-    main()
+__all__ = [
+    "EvaluateArguments",
+    "decode",
+    "teacher_forced",
+    "write_greedy",
+    "heldout_spec",
+    "pool_results",
+    "pooled_summary",
+    "summarise",
+    "report",
+]

@@ -14,9 +14,9 @@ cost(n), every drafter pass its cost).  The numbers are then deterministic and f
 own decisions can be studied on a busy machine; they are a model, not a benchmark.
 
 Usage:
-    python scripts/compare_drafting_rules.py --kind peagle --examples training_data/smollm2-135m-instruct/heldout \
+    python benchmarks/compare_drafting_rules.py --kind peagle --examples training_data/smollm2-135m-instruct/heldout \
         --out docs/results/rules_peagle.json
-    python scripts/compare_drafting_rules.py --kind peagle --examples ... --modeled-cost ~/.cache/peagle/cost/X.json
+    python benchmarks/compare_drafting_rules.py --kind peagle --examples ... --modeled-cost ~/.cache/peagle/cost/X.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import torch
 from tqdm.auto import tqdm
 
 from peagle import PEagleDrafter
-from peagle.bench import chat_prompt_ids, machine_description, timed_generate
+from peagle.bench import chat_prompt_ids
+from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import PEagleGenerationStats
 from peagle.generation.calibration import prompts_of_examples
 from peagle.targets import default_drafter_path, load_default_target
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"head": folder.name, "prompts": len(prompts), "plain_tokens_per_s": plain_tps, "rows": rows,
               "best_fixed": best_fixed["rule"], "default_vs_best_fixed": gap, "lossless": lossless,
               "machine": machine_description(), "modeled_cost": model.to_dict() if model else None,
-              "command": "python scripts/compare_drafting_rules.py " + " ".join(sys.argv[1:] if argv is None else argv)}  # fmt: skip
+              "command": "python benchmarks/compare_drafting_rules.py " + " ".join(sys.argv[1:] if argv is None else argv)}  # fmt: skip
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))

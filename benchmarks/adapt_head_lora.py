@@ -23,7 +23,7 @@ Outputs under `--out`: the adapter (`adapter_config.json`, `adapter_model.safete
 (`merged/`), `examples.jsonl`, `train_summary.json` and `results.json`.
 
 Usage (the numbers in the README come from this command, on 1 CPU thread):
-    python scripts/adapt_head_lora.py --out runs/lora-fr
+    python benchmarks/adapt_head_lora.py --out runs/lora-fr
 The same adaptation from the command line, on your own prompts:
     peagle train --lora --prompts prompts_fr.txt --max-new-tokens 128 --max-steps 100 --lr 2e-3 -o runs/lora-fr
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from peagle.adapters import draft_vocab_coverage, lora_config, lora_for_training, merge_lora
-from peagle.bench import timed_generate
+from peagle.evaluation.timing import timed_generate
 from peagle.modeling_peagle import PEagleDrafter
 from peagle.targets import default_drafter_path, load_default_target
 from peagle.training.distill import self_distill

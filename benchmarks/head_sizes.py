@@ -11,7 +11,7 @@
    and for the head shapes of the previous rule (`--compare`: 2 layers and the parameter budget's vocabulary).
 
 Usage:
-    OMP_NUM_THREADS=1 python scripts/head_sizes.py --examples training_data/smollm2-135m-instruct/train \
+    OMP_NUM_THREADS=1 python benchmarks/head_sizes.py --examples training_data/smollm2-135m-instruct/train \
         --heldout training_data/smollm2-135m-instruct/heldout --time --compare --out docs/results/head_sizes.json
 """
 

@@ -11,8 +11,8 @@
 
 Writes `bench_fp8.json` and `bench_fp8.png` into `--out`, prints Markdown tables.
 
-    python scripts/bench_fp8.py --out results/fp8                       # GPU, compute capability >= 8.9
-    python scripts/bench_fp8.py --device cpu --fallback --random-head \\
+    python benchmarks/bench_fp8.py --out results/fp8                       # GPU, compute capability >= 8.9
+    python benchmarks/bench_fp8.py --device cpu --fallback --random-head \\
         --ks 1,4 --repeats 3 --warmup 1 --prompts 1 --max-new-tokens 16 --out /tmp/fp8-smoke   # CPU smoke run
 
 Without a shipped default head yet, pass `--head PATH` (a trained head) or `--random-head` (latency only: a
@@ -35,8 +35,9 @@ from transformers.cache_utils import DynamicCache
 
 import peagle
 from peagle import fp8
-from peagle.bench import chat_prompt_ids, machine_description, timed_generate
+from peagle.bench import chat_prompt_ids
 from peagle.evalsets import load_humaneval, load_mtbench
+from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.targets import default_drafter_path, load_default_target
 
 ACCEPTANCE_DROP_LIMIT = 0.02

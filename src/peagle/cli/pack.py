@@ -1,0 +1,49 @@
+"""`peagle pack`: append self-distilled JSONL rows to a folder of token-id shards, resumably."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ._common import positive_int
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "pack", help="pack self-distilled JSONL rows (peagle grow-data) into token-id shards, resumably"
+    )
+    p.add_argument("rows", help="JSONL of rows with input_ids, loss_mask and source")
+    p.add_argument("folder", help="shard folder (created if needed)")
+    p.add_argument(
+        "--target", default="default", help="name of the model that generated the rows ('default': SmolLM2)"
+    )
+    p.add_argument(
+        "--dtype", default="bfloat16", help="dtype the target generated in, for rows that do not name theirs"
+    )
+    p.add_argument("--source", default="unknown", help="source of rows without a 'source' field")
+    p.add_argument("--max-tokens-per-shard", type=positive_int, default=4_000_000)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..targets import DEFAULT_TARGET_NAME
+    from ..training.packing import pack
+    from ..training.shards import MANIFEST, read_manifest
+
+    entries = pack(
+        args.rows,
+        args.folder,
+        target_name=DEFAULT_TARGET_NAME if args.target == "default" else args.target,
+        dtype=args.dtype,
+        default_source=args.source,
+        max_tokens_per_shard=args.max_tokens_per_shard,
+    )
+    for e in entries:
+        print(f"{e['file']}: {e['source']}, {e['examples']} examples, {e['response_tokens']} response tokens")
+    has_manifest = os.path.exists(os.path.join(args.folder, MANIFEST))
+    total = read_manifest(args.folder)["shards"] if has_manifest else []
+    print(
+        f"{len(entries)} new shard(s); {args.folder} holds {sum(s['examples'] for s in total)} examples, "
+        f"{sum(s['response_tokens'] for s in total)} response tokens in {len(total)} shard(s)"
+    )
+    return 0
