@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import peagle
-from peagle.training.trainer import PEagleTrainingArguments
+from peagle.training.arguments import PEagleTrainingArguments
 
 BLOCK_PEAGLE = """\
 import importlib.abc, sys

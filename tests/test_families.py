@@ -481,8 +481,22 @@ def test_peagle_train_and_export_commands(kind, tmp_path, capsys):
     tiny_tokenizer().save_pretrained(target_dir)
     save_examples(random_examples(3, seed=2), examples)
     out = tmp_path / "head"
-    args = ["train", "--target", str(target_dir), "--examples", str(examples), "--output", str(out), "--cpu"]
-    assert main([*args, "--max-steps", "1", "--grad-accum", "1", "--num-parallel-positions", "3"]) == 0
+    args = [
+        "train",
+        "--target",
+        str(target_dir),
+        "--examples",
+        str(examples),
+        "--output_dir",
+        str(out),
+        "--use_cpu",
+    ]
+    assert (
+        main(
+            [*args, "--max_steps", "1", "--gradient_accumulation_steps", "1", "--num_parallel_positions", "3"]
+        )
+        == 0
+    )
     printed = capsys.readouterr()
     assert "head / target parameters" in printed.out
     assert f"head for {FAMILIES[kind].name} target" in printed.err  # the size rule's decisions are shown

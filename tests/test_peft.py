@@ -262,23 +262,23 @@ def test_peagle_train_lora_command(tmp_path, capsys):
         "train",
         "--target",
         str(tmp_path / "target"),
-        "--cpu",
+        "--use_cpu",
         "--examples",
         str(tmp_path / "examples.jsonl"),
     ]
     argv += [
-        "--output",
+        "--output_dir",
         str(out),
-        "--max-steps",
+        "--max_steps",
         "2",
-        "--grad-accum",
+        "--gradient_accumulation_steps",
         "1",
-        "--num-parallel-positions",
+        "--num_parallel_positions",
         "3",
-        "--lr",
+        "--learning_rate",
         "0.05",
     ]
-    argv += ["--lora", "--lora-r", "4", "--lora-alpha", "8", "--base-head", str(tmp_path / "base")]
+    argv += ["--lora", "--lora_r", "4", "--lora_alpha", "8", "--base_head", str(tmp_path / "base")]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "merged head" in printed and "optimizer steps" in printed
@@ -293,7 +293,7 @@ def test_peagle_train_lora_command(tmp_path, capsys):
     assert not torch.allclose(logits(merged, inputs), logits(base, inputs), atol=1e-6)  # it trained
     assert torch.equal(logits(base, inputs), logits(make_head(target), inputs))  # the base head is untouched
 
-    with pytest.raises(SystemExit, match="--base-head"):
+    with pytest.raises(SystemExit, match="--base_head"):
         main(argv[:-2])
 
 

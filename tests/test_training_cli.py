@@ -23,12 +23,12 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     common = [
         "--target",
         str(target_dir),
-        "--cpu",
-        "--num-parallel-positions",
+        "--use_cpu",
+        "--num_parallel_positions",
         "3",
-        "--grad-accum",
+        "--gradient_accumulation_steps",
         "1",
-        "--logging-steps",
+        "--logging_steps",
         "1",
     ]
     rc = main(
@@ -37,15 +37,15 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
             *common,
             "--prompts",
             str(prompts),
-            "--output",
+            "--output_dir",
             str(out),
-            "--max-steps",
+            "--max_steps",
             "3",
-            "--max-new-tokens",
+            "--max_new_tokens",
             "6",
-            "--draft-vocab-size",
+            "--draft_vocab_size",
             "64",
-            "--partitions",
+            "--sequence_partitions",
             "2",
         ]
     )
@@ -72,13 +72,13 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
             "--bf16",
             "--examples",
             str(out / "examples.jsonl"),
-            "--output",
+            "--output_dir",
             str(out2),
-            "--max-steps",
+            "--max_steps",
             "2",
-            "--mode",
+            "--drafting_mode",
             "autoregressive",
-            "--feature-cache",
+            "--feature_cache",
             str(tmp_path / "cache"),
         ]
     )
@@ -92,18 +92,18 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     # and one more layer; --trainable-parameters lm_head trains the new LM head only and leaves every other weight
     # as it was
     out3 = tmp_path / "grown"
-    grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base-head", str(out)]
-    only_lm_head = ["--trainable-parameters", "lm_head", "--lr", "1e-2", "--warmup-ratio", "0"]
+    grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base_head", str(out)]
+    only_lm_head = ["--trainable_parameters", "lm_head", "--learning_rate", "1e-2", "--warmup_steps", "0"]
     assert (
         main(
-            [*grow, "--output", str(out3), "--max-steps", "1", "--draft-vocab-size", "80", *only_lm_head]
-            + ["--lr-scale", "lm_head=0.5", "--num-layers", str(head.config.num_hidden_layers + 1)]
+            [*grow, "--output_dir", str(out3), "--max_steps", "1", "--draft_vocab_size", "80", *only_lm_head]
+            + ["--lr_scales", "lm_head=0.5", "--num_hidden_layers", str(head.config.num_hidden_layers + 1)]
         )
         == 0
     )
     grown = PEagleDrafter.from_pretrained(out3)
     assert grown.config.draft_vocab_size == 80 and bool(grown.t2d[head.t2d].all())
-    assert grown.config.num_hidden_layers == head.config.num_hidden_layers + 1  # --num-layers grew it
+    assert grown.config.num_hidden_layers == head.config.num_hidden_layers + 1  # --num_hidden_layers grew it
     summary3 = json.loads((out3 / "train_summary.json").read_text())
     assert summary3["trainable_parameters"] == "lm_head" and summary3["lr_scales"] == ["lm_head=0.5"]
     before, after = head.state_dict(), grown.state_dict()
@@ -112,28 +112,28 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     where = {t: i for i, t in enumerate(grown.draft_vocab_ids.tolist())}
     rows = [where[t] for t in head.draft_vocab_ids.tolist()]  # the 64 kept ids' rows in the grown head
     assert not torch.allclose(before["lm_head.weight"], after["lm_head.weight"][rows])  # the LM head trained
-    with pytest.raises(SystemExit, match="--draft-vocab-size resizes"):
-        main([*grow, "--output", str(tmp_path / "x"), "--lora", "--draft-vocab-size", "80"])
-    with pytest.raises(SystemExit, match="--num-layers grows"):
-        main([*grow, "--output", str(tmp_path / "x"), "--lora", "--num-layers", "3"])
-    with pytest.raises(SystemExit, match="--trainable-parameters"):
-        main([*grow, "--output", str(tmp_path / "x"), "--lora", *only_lm_head])
+    with pytest.raises(SystemExit, match="--draft_vocab_size resizes"):
+        main([*grow, "--output_dir", str(tmp_path / "x"), "--lora", "--draft_vocab_size", "80"])
+    with pytest.raises(SystemExit, match="--num_hidden_layers grows"):
+        main([*grow, "--output_dir", str(tmp_path / "x"), "--lora", "--num_hidden_layers", "3"])
+    with pytest.raises(SystemExit, match="--trainable_parameters"):
+        main([*grow, "--output_dir", str(tmp_path / "x"), "--lora", *only_lm_head])
 
 
 def test_train_spells_k_train_one_way():
     from peagle.cli import build_parser
 
-    args = build_parser().parse_args(["train", "-o", "x", "--num-parallel-positions", "5"])
+    args = build_parser().parse_args(["train", "--output_dir", "x", "--num_parallel_positions", "5"])
     assert args.num_parallel_positions == 5
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["train", "-o", "x", "--k", "5"])
+        build_parser().parse_args(["train", "--output_dir", "x", "--k", "5"])
 
 
 def test_cli_errors_are_one_line_and_the_traceback_is_behind_debug(tmp_path, monkeypatch):
     """A library error ends the command with one line naming the problem and exit status 1; `--debug` or
     `PEAGLE_DEBUG=1` lets the exception through."""
     monkeypatch.delenv("PEAGLE_DEBUG", raising=False)
-    argv = ["train", "--target", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out")]
+    argv = ["train", "--target", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     line = str(exit_info.value.code)
@@ -157,14 +157,15 @@ def test_train_help_shows_defaults_and_refuses_non_positive_counts(capsys):
     for shown in ("(default: 256)", "(default: 8)", "(default: 0.0003)", "(default: float32)"):
         assert shown in text, shown
     assert "(default: None)" not in text and "(default: [])" not in text
-    for flag in ("--gen-batch-size", "--batch-size", "--grad-accum", "--max-new-tokens", "--num-layers"):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["train", "-o", "x", flag, "0"])
-        assert f"argument {flag}: expected an integer >= 1, got '0'" in capsys.readouterr().err
+    fields = ("generation_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps")
+    for field in (*fields, "max_new_tokens", "num_hidden_layers"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", "--output_dir", "x", f"--{field}", "0"])
+        assert f"{field} is 0; expected an integer >= 1" in str(exit_.value.code)
 
 
 def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path, monkeypatch):
-    """Checked before the target model loads, with the two ways on: --chat-template FILE and --plain-prompts."""
+    """Checked before the target model loads, with the two ways on: --chat_template FILE and --plain_prompts."""
     import peagle.targets
 
     target_dir = tmp_path / "target"
@@ -174,8 +175,17 @@ def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path,
     tok.save_pretrained(target_dir)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world\nthe bot\n")
-    base = ["train", "--target", str(target_dir), "--prompts", str(prompts), "--cpu", "--grad-accum", "1"]
-    base += ["--max-steps", "1", "--max-new-tokens", "3", "--num-parallel-positions", "2"]
+    base = [
+        "train",
+        "--target",
+        str(target_dir),
+        "--prompts",
+        str(prompts),
+        "--use_cpu",
+        "--gradient_accumulation_steps",
+        "1",
+    ]
+    base += ["--max_steps", "1", "--max_new_tokens", "3", "--num_parallel_positions", "2"]
     real_load = peagle.targets.load_target
 
     def no_model(*a, **k):
@@ -185,16 +195,16 @@ def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path,
     with pytest.raises(
         SystemExit, match=r"the tokenizer of .*target has no chat template.*--chat-template FILE"
     ):
-        main([*base, "--output", str(tmp_path / "a")])
+        main([*base, "--output_dir", str(tmp_path / "a")])
     with pytest.raises(SystemExit, match=r"Magpie prompts need a chat template"):
-        main([*base, "--output", str(tmp_path / "a"), "--magpie", "2", "--plain-prompts"])
+        main([*base, "--output_dir", str(tmp_path / "a"), "--num_magpie_prompts", "2", "--plain_prompts"])
     monkeypatch.setattr(peagle.targets, "load_target", real_load)
-    assert main([*base, "--output", str(tmp_path / "plain"), "--plain-prompts"]) == 0
+    assert main([*base, "--output_dir", str(tmp_path / "plain"), "--plain_prompts"]) == 0
     plain = [json.loads(line) for line in (tmp_path / "plain" / "examples.jsonl").read_text().splitlines()]
     assert plain[0]["input_ids"][: len(tok("hello world")["input_ids"])] == tok("hello world")["input_ids"]
     (tmp_path / "chat.jinja").write_text(template)
     assert (
-        main([*base, "--output", str(tmp_path / "chat"), "--chat-template", str(tmp_path / "chat.jinja")])
+        main([*base, "--output_dir", str(tmp_path / "chat"), "--chat_template", str(tmp_path / "chat.jinja")])
         == 0
     )
     chat = [json.loads(line) for line in (tmp_path / "chat" / "examples.jsonl").read_text().splitlines()]
@@ -204,18 +214,20 @@ def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path,
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--num-layers", "0"], "argument --num-layers: expected an integer >= 1, got '0'"),
-        (["--num-layers", "-2"], "expected an integer >= 1, got '-2'"),
-        (["--draft-vocab-size", "0"], "expected an integer >= 1, got '0'"),
-        (["--num-parallel-positions", "0"], r"expected an integer in [1, 64], got '0'"),
-        (["--num-parallel-positions", "100000"], r"expected an integer in [1, 64], got '100000'"),
+        (["--num_hidden_layers", "0"], "num_hidden_layers is 0; expected an integer >= 1"),
+        (["--num_hidden_layers", "-2"], "num_hidden_layers is -2; expected an integer >= 1"),
+        (["--draft_vocab_size", "0"], "draft_vocab_size is 0; expected an integer >= 1"),
+        (["--num_parallel_positions", "0"], "num_parallel_positions is 0; expected an integer in [1, 64]"),
+        (
+            ["--num_parallel_positions", "100000"],
+            "num_parallel_positions is 100000; expected an integer in [1, 64]",
+        ),
     ],
 )
 def test_train_refuses_sizes_a_head_cannot_have(tmp_path, capsys, flags, words):
-    """`--num-layers 0` exited 0 with a config saying 0 layers while the head had 1."""
+    """`--num_hidden_layers 0` exited 0 with a config saying 0 layers while the head had 1."""
     with pytest.raises(SystemExit) as exit_:
-        main(["train", "--output", str(tmp_path / "head"), *flags])
+        main(["train", "--output_dir", str(tmp_path / "head"), *flags])
     assert exit_.value.code != 0
-    err = capsys.readouterr().err
-    assert words in err, err
+    assert words in str(exit_.value.code), exit_.value.code
     assert not (tmp_path / "head").exists()

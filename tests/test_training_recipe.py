@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import make_head, make_target, tiny_tokenizer
-from peagle import evalsets
+from peagle import PEagleConfig, evalsets
 from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
 from peagle.training.recipe import format_summary, init_layers_from_target
 
@@ -23,7 +23,9 @@ def test_training_arguments_recipe_defaults_and_overrides(tmp_path):
     args = training_arguments(tmp_path / "ckpt", use_cpu=True)
     assert isinstance(args, PEagleTrainingArguments)
     assert args.output_dir == str(tmp_path / "ckpt")
-    assert args.num_parallel_positions == 8 and args.cod_ratio == 0.7 and args.cod_min_ratio == 0.2
+    # K_train left to the head's config (default 8): one definition, in PEagleConfig
+    assert args.num_parallel_positions is None and PEagleConfig().num_parallel_positions == 8
+    assert args.cod_ratio == 0.7 and args.cod_min_ratio == 0.2
     assert args.learning_rate == 3e-4 and args.gradient_accumulation_steps == 8 and args.seed == 42
     assert args.loss_type == "kl" and args.report_to == [] or args.report_to == "none"
     args = training_arguments(

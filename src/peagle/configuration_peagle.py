@@ -20,6 +20,10 @@ from transformers import LlamaConfig
 DRAFTING_MODES = ("parallel", "autoregressive")
 CALIBRATION_METHODS = ("isotonic",)
 """The `draft_calibration["method"]` values the drafting rule knows (`peagle.generation.calibration` fits them)."""
+DEFAULT_NUM_HIDDEN_LAYERS = 2
+"""Decoder layers of a head when nothing else decides (the size rule, `peagle.families`, starts from this)."""
+DEFAULT_NUM_PARALLEL_POSITIONS = 8
+"""K_train of a head when nothing else decides (training arguments left None read it from the head's config)."""
 MAX_SPECULATIVE_TOKENS = 64
 """Upper bound on `num_speculative_tokens` (K) and `num_parallel_positions` (K_train) in a config.
 
@@ -210,13 +214,13 @@ class PEagleConfig(LlamaConfig):
 
     model_type = "peagle"
 
-    num_hidden_layers: int = 4
+    num_hidden_layers: int = DEFAULT_NUM_HIDDEN_LAYERS
     draft_vocab_size: int | None = None
     target_hidden_size: int | None = None
     eagle_aux_hidden_state_layer_ids: list[int] | None = None
     target_num_hidden_layers: int | None = None
     mask_token_id: int | None = None
-    num_parallel_positions: int = 8
+    num_parallel_positions: int = DEFAULT_NUM_PARALLEL_POSITIONS
     num_speculative_tokens: int = 7
     confidence_threshold: float | None = None
     draft_calibration: dict | None = None

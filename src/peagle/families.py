@@ -30,7 +30,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .configuration_peagle import default_aux_layer_ids
+from .configuration_peagle import (
+    DEFAULT_NUM_HIDDEN_LAYERS,
+    DEFAULT_NUM_PARALLEL_POSITIONS,
+    default_aux_layer_ids,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ SLOT_COST = 0.3
 this project's CPU in fp32 on one thread (measured 0.26-0.32 for the drafter's matrices at 1-8 rows)."""
 ROUND_REAL_SLOTS = 2
 """Real slots a parallel round feeds the drafter, as the rule counts it (accepted drafts plus the bonus token)."""
-DEFAULT_LAYERS = 2
+DEFAULT_LAYERS = DEFAULT_NUM_HIDDEN_LAYERS
 """Drafter decoder layers by default (the fused layer counts as one); 1 when two leave too small a vocabulary."""
 VOCAB_CAP = 32768
 """Largest default draft vocabulary (EAGLE-3 heads use 32k)."""
@@ -506,7 +510,7 @@ def plan_head(
     values: dict[str, Any] = {
         **fields,
         "embed_from_target": True,
-        "num_parallel_positions": 8,
+        "num_parallel_positions": DEFAULT_NUM_PARALLEL_POSITIONS,
         "drafting_mode": "parallel",
     }
     notes.append("embed_from_target: True (the target's embedding table is shared and frozen, not stored)")

@@ -118,8 +118,8 @@ def dataclass_parent(*types: type) -> argparse.ArgumentParser:
 
 
 def dataclass_from_args(kind: type, args: argparse.Namespace, **overrides: Any):
-    """An instance of the settings dataclass `kind` from the parsed flags its fields became."""
-    values = {
-        f.name: getattr(args, f.name) for f in dataclasses.fields(kind) if f.init and hasattr(args, f.name)
-    }
+    """An instance of the settings dataclass `kind` from the parsed flags its fields became (`--debug` is peagle's
+    own flag, not `TrainingArguments.debug`)."""
+    fields = [f.name for f in dataclasses.fields(kind) if f.init and f.name != "debug"]
+    values = {name: getattr(args, name) for name in fields if hasattr(args, name)}
     return kind(**{**values, **overrides})

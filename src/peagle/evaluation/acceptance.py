@@ -263,8 +263,9 @@ def report(results: dict, k: int) -> None:
 def teacher_forced(target, args) -> dict:
     import tempfile
 
+    from ..training.arguments import PEagleTrainingArguments
     from ..training.features import FeatureCache
-    from ..training.trainer import PEagleTrainer, PEagleTrainingArguments
+    from ..training.trainer import PEagleTrainer
 
     examples = load_examples(args.examples)[args.skip : args.skip + args.limit]
     if args.truncate:

@@ -8,7 +8,8 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
 - data: `prompts` (chat formatting, prompt files and offline prompt sets, the MT-Bench/HumanEval guard),
   `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
-- training: `trainer` ([`PEagleTrainer`], [`PEagleTrainingArguments`]); `recipe` ([`training_arguments`],
+- settings: `arguments` ([`PEagleTrainingArguments`], [`DataArguments`], [`HeadArguments`], [`LoraArguments`]);
+- training: `trainer` ([`PEagleTrainer`]); `recipe` ([`training_arguments`],
   [`build_head`], [`train_head`], which `peagle train` calls, [`grow_draft_vocab`] / [`resize_draft_vocab`]: a
   trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers);
 - data tools behind `peagle grow-data` (`growth`) and `peagle pack` (`packing`).
@@ -52,7 +53,8 @@ _EXPORTS = {
     "vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
     "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
     "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
-    "trainer": ["PEagleTrainer", "PEagleTrainingArguments"],
+    "arguments": ["PEagleTrainingArguments", "DataArguments", "HeadArguments", "LoraArguments"],
+    "trainer": ["PEagleTrainer"],
     "recipe": [
         "train_head",
         "training_arguments",
@@ -66,6 +68,7 @@ _EXPORTS = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime imports are lazy
+    from .arguments import DataArguments, HeadArguments, LoraArguments, PEagleTrainingArguments  # noqa: F401
     from .cod import cod_counts, cod_sample  # noqa: F401
     from .distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
     from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
@@ -93,7 +96,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
         training_arguments,
     )
     from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
-    from .trainer import PEagleTrainer, PEagleTrainingArguments  # noqa: F401
+    from .trainer import PEagleTrainer  # noqa: F401
     from .vllm_engine import VLLMEngine  # noqa: F401
     from .vocab import choose_draft_vocab_size, draft_vocab_coverage, select_draft_vocab  # noqa: F401
 

@@ -21,78 +21,34 @@ if TYPE_CHECKING:
     import torch
 
     from ..modeling_peagle import PEagleDrafter
-    from .trainer import PEagleTrainingArguments
+    from .arguments import PEagleTrainingArguments
 
 logger = logging.getLogger(__name__)
 
 
 def training_arguments(
-    output_dir: str | os.PathLike,
-    *,
-    num_parallel_positions: int | None = 8,
-    cod_ratio: float = 0.7,
-    cod_min_ratio: float = 0.2,
-    sequence_partitions: int = 1,
-    max_length: int = 2048,
-    loss_type: str = "kl",
-    num_train_epochs: float = 1.0,
-    max_steps: int = -1,
-    learning_rate: float = 3e-4,
-    warmup_steps: float = 0.01,
-    lr_scheduler_type: str = "linear",
-    per_device_train_batch_size: int = 1,
-    gradient_accumulation_steps: int = 8,
-    bf16: bool = False,
-    save_steps: int = 500,
-    logging_steps: int = 10,
-    seed: int = 42,
-    use_cpu: bool | None = None,
-    progress: bool = True,
-    **overrides: Any,
+    output_dir: str | os.PathLike, *, use_cpu: bool | None = None, progress: bool = True, **fields: Any
 ) -> PEagleTrainingArguments:
-    """The recipe's `PEagleTrainingArguments` (the defaults of `peagle train`).
+    """The recipe's `PEagleTrainingArguments`: `RECIPE_DEFAULTS` over transformers' defaults, then `fields`.
 
     Args:
         output_dir: checkpoints and logs.
-        num_parallel_positions: K_train (None: the head config's).
-        cod_ratio, cod_min_ratio: COD keep ratio per depth and its floor.
-        sequence_partitions: S, forward/backward passes per example.
-        max_length: examples are truncated to this many tokens.
-        loss_type: `"kl"` or `"ce"`.
-        warmup_steps: a float below 1 is a fraction of the optimiser steps.
         use_cpu: default: True unless CUDA is available.
         progress: show the trainer's progress bar.
-        overrides: any other `PEagleTrainingArguments` / `TrainingArguments` field (e.g. `save_strategy="no"`,
-            `save_total_limit=2`, `optim="sgd"`).
+        fields: any `PEagleTrainingArguments` / `TrainingArguments` field (`num_parallel_positions`, `cod_ratio`,
+            `sequence_partitions`, `learning_rate`, `save_strategy="no"`, ...); each default is the field's own.
     """
     import torch
 
-    from .trainer import PEagleTrainingArguments
+    from .arguments import RECIPE_DEFAULTS, PEagleTrainingArguments
 
     values: dict[str, Any] = {
+        **RECIPE_DEFAULTS,
         "output_dir": os.fspath(output_dir),
-        "num_parallel_positions": num_parallel_positions,
-        "cod_ratio": cod_ratio,
-        "cod_min_ratio": cod_min_ratio,
-        "sequence_partitions": sequence_partitions,
-        "max_length": max_length,
-        "loss_type": loss_type,
-        "num_train_epochs": num_train_epochs,
-        "max_steps": max_steps,
-        "learning_rate": learning_rate,
-        "warmup_steps": warmup_steps,
-        "lr_scheduler_type": lr_scheduler_type,
-        "per_device_train_batch_size": per_device_train_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "bf16": bf16,
-        "save_steps": save_steps,
-        "logging_steps": logging_steps,
-        "seed": seed,
         "use_cpu": (not torch.cuda.is_available()) if use_cpu is None else use_cpu,
-        "report_to": "none",
         "disable_tqdm": not progress,
+        **fields,
     }
-    values.update(overrides)
     return PEagleTrainingArguments(**values)
 
 
@@ -498,11 +454,12 @@ def train_head(
     import torch
 
     from ..families import head_parameters, target_parameters
+    from .arguments import PEagleTrainingArguments
     from .distill import self_distill, synthesize_prompts
     from .features import FeatureCache
     from .prompts import check_chat_template, check_not_evaluation, is_token_ids, stdlib_code_prompts
     from .shards import check_example, save_examples
-    from .trainer import PEagleTrainer, PEagleTrainingArguments
+    from .trainer import PEagleTrainer
 
     start = time.time()
     if (

@@ -26,88 +26,21 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 from transformers.cache_utils import DynamicCache
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging
 
+from .arguments import PEagleTrainingArguments, parse_lr_scales
 from .features import PEagleDataCollator, capture_features
-from .losses import LOSS_TYPES, TargetDistribution
+from .losses import TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
 from .plan import ExamplePlan, SegmentRows, cod_seed, parallel_drafter_inputs, plan_example, segment_rows
 
 logger = logging.get_logger(__name__)
-
-
-@dataclass
-class PEagleTrainingArguments(TrainingArguments):
-    """`TrainingArguments` plus the P-EAGLE training method.
-
-    Args:
-        num_parallel_positions: K_train, depths 0..K-1 per anchor (default: the head config's).
-        cod_ratio: COD keep ratio r per depth (``r**d`` of the anchors at depth d).
-        cod_min_ratio: floor r_min of the keep ratio.
-        sequence_partitions: S, forward/backward passes per example (same gradient for every S).
-        balance_partitions: choose segment boundaries that even out the passes' sizes.
-        max_length: examples are truncated to this many tokens.
-        loss_type: `"kl"` (against the target's distribution over the draft vocab) or `"ce"` (its argmax).
-        ttt_decay: EAGLE-3 mode: weight of unroll step i is ``ttt_decay ** i``.
-        flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
-        flush_denormal: flush denormal floats to zero while training on a CPU: softmaxes over the draft
-            vocabulary produce many, and CPU arithmetic on them is 10-20x slower (no effect on GPUs).
-        trainable_parameters: a regular expression over the head's parameter names; when set, only the
-            parameters it matches (`re.search`) are trained and the rest stay frozen, e.g. `"lm_head"` to fit the
-            rows of a grown draft vocabulary with the decoder layers kept as they are.
-        lr_scales: per-parameter learning rates, as `"REGEX=SCALE"` strings: a parameter whose name the first
-            matching regex finds (`re.search`) trains at `SCALE * learning_rate` (under the same schedule), the
-            others at `learning_rate`; e.g. `["lm_head=0.1"]` moves the LM head ten times slower than the layers.
-    """
-
-    num_parallel_positions: int | None = field(
-        default=None, metadata={"help": "K_train (default: head config)."}
-    )
-    cod_ratio: float = field(default=0.7, metadata={"help": "COD keep ratio r per depth."})
-    cod_min_ratio: float = field(default=0.2, metadata={"help": "COD keep-ratio floor r_min."})
-    sequence_partitions: int = field(default=1, metadata={"help": "Forward/backward passes per example."})
-    balance_partitions: bool = field(default=True, metadata={"help": "Balance segment sizes."})
-    max_length: int = field(default=2048, metadata={"help": "Truncate examples to this many tokens."})
-    loss_type: str = field(default="kl", metadata={"help": "'kl' or 'ce'."})
-    ttt_decay: float = field(default=0.8, metadata={"help": "EAGLE-3 unroll step weight decay."})
-    flex_block_size: int = field(default=128, metadata={"help": "flex-attention block size."})
-    flush_denormal: bool = field(
-        default=True, metadata={"help": "Flush denormal floats to zero (CPU speed)."}
-    )
-    remove_unused_columns: bool = field(default=False, metadata={"help": "Keep every example column."})
-    trainable_parameters: str | None = field(
-        default=None, metadata={"help": "Regex over head parameter names: train only those (default: all)."}
-    )
-    lr_scales: list[str] = field(
-        default_factory=list,
-        metadata={"help": "'REGEX=SCALE' entries: matching head parameters train at SCALE * learning_rate."},
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.trainable_parameters is not None:
-            try:
-                re.compile(self.trainable_parameters)
-            except re.error as err:
-                raise ValueError(
-                    f"trainable_parameters {self.trainable_parameters!r} is not a regex: {err}"
-                ) from err
-        parse_lr_scales(self.lr_scales)
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type is {self.loss_type!r}; expected one of {LOSS_TYPES}.")
-        if self.sequence_partitions < 1:
-            raise ValueError(f"sequence_partitions is {self.sequence_partitions}; expected >= 1.")
-        if self.num_parallel_positions is not None and self.num_parallel_positions < 1:
-            raise ValueError(f"num_parallel_positions is {self.num_parallel_positions}; expected >= 1.")
-        if self.max_length < 3:
-            raise ValueError(f"max_length is {self.max_length}; expected >= 3 tokens.")
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
@@ -128,28 +61,6 @@ def freeze_except(model: torch.nn.Module, pattern: str) -> list[str]:
         )
     logger.info("training %d of the head's parameter tensors: %s", len(kept), ", ".join(kept))
     return kept
-
-
-def parse_lr_scales(entries: list[str] | tuple[str, ...]) -> list[tuple[re.Pattern, float]]:
-    """`"REGEX=SCALE"` entries as `(compiled regex, scale)` pairs, in order; the last `=` separates the two, so
-    the regex may hold one (`(?=...)`).  Refuses a missing `=`, a bad regex and a scale that is not a
-    non-negative number."""
-    scales = []
-    for entry in entries:
-        pattern, sep, value = str(entry).rpartition("=")
-        if not sep or not pattern:
-            raise ValueError(f"lr_scales entry {entry!r} is not 'REGEX=SCALE' (e.g. 'lm_head=0.1').")
-        try:
-            scale = float(value)
-        except ValueError:
-            scale = float("nan")
-        if not scale >= 0.0:
-            raise ValueError(f"lr_scales entry {entry!r}: the scale {value!r} is not a number >= 0.")
-        try:
-            scales.append((re.compile(pattern), scale))
-        except re.error as err:
-            raise ValueError(f"lr_scales entry {entry!r}: {pattern!r} is not a regex: {err}") from err
-    return scales
 
 
 def split_lr_groups(

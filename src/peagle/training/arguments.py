@@ -1,0 +1,261 @@
+"""The settings of head training, each defined once: [`PEagleTrainingArguments`] (transformers'
+`TrainingArguments` plus the P-EAGLE method), [`DataArguments`] (target and data), [`HeadArguments`] (the head
+to build or continue) and [`LoraArguments`] (adapting an existing head).
+
+`peagle train` parses the four with `HfArgumentParser`, the pattern of transformers' own examples: each flag is its
+field's name (`--cod_ratio`, also spelled `--cod-ratio`), with the field's default and help.  `RECIPE_DEFAULTS` are
+the recipe's choices where they differ from `TrainingArguments`' own (`recipe.training_arguments` and the command
+both apply them).  Head sizes left None follow the size rule (`peagle.families`, `PEagleConfig.for_target`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+from ..configuration_peagle import MAX_SPECULATIVE_TOKENS
+from .losses import LOSS_TYPES
+
+RECIPE_DEFAULTS: dict[str, Any] = {
+    "num_train_epochs": 1.0,
+    "learning_rate": 3e-4,
+    "warmup_steps": 0.01,  # below 1: a fraction of the optimiser steps
+    "gradient_accumulation_steps": 8,
+    "logging_steps": 10,
+    "report_to": "none",
+}
+"""The standard recipe's training settings where they differ from `TrainingArguments`' defaults."""
+
+
+def _at_least(owner: Any, minimum: int, *names: str) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise ValueError(f"{name} is {value!r}; expected an integer >= {minimum}.")
+
+
+def parse_lr_scales(entries: list[str] | tuple[str, ...]) -> list[tuple[re.Pattern, float]]:
+    """`"REGEX=SCALE"` entries as `(compiled regex, scale)` pairs, in order; the last `=` separates the two, so
+    the regex may hold one (`(?=...)`).  Refuses a missing `=`, a bad regex and a scale that is not a
+    non-negative number."""
+    scales = []
+    for entry in entries:
+        pattern, sep, value = str(entry).rpartition("=")
+        if not sep or not pattern:
+            raise ValueError(f"lr_scales entry {entry!r} is not 'REGEX=SCALE' (e.g. 'lm_head=0.1').")
+        try:
+            scale = float(value)
+        except ValueError:
+            scale = float("nan")
+        if not scale >= 0.0:
+            raise ValueError(f"lr_scales entry {entry!r}: the scale {value!r} is not a number >= 0.")
+        try:
+            scales.append((re.compile(pattern), scale))
+        except re.error as err:
+            raise ValueError(f"lr_scales entry {entry!r}: {pattern!r} is not a regex: {err}") from err
+    return scales
+
+
+@dataclass
+class PEagleTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus the P-EAGLE training method.
+
+    Args:
+        num_parallel_positions: K_train, depths 0..K-1 per anchor (default: the head config's).
+        cod_ratio: COD keep ratio r per depth (``r**d`` of the anchors at depth d).
+        cod_min_ratio: floor r_min of the keep ratio.
+        sequence_partitions: S, forward/backward passes per example (same gradient for every S).
+        balance_partitions: choose segment boundaries that even out the passes' sizes.
+        max_length: examples are truncated to this many tokens.
+        loss_type: `"kl"` (against the target's distribution over the draft vocab) or `"ce"` (its argmax).
+        ttt_decay: EAGLE-3 mode: weight of unroll step i is ``ttt_decay ** i``.
+        flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
+        flush_denormal: flush denormal floats to zero while training on a CPU: softmaxes over the draft
+            vocabulary produce many, and CPU arithmetic on them is 10-20x slower (no effect on GPUs).
+        trainable_parameters: a regular expression over the head's parameter names; when set, only the
+            parameters it matches (`re.search`) are trained and the rest stay frozen, e.g. `"lm_head"` to fit the
+            rows of a grown draft vocabulary with the decoder layers kept as they are.
+        lr_scales: per-parameter learning rates, as `"REGEX=SCALE"` strings: a parameter whose name the first
+            matching regex finds (`re.search`) trains at `SCALE * learning_rate` (under the same schedule), the
+            others at `learning_rate`; e.g. `["lm_head=0.1"]` moves the LM head ten times slower than the layers.
+    """
+
+    num_parallel_positions: int | None = field(
+        default=None,
+        metadata={"help": "K_train, parallel positions (depths) per anchor (default: the head's)."},
+    )
+    cod_ratio: float = field(default=0.7, metadata={"help": "COD keep ratio r per depth."})
+    cod_min_ratio: float = field(default=0.2, metadata={"help": "COD keep-ratio floor r_min."})
+    sequence_partitions: int = field(default=1, metadata={"help": "Forward/backward passes per example."})
+    balance_partitions: bool = field(default=True, metadata={"help": "Balance segment sizes."})
+    max_length: int = field(default=2048, metadata={"help": "Truncate examples to this many tokens."})
+    loss_type: str = field(default="kl", metadata={"help": "'kl' or 'ce'."})
+    ttt_decay: float = field(default=0.8, metadata={"help": "EAGLE-3 unroll step weight decay."})
+    flex_block_size: int = field(default=128, metadata={"help": "flex-attention block size."})
+    flush_denormal: bool = field(
+        default=True, metadata={"help": "Flush denormal floats to zero (CPU speed)."}
+    )
+    remove_unused_columns: bool = field(default=False, metadata={"help": "Keep every example column."})
+    trainable_parameters: str | None = field(
+        default=None, metadata={"help": "Regex over head parameter names: train only those (default: all)."}
+    )
+    lr_scales: list[str] = field(
+        default_factory=list,
+        metadata={"help": "'REGEX=SCALE' entries: matching head parameters train at SCALE * learning_rate."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.trainable_parameters is not None:
+            try:
+                re.compile(self.trainable_parameters)
+            except re.error as err:
+                raise ValueError(
+                    f"trainable_parameters {self.trainable_parameters!r} is not a regex: {err}"
+                ) from err
+        parse_lr_scales(self.lr_scales)
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type is {self.loss_type!r}; expected one of {LOSS_TYPES}.")
+        if self.sequence_partitions < 1:
+            raise ValueError(f"sequence_partitions is {self.sequence_partitions}; expected >= 1.")
+        k = self.num_parallel_positions
+        if k is not None and not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_parallel_positions is {k}; expected an integer in [1, {MAX_SPECULATIVE_TOKENS}]."
+            )
+        _at_least(self, 1, "per_device_train_batch_size", "gradient_accumulation_steps")
+        if self.max_length < 3:
+            raise ValueError(f"max_length is {self.max_length}; expected >= 3 tokens.")
+
+
+@dataclass
+class DataArguments:
+    """Where the training examples come from: the target, and prompts it answers itself or ready examples."""
+
+    target: str = field(default="default", metadata={"help": "target folder, GGUF file, Hub id or 'default'"})
+    dtype: str = field(
+        default="float32", metadata={"choices": ["float32", "bfloat16", "float16"], "help": "target dtype"}
+    )
+    prompts: list[str] = field(default_factory=list, metadata={"help": ".txt/.json/.jsonl prompt files"})
+    limit: int | None = field(default=None, metadata={"help": "read at most this many prompts per file"})
+    num_magpie_prompts: int = field(default=0, metadata={"help": "prompts the target writes itself (Magpie)"})
+    num_code_prompts: int = field(
+        default=0, metadata={"help": "coding prompts from Python's standard library"}
+    )
+    examples: str | None = field(
+        default=None,
+        metadata={"help": "ready examples: a .jsonl with input_ids, loss_mask, or a shard folder"},
+    )
+    max_new_tokens: int = field(default=256, metadata={"help": "response length cap for self-distillation"})
+    generation_batch_size: int = field(default=8, metadata={"help": "prompts per generate() call"})
+    chat_template: str | None = field(
+        default=None, metadata={"help": "a Jinja chat template file for a target whose tokenizer has none"}
+    )
+    plain_prompts: bool = field(
+        default=False,
+        metadata={"help": "no chat template: each prompt is encoded as plain text (not with Magpie prompts)"},
+    )
+    do_sample: bool = field(default=False, metadata={"help": "sample responses instead of greedy decoding"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (with do_sample)"})
+    feature_cache: str | None = field(default=None, metadata={"help": "cache target features in this folder"})
+    calibration_examples: str = field(
+        default="auto",
+        metadata={
+            "help": "hold out the last N examples and fit the head's draft calibration on them after training; "
+            "'auto': min(32, 10%% of the examples), none below 40; 0: none"
+        },
+    )
+
+    def __post_init__(self):
+        _at_least(self, 1, "limit", "max_new_tokens", "generation_batch_size")
+        _at_least(self, 0, "num_magpie_prompts", "num_code_prompts")
+        if self.calibration_examples != "auto":
+            try:
+                count = int(self.calibration_examples)
+            except ValueError:
+                count = -1
+            if count < 0:
+                raise ValueError(
+                    f"calibration_examples is {self.calibration_examples!r}; expected 'auto' or a count >= 0."
+                )
+            self.calibration_examples = count
+
+
+@dataclass
+class HeadArguments:
+    """The head to train: a new one (sizes left None follow the size rule) or `base_head` continued."""
+
+    drafting_mode: str = field(default="parallel", metadata={"choices": ["parallel", "autoregressive"]})
+    num_hidden_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": "drafter layers (default: the size rule's); with base_head, grow it to this many first"
+        },
+    )
+    draft_vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "LM-head rows (default: the smallest covering 99.5%% of the data's response tokens, within the "
+            "size rule); with base_head, resize its vocabulary first"
+        },
+    )
+    embed_from_target: bool = field(
+        default=True,
+        metadata={"help": "share the target's frozen embeddings (--no_embed_from_target: own table)"},
+    )
+    mask_token_id: int | None = None
+    lm_head_init: str = field(
+        default="target",
+        metadata={
+            "choices": ["target", "random"],
+            "help": "LM head from the target's rows of the draft vocabulary",
+        },
+    )
+    layers_init: str = field(
+        default="random",
+        metadata={
+            "choices": ["random", "target"],
+            "help": "decoder layers random or copied from the target's last",
+        },
+    )
+    base_head: str | None = field(
+        default=None,
+        metadata={
+            "help": "start from this head (with lora, default: the shipped head of the default target)"
+        },
+    )
+
+    def __post_init__(self):
+        _at_least(self, 1, "num_hidden_layers", "draft_vocab_size")
+
+
+@dataclass
+class LoraArguments:
+    """Adapting an existing head with a LoRA adapter (peft, `peagle.adapters`); the head stays frozen."""
+
+    lora: bool = field(default=False, metadata={"help": "train a LoRA adapter on the base head"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA alpha (default 2 * r)"})
+    lora_dropout: float = 0.0
+    lora_target_modules: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated module-name suffixes (default q/k/v/o_proj, gate/up/down_proj, fc)"
+        },
+    )
+
+    def __post_init__(self):
+        _at_least(self, 1, "lora_r")
+
+
+__all__ = [
+    "PEagleTrainingArguments",
+    "DataArguments",
+    "HeadArguments",
+    "LoraArguments",
+    "RECIPE_DEFAULTS",
+    "parse_lr_scales",
+]
