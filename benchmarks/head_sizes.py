@@ -4,7 +4,7 @@
    (chosen on `--examples`, measured on them and on `--heldout`), and the size `choose_draft_vocab_size` picks.
 2. Sizes: `PEagleConfig.for_target`'s default head for a few target shapes (random weights, built from config
    classes, nothing downloaded): layers, draft vocabulary, own parameters and their share of the target's.
-   With the modeled round / step cost ratio the rule budgets (`peagle.families.round_cost`, `ROUND_BUDGET`).
+   With the modeled round / step cost ratio the rule budgets (`peagle.sizing.round_cost`, `ROUND_BUDGET`).
 3. Costs (`--time`): for the targets small enough for this CPU, one target step (1 new token after a 256-token
    context) against one drafting round of the default head (2 real slots + K-1 parallel slots): the median over
    3 interleaved repeats of the ratio of medians of 7, in the thread count of the run; also for the real SmolLM2-135M-Instruct (`peagle.targets.load_default_target`)
@@ -26,8 +26,8 @@ import torch
 import transformers
 
 from peagle import PEagleConfig, PEagleDrafter
-from peagle.families import plan_head, round_cost
 from peagle.modeling_peagle import cache_kwarg
+from peagle.sizing import plan_head, round_cost
 from peagle.training.shards import load_examples
 from peagle.training.vocab import choose_draft_vocab_size, draft_vocab_coverage
 

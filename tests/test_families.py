@@ -1,4 +1,4 @@
-"""Every target family of the matrix (`peagle.families.FAMILIES`), on tiny random configs built from transformers'
+"""Every target family of the matrix (`peagle.sizing.FAMILIES`), on tiny random configs built from transformers'
 config classes: a head from `for_target`, lossless drafting in `generate()` (greedy token for token, sampling within
 the target's distribution), one partitioned training step, save/load, and the vLLM export where vLLM serves the
 family.  Plus the size rule on a Gemma-3-270M-shaped config and the families that cannot work."""
@@ -15,8 +15,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from helpers import Oracle, make_args, make_target, random_examples
-from peagle import PEagleConfig, PEagleDrafter, export, families
-from peagle.families import (
+from peagle import PEagleConfig, PEagleDrafter, export, sizing
+from peagle.sizing import (
     FAMILIES,
     HEAD_BUDGET,
     ROUND_BUDGET,
@@ -81,9 +81,7 @@ MATRIX = sorted(CONFIGS)
 
 def test_matrix_is_the_family_table():
     assert set(CONFIGS) == set(FAMILIES)
-    assert {m for m in FAMILIES if FAMILIES[m].vllm_eagle3} == set(
-        FAMILIES
-    ) & families.VLLM_EAGLE3_MODEL_TYPES
+    assert {m for m in FAMILIES if FAMILIES[m].vllm_eagle3} == set(FAMILIES) & sizing.VLLM_EAGLE3_MODEL_TYPES
 
 
 def target_config(family: str):
@@ -394,7 +392,7 @@ def test_round_budget_keeps_the_vocabulary_then_the_layers(caplog):
     assert smol.values["num_hidden_layers"] == 1 and smol.vocab_range == (8192, 8192)
     assert smol.head_parameters <= smol.budget and ROUND_BUDGET < smol.round_fraction < 0.25
     assert any("the vocabulary floor is kept" in n for n in smol.notes)
-    with caplog.at_level("INFO", logger="peagle.families"):
+    with caplog.at_level("INFO", logger="peagle.sizing"):
         PEagleConfig.for_target(smollm2_135m_config())
     assert [r.levelname for r in caplog.records] == ["INFO"]  # a deliberate rule, not a warning
     shipped = plan_head(smollm2_135m_config(), {"num_hidden_layers": 2, "draft_vocab_size": 8192})

@@ -97,16 +97,16 @@ def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypa
 def test_sizing_log_says_given_only_for_what_the_caller_gave(caplog):
     target = make_target()
     examples = [{"input_ids": [1, 5, 6, 6, 9, 2], "loss_mask": [0, 0, 1, 1, 1, 1]}] * 3
-    with caplog.at_level("INFO", logger="peagle.families"):
+    with caplog.at_level("INFO", logger="peagle.sizing"):
         build_head(target, examples)
     assert "draft_vocab_size: 128 (the size rule's)" in caplog.text and "(given)" not in caplog.text
     caplog.clear()
-    with caplog.at_level("INFO", logger="peagle.families"):
+    with caplog.at_level("INFO", logger="peagle.sizing"):
         build_head(target, examples, draft_vocab_size=16, num_hidden_layers=1)
     assert "draft_vocab_size: 16 (given)" in caplog.text and "num_hidden_layers: 1 (given)" in caplog.text
     caplog.clear()
     wide = make_target(vocab_size=9216)  # above the 8,192 floor: the size comes from the data
-    with caplog.at_level("INFO", logger="peagle.families"):
+    with caplog.at_level("INFO", logger="peagle.sizing"):
         build_head(wide, examples)
     assert (
         "draft_vocab_size: 8192 (chosen from the training data" in caplog.text

@@ -17,7 +17,10 @@ Importing peagle has these side effects, and no others:
 
 from transformers import AutoConfig, AutoModel
 
-from . import hub  # noqa: F401  (registers PEagleDrafter.push_to_hub)
+from . import (
+    hub,  # noqa: F401  (registers PEagleDrafter.push_to_hub)
+    sizing,  # noqa: F401  (registers the sizing rule as PEagleConfig.for_target's)
+)
 from ._version import __version__
 from .configuration_peagle import PEagleConfig
 from .formats import export

@@ -7,7 +7,6 @@ add what a drafter needs to know about its target and about parallel drafting.
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
 import os
@@ -21,7 +20,7 @@ DRAFTING_MODES = ("parallel", "autoregressive")
 CALIBRATION_METHODS = ("isotonic",)
 """The `draft_calibration["method"]` values the drafting rule knows (`peagle.generation.calibration` fits them)."""
 DEFAULT_NUM_HIDDEN_LAYERS = 2
-"""Decoder layers of a head when nothing else decides (the size rule, `peagle.families`, starts from this)."""
+"""Decoder layers of a head when nothing else decides (the size rule, `peagle.sizing`, starts from this)."""
 DEFAULT_NUM_PARALLEL_POSITIONS = 8
 """K_train of a head when nothing else decides (training arguments left None read it from the head's config)."""
 MAX_SPECULATIVE_TOKENS = 64
@@ -195,7 +194,7 @@ class PEagleConfig(LlamaConfig):
       mask embedding is learned and stored (`mask_embedding`).
     - `target_model_name`: name or path of the target the head was trained for.
     - `target_model_type`: transformers' `model_type` of the target (`"llama"`, `"gemma3_text"`, ...); export
-      checks it against the families the serving engine supports (`peagle.families`).
+      checks it against the families the serving engine supports (`peagle.sizing`).
 
     Example:
 
@@ -296,33 +295,39 @@ class PEagleConfig(LlamaConfig):
 
     @classmethod
     def for_target(cls, target: Any, **overrides: Any) -> PEagleConfig:
-        """A config sized for `target` (a model, or its config), by the rules of `peagle.families`.
+        """A config sized for `target` (a model, or its config), by the rules of `peagle.sizing`.
 
         From the target: widths (hidden size, heads, kv heads, head_dim, intermediate size), vocabulary, layer
         count and aux layers `(2, L//2, L-3)` (`(1, L//2, L-1)` when L < 8), the RoPE of its global-attention
         layers, eps, token ids.  The drafter's own: SiLU, no biases, full attention, the target's embeddings shared
         and frozen (`embed_from_target=True`), a draft vocabulary of 8k-32k, at most 10% of the target's parameters,
-        and a drafting round that costs at most 20% of a target step (modeled: `peagle.families.round_cost`); the
-        vocabulary is kept first, then `DEFAULT_LAYERS` (2) layers if the budgets still allow, else 1;
+        and a drafting round that costs at most 20% of a target step (modeled: `peagle.sizing.round_cost`); the
+        vocabulary is kept first, then `DEFAULT_NUM_HIDDEN_LAYERS` (2) layers if the budgets still allow, else 1;
         K = min(7, K_train).
         `mask_token_id` defaults to `vocab_size - 1` (pass a reserved token of your tokenizer instead when it has
         one).  Every field can be overridden by keyword.  The sizes chosen and why are logged (logger
-        `peagle.families`, level INFO); `peagle.families.plan_head` returns them.  Raises `ValueError` naming the
+        `peagle.sizing`, level INFO); `peagle.sizing.plan_head` returns them.  Raises `ValueError` naming the
         family for targets that cannot work (encoder-decoder, stateful).
+
+        The sizing rule is peagle's, not this file's (which ships as remote code and imports nothing from peagle):
+        `peagle.sizing` registers it here on import ([`register_head_sizing`]).
         """
-        try:  # peagle's own module, absent when this file runs as Hub remote code (nothing builds heads there)
-            from peagle.families import plan_head
-        except ImportError as err:
+        if _HEAD_SIZING is None:  # this file running as Hub remote code: nothing builds heads there
             raise ImportError(
                 "PEagleConfig.for_target needs the peagle package (pip install peagle); loading a saved head "
                 "does not."
-            ) from err
-        plan = plan_head(target, overrides)
-        log = logging.getLogger("peagle.families")
-        chosen = not {"num_hidden_layers", "draft_vocab_size", "embed_from_target"} & set(overrides)
-        over = plan.head_parameters > plan.budget and chosen  # a default that cannot fit: say so loudly
-        log.log(logging.WARNING if over else logging.INFO, plan.describe())
-        return cls(**plan.values)
+            )
+        return cls(**_HEAD_SIZING(target, overrides))
+
+
+_HEAD_SIZING: Any = None
+"""`(target, overrides) -> config values`, registered by `peagle.sizing`."""
+
+
+def register_head_sizing(sizing: Any) -> None:
+    """Install the function [`PEagleConfig.for_target`] sizes heads with (`peagle.sizing` calls this on import)."""
+    global _HEAD_SIZING
+    _HEAD_SIZING = sizing
 
 
 def _in_file(err: Exception, where: str) -> ValueError:

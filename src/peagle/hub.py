@@ -122,7 +122,7 @@ def target_license(head: PEagleDrafter, target_model: Any = None) -> str:
             return found
     kind = getattr(config, "target_model_type", None)
     if target_model is not None:
-        from .families import target_model_type
+        from .sizing import target_model_type
 
         kind = target_model_type(target_model) or kind
     if kind in FAMILY_LICENSES:
@@ -313,7 +313,7 @@ def render_model_card(
         template: another body template (`string.Template` placeholders, see `peagle_head.md`).
         target_model: the loaded target, when at hand (its recorded name and family help the defaults).
     """
-    from .families import VLLM_EAGLE3_MODEL_TYPES, family_name, target_model_type
+    from .sizing import VLLM_EAGLE3_MODEL_TYPES, family_name, target_model_type
 
     config = head.config
     base = base_model or target_hub_id(config.target_model_name, target_model) or config.target_model_name

@@ -92,7 +92,7 @@ def check_lora(data, head, lora, args) -> None:
 
 
 def show_sizing_log() -> None:
-    """The head-size decisions (peagle.families) and the draft-vocabulary choice are logged at INFO: show them."""
+    """The head-size decisions (peagle.sizing) and the draft-vocabulary choice are logged at INFO: show them."""
     import logging
 
     log = logging.getLogger("peagle")

@@ -230,7 +230,7 @@ def export(
     Raises:
         ValueError: before anything is written or created, when the head does not fit `target_model`
             (`check_target`: family, widths, layers) or, for the layouts vLLM serves through its EAGLE-3 path
-            (`vllm`, `speculators`), when vLLM does not serve the target family (`peagle.families.check_export_target`).
+            (`vllm`, `speculators`), when vLLM does not serve the target family (`peagle.sizing.check_export_target`).
     """
     writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
     if layout not in writers:
@@ -245,7 +245,7 @@ def export(
         )
     if target_model is not None:  # a head written next to a target it was not built for is refused
         head.check_target(target_model)
-    from ..families import check_export_target
+    from ..sizing import check_export_target
 
     check_export_target(head, layout, target_model)  # vLLM's EAGLE-3 families; before anything is created
     quantization = None

@@ -203,7 +203,7 @@ def from_peagle(
     the target from its command line, so `verifier` is not recorded.
 
     `peagle.export` first refuses heads whose target family vLLM's EAGLE-3 path does not serve
-    (`peagle.families.check_export_target`).
+    (`peagle.sizing.check_export_target`).
     """
     config = vllm_config(head, num_speculative_tokens)
     write_checkpoint(out, config, export_tensors(head, tensor_name, target_model), max_shard_size)

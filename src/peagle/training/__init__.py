@@ -20,7 +20,7 @@ Example:
 from peagle.training import PEagleTrainer, build_head, self_distill, training_arguments
 
 examples = self_distill(target, ["Write a haiku about rain.", ...], tokenizer=tokenizer)
-head = build_head(target, examples)  # sized by peagle.families: layers, draft vocabulary from the data
+head = build_head(target, examples)  # sized by peagle.sizing: layers, draft vocabulary from the data
 args = training_arguments("ckpt", num_parallel_positions=8, sequence_partitions=4)
 PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples).train()
 head.save_pretrained("my-head")

@@ -82,10 +82,8 @@ def generate_responses(
     """
     from tqdm.auto import tqdm
 
-    from .vllm_engine import VLLMEngine
-
     eos = eos_token_ids(target, eos_token_id)
-    if isinstance(target, VLLMEngine):  # continuous batching in the vLLM process
+    if getattr(target, "continuous_batching", False):  # a VLLMEngine: continuous batching in the vLLM process
         return target.generate(
             prompts,
             max_new_tokens=max_new_tokens,

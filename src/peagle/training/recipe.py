@@ -69,7 +69,7 @@ def build_head(
     dtype: torch.dtype | None = None,
     **config_overrides: Any,
 ) -> PEagleDrafter:
-    """A new head for `target`: `PEagleConfig.for_target` (the size rule of `peagle.families`) plus a draft
+    """A new head for `target`: `PEagleConfig.for_target` (the size rule of `peagle.sizing`) plus a draft
     vocabulary chosen from `examples`.
 
     Args:
@@ -96,8 +96,8 @@ def build_head(
     import torch
 
     from ..configuration_peagle import PEagleConfig
-    from ..families import plan_head
     from ..modeling_peagle import PEagleDrafter
+    from ..sizing import plan_head
     from .vocab import coverage_vocab_size, select_draft_vocab
 
     for name, value in (("lm_head_init", lm_head_init), ("layers_init", layers_init)):
@@ -149,7 +149,7 @@ def build_head(
     ]
     chosen = not {"num_hidden_layers", "embed_from_target"} & set(values) and why_vocab != "given"
     over = plan.head_parameters > plan.budget and chosen
-    logging.getLogger("peagle.families").log(logging.WARNING if over else logging.INFO, plan.describe())
+    logging.getLogger("peagle.sizing").log(logging.WARNING if over else logging.INFO, plan.describe())
     config = PEagleConfig(**plan.values)
     head = PEagleDrafter(config).to(dtype or torch.float32)
     if draft_vocab_size < vocab_size:
@@ -429,7 +429,7 @@ def train_head(
             template and text prompts raise `ValueError` unless this is set.
         head: a head to continue training; default [`build_head`] on the examples with `num_hidden_layers`,
             `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init`, `layers_init` (each
-            defaulting to the size rule of `peagle.families`: the draft vocabulary is chosen from the examples) and
+            defaulting to the size rule of `peagle.sizing`: the draft vocabulary is chosen from the examples) and
             the arguments' K_train. A draft calibration it carries was fitted to its old weights: the trained
             head drops it (with a warning) unless `calibration_examples` fits a new one.  With `draft_vocab_size`
             too, a head whose vocabulary has another size is first given one of that size ([`grow_draft_vocab`]:
@@ -453,7 +453,7 @@ def train_head(
     """
     import torch
 
-    from ..families import head_parameters, target_parameters
+    from ..sizing import head_parameters, target_parameters
     from .arguments import PEagleTrainingArguments
     from .distill import self_distill, synthesize_prompts
     from .features import FeatureCache

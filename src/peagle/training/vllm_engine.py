@@ -43,6 +43,9 @@ class VLLMEngine:
     the stop ids are found as for a transformers target.  Use it as a context manager, or call `close()`.
     """
 
+    continuous_batching = True
+    """Marks the engines `generate_responses` hands a whole prompt list to (the protocol `distill` reads)."""
+
     def __init__(
         self,
         target: str | os.PathLike,

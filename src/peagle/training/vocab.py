@@ -4,7 +4,7 @@
 [`draft_vocab_coverage`] tells which share of response tokens a vocabulary of each size covers, and
 [`coverage_vocab_size`] gives the smallest size that covers `VOCAB_COVERAGE` (99.5%) of them (the size rule keeps
 that many ids before a second layer), and [`choose_draft_vocab_size`] the smallest in the range
-`peagle.families.plan_head` allows (docs/families.md has the measurements behind these defaults).
+`peagle.sizing.plan_head` allows (docs/families.md has the measurements behind these defaults).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def coverage_vocab_size(
 ) -> int | None:
     """The smallest draft vocabulary (a multiple of `step`, at most `vocab_size`) whose [`select_draft_vocab`]
     choice covers `coverage` (default `VOCAB_COVERAGE`, 99.5%) of the examples' response tokens; None when they
-    have none.  `peagle.families.plan_head(..., needed_vocab=...)` keeps a vocabulary this large before it keeps
+    have none.  `peagle.sizing.plan_head(..., needed_vocab=...)` keeps a vocabulary this large before it keeps
     a second layer.
 
     Example:
@@ -104,7 +104,7 @@ def coverage_vocab_size(
         >>> coverage_vocab_size(ex, 100, step=8)
         40
     """
-    from ..families import VOCAB_COVERAGE, VOCAB_STEP
+    from ..sizing import VOCAB_COVERAGE, VOCAB_STEP
 
     coverage = VOCAB_COVERAGE if coverage is None else float(coverage)
     step = VOCAB_STEP if step is None else int(step)
@@ -128,8 +128,8 @@ def choose_draft_vocab_size(
     """The smallest draft vocabulary in `[smallest, largest]` (a multiple of `step`, or `largest`) whose
     [`select_draft_vocab`] choice covers `coverage` of the examples' response tokens.
 
-    Defaults: `coverage = peagle.families.VOCAB_COVERAGE` (0.995), `step = VOCAB_STEP` (1024).  The range comes
-    from `peagle.families.plan_head` (the head-size rule); the data only chooses within it.
+    Defaults: `coverage = peagle.sizing.VOCAB_COVERAGE` (0.995), `step = VOCAB_STEP` (1024).  The range comes
+    from `peagle.sizing.plan_head` (the head-size rule); the data only chooses within it.
 
     Example:
 

