@@ -5,10 +5,10 @@ The default head was trained on English chat and Python standard-library code pr
 1. writes French prompts (instruction templates x topics; the held-out topics are never trained on),
 2. lets the target answer them itself (`peagle.training.distill.self_distill`, greedy, with a French system prompt),
    plus a few English prompts of the head's original domain (`--replay-prompts`, against forgetting),
-3. trains a LoRA adapter on the frozen head with `PEagleTrainer` (`peagle.adapters.lora_for_training`),
-4. merges it (`peagle.adapters.merge_lora`) and measures, before and after, on held-out French prompts AND on
+3. trains a LoRA adapter on the frozen head with `PEagleTrainer` (`peagle.integrations.peft.lora_for_training`),
+4. merges it (`peagle.integrations.peft.merge_lora`) and measures, before and after, on held-out French prompts AND on
    held-out English prompts (did the head keep its original domain?):
-   tau = new tokens / target forward calls (`peagle.bench.timed_generate`, greedy, K = 7, constant schedule;
+   tau = new tokens / target forward calls (`peagle.evaluation.bench.timed_generate`, greedy, K = 7, constant schedule;
    the prefill counts as a call) and the generator's own acceptance length (accepted drafts + rounds) / rounds
    from `head.last_generation_stats`.  Data and training use a bfloat16 target (fast, as the head was trained);
    the measurements a float32 one (`--eval-dtype`), where speculative greedy output is bit-identical to plain
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from peagle.adapters import draft_vocab_coverage, lora_config, lora_for_training, merge_lora
 from peagle.evaluation.timing import timed_generate
+from peagle.integrations.peft import head_vocab_coverage, lora_config, lora_for_training, merge_lora
 from peagle.modeling_peagle import PEagleDrafter
 from peagle.targets import default_drafter_path, load_default_target
 from peagle.training.distill import self_distill
@@ -229,7 +229,7 @@ def main() -> None:
         batch_size=16,
         seed=args.seed,
     )
-    coverage = draft_vocab_coverage(head, examples)
+    coverage = head_vocab_coverage(head, examples)
     print(f"{len(examples)} French examples, draft-vocab coverage of their responses {coverage:.3f}")
     en_replay = english_replay_prompts(args.replay_prompts, args.seed) if args.replay_prompts else []
     replay = (

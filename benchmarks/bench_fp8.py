@@ -5,7 +5,7 @@
    CUDA events around each call, median (and p10/p90) over `--repeats` after `--warmup` calls.
 2. Acceptance: `target.generate(ids, assistant_model=head)` with the bf16 head and each FP8 head on the first
    `--prompts` MT-Bench and HumanEval prompts, K = `--accept-k`.  Two acceptance lengths are reported:
-   `tau` = new tokens / target forward passes (peagle.bench's definition, prefill included) and
+   `tau` = new tokens / target forward passes (peagle.evaluation.bench's definition, prefill included) and
    `tau_rounds` = (accepted drafts + rounds) / rounds (peagle's generation stats).  Every run is compared
    with plain greedy decoding (`matches_greedy`); use a float32 target (the default) for a bit-exact check.
 
@@ -35,8 +35,8 @@ from transformers.cache_utils import DynamicCache
 
 import peagle
 from peagle import fp8
-from peagle.bench import chat_prompt_ids
-from peagle.evalsets import load_humaneval, load_mtbench
+from peagle.evaluation.bench import chat_prompt_tensor
+from peagle.evaluation.evalsets import load_humaneval, load_mtbench
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.targets import default_drafter_path, load_default_target
 
@@ -191,7 +191,7 @@ def acceptance(target, tokenizer, heads: dict[str, Any], device: torch.device, a
         if dataset not in loaders:
             raise SystemExit(f"bench_fp8: unknown dataset {dataset!r}; expected some of {sorted(loaders)}")
         for idx, text in enumerate(loaders[dataset](args.prompts)):
-            ids = chat_prompt_ids(tokenizer, text).to(device)
+            ids = chat_prompt_tensor(tokenizer, text).to(device)
             greedy = timed_generate(target, ids, args.max_new_tokens)
             outputs = {}
             for name, head in heads.items():

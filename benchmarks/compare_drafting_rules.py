@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from peagle import PEagleDrafter
-from peagle.bench import chat_prompt_ids
+from peagle.evaluation.bench import chat_prompt_tensor
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import PEagleGenerationStats
 from peagle.generation.calibration import prompts_of_examples
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         model = VerifyCostModel.from_dict({**data, "source": "user"})  # fixed: no online refinement
         set_cost_model(head, model)
     check_not_evaluation(list(CHAT_PROMPTS), source="comparison prompts")
-    prompts = [chat_prompt_ids(tokenizer, t) for t in CHAT_PROMPTS]
+    prompts = [chat_prompt_tensor(tokenizer, t) for t in CHAT_PROMPTS]
     if args.examples:
         prompts += prompts_of_examples(load_examples(args.examples)[args.skip : args.skip + args.limit])
     compared = rules(k, [int(j) for j in args.ks.split(",")], [float(t) for t in args.thresholds.split(",")])

@@ -23,17 +23,17 @@ from pathlib import Path
 
 
 def _rows(tokenizer, count: int):
-    from peagle.bench import chat_prompt_ids
-    from peagle.evalsets import EVAL_SETS
+    from peagle.evaluation.bench import chat_prompt_tensor
+    from peagle.evaluation.evalsets import EVAL_SETS
 
     texts = [t for pair in zip(EVAL_SETS["mtbench"](count), EVAL_SETS["humaneval"](count)) for t in pair]
-    return [chat_prompt_ids(tokenizer, t) for t in texts[:count]]
+    return [chat_prompt_tensor(tokenizer, t) for t in texts[:count]]
 
 
 def lossless(target, tokenizer, heads: dict, device) -> list[dict]:
     import torch
 
-    from peagle.bench_batch import left_pad
+    from peagle.evaluation.bench_batch import left_pad
 
     results = []
     for dtype in (torch.float32, torch.bfloat16):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from helpers import make_head, make_target
-from peagle.bench import format_table, run_benchmark, summarize, timed_generate, write_results
-from peagle.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
+from peagle.evaluation.bench import format_table, run_benchmark, summarize, timed_generate, write_results
+from peagle.evaluation.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
 
 
 def test_timed_generate_counts_rounds():
@@ -157,7 +157,7 @@ def test_bench_command_validates_before_loading(monkeypatch):
 def test_batch_benchmark_rows_summary_and_files(tmp_path):
     """`peagle bench --batch-sizes`: every method at every B on the same prompts, each row checked against plain
     batched greedy and against batch 1; a table and a plot (behaviour only, nothing compared by speed)."""
-    from peagle.bench_batch import format_batch_table, run_batch_benchmark, write_batch_results
+    from peagle.evaluation.bench_batch import format_batch_table, run_batch_benchmark, write_batch_results
 
     target = make_target(eos_token_id=None)
     head = make_head(target, confidence_threshold=None)

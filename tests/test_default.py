@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import peagle
-from peagle.bench import chat_prompt_ids, timed_generate
+from peagle.evaluation.bench import chat_prompt_tensor, timed_generate
 from peagle.targets import cache_dir, default_drafter_path, default_target_path
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def test_converted_target_is_real_smollm2(target_and_tokenizer):
     t0 = time.perf_counter()
     peagle.load_default_target()
     assert time.perf_counter() - t0 < 15  # the GGUF path takes ~25 s; the cached folder ~1 s
-    ids = chat_prompt_ids(tok, "What is the capital of France?")
+    ids = chat_prompt_tensor(tok, "What is the capital of France?")
     out = target.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1] :])
 
@@ -49,7 +49,7 @@ def test_shipped_heads_are_small_and_lossless(target_and_tokenizer, kind):
     head.check_target(target)
     emitted = rounds = 0
     for text in ("Write a Python function that adds two numbers.", "Give me two tips for better sleep."):
-        ids = chat_prompt_ids(tok, text)
+        ids = chat_prompt_tensor(tok, text)
         plain = timed_generate(target, ids, 48)
         # K drafts every round: acceptance is the head's, not the cost-aware rule's verdict on this machine's speed
         # (on a slow AVX2 machine that rule skipped drafting and the ratio fell below 1)
@@ -75,12 +75,12 @@ def test_shipped_heads_decode_batches_losslessly(target_and_tokenizer, kind):
     """Real prompts of very different lengths, left-padded, at B = 3 and 8 (all K drafts verified, so rows
     accept different numbers each round): row for row plain batched greedy's output, and at B = 8 also with
     default settings."""
-    from peagle.evalsets import EVAL_SETS
+    from peagle.evaluation.evalsets import EVAL_SETS
 
     target, tok = target_and_tokenizer
     head = peagle.load_default_drafter(target, kind=kind)
     texts = EVAL_SETS["mtbench"](4) + EVAL_SETS["humaneval"](4)
-    rows = [chat_prompt_ids(tok, t)[0] for t in texts]
+    rows = [chat_prompt_tensor(tok, t)[0] for t in texts]
     assert max(len(r) for r in rows) - min(len(r) for r in rows) > 50
     for batch, options in (
         (3, dict(assistant_confidence_threshold=0.0)),
@@ -105,7 +105,7 @@ def test_load_target_takes_a_gguf_file(target_and_tokenizer, tmp_path, monkeypat
     dropped), and its folder keeps the file's license for model cards."""
     import torch
 
-    from peagle.hub import target_license
+    from peagle.integrations.hub import target_license
     from peagle.targets import gguf_path, load_target
 
     with pytest.raises(FileNotFoundError, match=r"target file .*missing\.gguf does not exist"):

@@ -13,7 +13,7 @@ from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper
 
 import peagle
 from helpers import LAYERS, Oracle, exact_distribution, make_head, make_target, prompt_ids
-from peagle.bench_batch import left_pad
+from peagle.evaluation.bench_batch import left_pad
 from peagle.generation import ragged
 from peagle.generation.cost import VerifyCostModel, cost_model_key
 

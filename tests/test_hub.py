@@ -18,8 +18,8 @@ from huggingface_hub import ModelCard
 import peagle
 from helpers import BLOCK_PEAGLE, make_head, make_target
 from peagle import PEagleDrafter
-from peagle.bench import summarize
-from peagle.hub import DEFAULT_TAGS, prepare_upload_folder, render_model_card
+from peagle.evaluation.bench import summarize
+from peagle.integrations.hub import DEFAULT_TAGS, prepare_upload_folder, render_model_card
 
 TARGET_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -376,7 +376,9 @@ def test_peagle_export_is_public():
 
 
 def test_push_is_registered_and_says_import_peagle_without_it(monkeypatch):
-    assert PEagleDrafter._hub_pusher is peagle.hub.push_to_hub  # registered by importing peagle.hub
+    assert (
+        PEagleDrafter._hub_pusher is peagle.integrations.hub.push_to_hub
+    )  # registered by importing peagle.integrations.hub
     monkeypatch.setattr(PEagleDrafter, "_hub_pusher", None)
     with pytest.raises(RuntimeError, match="import peagle"):
         make_head(make_target()).push_to_hub("org/smol-peagle")

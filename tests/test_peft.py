@@ -11,10 +11,10 @@ from safetensors import safe_open
 import peagle
 from helpers import Oracle, make_head, make_target
 from peagle import PEagleDrafter
-from peagle.adapters import (
+from peagle.integrations.peft import (
     DEFAULT_LORA_TARGET_MODULES,
     apply_lora,
-    draft_vocab_coverage,
+    head_vocab_coverage,
     load_adapted_head,
     load_adapter,
     lora_config,
@@ -233,14 +233,14 @@ def test_merged_head_generates_losslessly():
     assert stats.generated_tokens == 16 and stats.drafter_forward_calls == stats.rounds
 
 
-def test_draft_vocab_coverage():
+def test_head_vocab_coverage():
     target = make_target()
     head = make_head(target, draft_vocab_size=64)
     head.set_draft_vocab(torch.arange(64) * 2)  # even ids only
     ex = [{"input_ids": [1, 3, 4, 6, 7, 8], "loss_mask": [0, 0, 1, 1, 1, 1]}]
-    assert draft_vocab_coverage(head, ex) == pytest.approx(3 / 4)
+    assert head_vocab_coverage(head, ex) == pytest.approx(3 / 4)
     with pytest.raises(ValueError, match="no response tokens"):
-        draft_vocab_coverage(head, [{"input_ids": [1, 2], "loss_mask": [0, 0]}])
+        head_vocab_coverage(head, [{"input_ids": [1, 2], "loss_mask": [0, 0]}])
 
 
 # ------------------------------------------------------------------------------------------------ command line

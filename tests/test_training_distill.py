@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import SYSTEM, make_target, tiny_tokenizer
-from peagle import evalsets
+from peagle.evaluation import evalsets
 from peagle.training import chat_prompt_ids, self_distill, synthesize_prompts, user_turn_template
 from test_training_prompts import real_eval_prompts
 
@@ -167,8 +167,8 @@ def test_real_smollm2_magpie_prefix_and_self_distillation():
 
 
 def test_vllm_engine_needs_an_environment_and_a_model_folder(tmp_path, monkeypatch):
+    from peagle.integrations.vllm.process import VLLM_PYTHON_ENV, vllm_python
     from peagle.training import VLLMEngine
-    from peagle.vllm_process import VLLM_PYTHON_ENV, vllm_python
 
     monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
     with pytest.raises(ValueError, match=VLLM_PYTHON_ENV):

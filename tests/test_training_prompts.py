@@ -8,7 +8,7 @@ import json
 import pytest
 
 from helpers import tiny_tokenizer
-from peagle import evalsets
+from peagle.evaluation import evalsets
 from peagle.training import (
     check_not_evaluation,
     default_prompt_set,

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from helpers import make_head, make_target, tiny_tokenizer
-from peagle import PEagleConfig, evalsets
+from peagle import PEagleConfig
+from peagle.evaluation import evalsets
 from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
-from peagle.training.recipe import format_summary, init_layers_from_target
+from peagle.training.head_surgery import init_layers_from_target
+from peagle.training.recipe import format_summary
 
 
 def one_step_args(tmp_path):
@@ -81,9 +83,7 @@ def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypa
         train_head(target, tok, output_dir=tmp_path / "head2", examples=examples, training_args=args)
     with pytest.raises(ValueError, match="needs prompts"):
         train_head(target, tok, output_dir=tmp_path / "head3", training_args=args)
-    with pytest.raises(
-        ValueError, match=r"generation_batch_size \(--gen-batch-size\) is 0; expected an integer"
-    ):
+    with pytest.raises(ValueError, match=r"generation_batch_size is 0; expected an integer"):
         train_head(
             target,
             tok,
@@ -154,7 +154,7 @@ def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
     head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=64, num_parallel_positions=3)
     head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.0, 1.0]]}
     args = one_step_args(tmp_path)
-    with caplog.at_level("WARNING", logger="peagle.training.recipe"):
+    with caplog.at_level("WARNING", logger="peagle.training"):
         trained, _ = train_head(
             target,
             output_dir=tmp_path / "head",
@@ -240,7 +240,7 @@ def test_train_head_grows_a_continued_heads_draft_vocabulary(tmp_path, caplog):
     own = set(head.draft_vocab_ids.tolist())
     later = [{"input_ids": [5] * 4 + list(range(60, 100)) * 2, "loss_mask": [0] * 4 + [1] * 80}] * 2
     args = one_step_args(tmp_path)
-    with caplog.at_level("INFO", logger="peagle.training.recipe"):
+    with caplog.at_level("INFO", logger="peagle.training"):
         trained, summary = train_head(
             target, output_dir=tmp_path / "head", examples=later, head=head, training_args=args,
             draft_vocab_size=48, progress=False,

@@ -19,7 +19,7 @@ from peagle.training import (
     PEagleTrainer,
     self_distill,
 )
-from peagle.training.trainer import BUDGET_FILE
+from peagle.training.callbacks import COUNTS_FILE
 
 
 def update_after_one_step(target, data, tmp_path, head_kwargs=None, **arg_overrides):
@@ -309,7 +309,7 @@ def test_resume_from_checkpoint_continues_identically(tmp_path, lr_scales):
     trainer_b = PEagleTrainer(model=head_b, target_model=target, args=args_b, train_dataset=data)
     trainer_b.train()
     # the training time resumes too: checkpoint-2 says the run had trained 1,000 s (written as a long run's would be)
-    record = os.path.join(args_b.output_dir, "checkpoint-2", BUDGET_FILE.format(0))
+    record = os.path.join(args_b.output_dir, "checkpoint-2", COUNTS_FILE.format(0))
     with open(record) as fh:
         saved = json.load(fh)
     assert 0 < saved["training_seconds"] < 1000
@@ -319,16 +319,16 @@ def test_resume_from_checkpoint_continues_identically(tmp_path, lr_scales):
     trainer_c = PEagleTrainer(model=head_c, target_model=target, args=args_b, train_dataset=data)
     trainer_c.train(resume_from_checkpoint=os.path.join(args_b.output_dir, "checkpoint-2"))
     assert trainer_c.resumed_seconds == 1000.0 and 1000.0 < trainer_c.training_seconds() < 1000.0 + 600
-    with open(os.path.join(args_b.output_dir, "checkpoint-4", BUDGET_FILE.format(0))) as fh:
+    with open(os.path.join(args_b.output_dir, "checkpoint-4", COUNTS_FILE.format(0))) as fh:
         assert json.load(fh)["training_seconds"] > 1000.0
     for (k, a), (_, c) in zip(head_a.named_parameters(), head_c.named_parameters()):
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6, msg=k)
-    # the budget count resumes too: the resumed run counts every token-pass of the whole run, exactly
+    # the token-pass count resumes too: the resumed run counts every token-pass of the whole run, exactly
     assert trainer_c.response_tokens_trained() == trainer_b.response_tokens_trained() > 0
-    assert not trainer_c.budget_estimated
+    assert not trainer_c.count_estimated
 
 
-def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path):
+def test_resume_from_a_checkpoint_without_a_count_record_estimates_it(tmp_path):
     target = make_target()
     data = random_examples(8, seed=5)
     args = make_args(
@@ -338,7 +338,7 @@ def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path)
         model=make_head(target).float(), target_model=target, args=args, train_dataset=data
     )
     trainer.train()
-    record = os.path.join(args.output_dir, "checkpoint-2", BUDGET_FILE.format(0))
+    record = os.path.join(args.output_dir, "checkpoint-2", COUNTS_FILE.format(0))
     with open(record) as fh:
         first_half = json.load(fh)["response_tokens_trained"]
     os.remove(record)  # as older peagle wrote it
@@ -348,7 +348,7 @@ def test_resume_from_a_checkpoint_without_a_budget_record_estimates_it(tmp_path)
     resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-2"))
     # checkpoint 2 is half an epoch (8 examples, 2 per step): half the data's response tokens, then counted exactly
     per_epoch = sum(sum(e["loss_mask"]) for e in data)
-    assert resumed.budget_estimated
+    assert resumed.count_estimated
     assert (
         resumed.response_tokens_trained()
         == round(0.5 * per_epoch) + trainer.response_tokens_trained() - first_half

@@ -3,7 +3,8 @@
 The top level holds what most users need: the config and the model, the loaders (`load_head` for every
 published layout, `load_target`, the embedded default target and heads), `export`, the generation statistics and
 cost model, and, imported on first use, the training names and the FP8 helpers.  Specialised names stay in their
-modules (`peagle.formats`, `peagle.generation`, `peagle.training`, `peagle.fp8`, `peagle.hub`, `peagle.bench`).
+modules (`peagle.formats`, `peagle.generation`, `peagle.training`, `peagle.fp8`, `peagle.sizing`,
+`peagle.integrations`, `peagle.evaluation`).
 
 Importing peagle has these side effects, and no others:
 
@@ -11,16 +12,15 @@ Importing peagle has these side effects, and no others:
 - installs the one version-guarded generate() dispatch hook (`install_generate_hook`; undo with
   `uninstall_generate_hook`), so `target.generate(ids, assistant_model=head)` drafts with the head;
 - `peagle.formats` registers its layout loader on `PEagleDrafter.from_pretrained` and its folder swap on
-  `save_pretrained` (old files never stay beside new ones), and `peagle.hub` its
-  `push_to_hub`: the model itself imports neither (docs/DESIGN.md section 5).
+  `save_pretrained` (old files never stay beside new ones), and `peagle.integrations.hub` its
+  `push_to_hub`: the model itself imports neither (docs/DESIGN.md section 5);
+- `peagle.sizing` registers its sizing rule as `PEagleConfig.for_target`'s (the configuration imports nothing
+  from peagle).
 """
 
 from transformers import AutoConfig, AutoModel
 
-from . import (
-    hub,  # noqa: F401  (registers PEagleDrafter.push_to_hub)
-    sizing,  # noqa: F401  (registers the sizing rule as PEagleConfig.for_target's)
-)
+from . import sizing  # noqa: F401  (registers the sizing rule as PEagleConfig.for_target's)
 from ._version import __version__
 from .configuration_peagle import PEagleConfig
 from .formats import export
@@ -32,6 +32,7 @@ from .generation import (
     uninstall_generate_hook,
 )
 from .generation.cost import VerifyCostModel, set_cost_model
+from .integrations import hub  # noqa: F401  (registers PEagleDrafter.push_to_hub)
 from .modeling_peagle import PEagleDraft, PEagleDrafter, PEagleDrafterOutput
 from .targets import load_default_drafter, load_default_target, load_target
 

@@ -30,8 +30,8 @@ def run_demo(
     shipped head, which only fits the default target).  Returns True when every speculative output equals the
     plain greedy output.
     """
-    from .bench import chat_prompt_ids
     from .configuration_peagle import MAX_SPECULATIVE_TOKENS
+    from .evaluation.bench import chat_prompt_tensor
     from .evaluation.timing import timed_generate
     from .generation.stats import PEagleGenerationStats
     from .modeling_peagle import PEagleDrafter
@@ -91,14 +91,14 @@ def run_demo(
     print(
         f"head: {head.config.num_hidden_layers} layers, draft vocab {head.config.draft_vocab_size}, K={k}; {rule}"
     )
-    ids0 = chat_prompt_ids(tokenizer, prompts[0])
+    ids0 = chat_prompt_tensor(tokenizer, prompts[0])
     timed_generate(target, ids0, 8)  # warm-up (and, the first time, the cost model's short calibration)
     timed_generate(target, ids0, 8, **default_kw)
     all_equal = True
     totals = {"plain": [0, 0.0], "default": [0, 0.0], "fixed": [0, 0.0]}
     stats: list[PEagleGenerationStats] = []
     for text in prompts:
-        ids = chat_prompt_ids(tokenizer, text)
+        ids = chat_prompt_tensor(tokenizer, text)
         plain = timed_generate(target, ids, max_new_tokens)
         runs = {
             "default": timed_generate(target, ids, max_new_tokens, **default_kw),

@@ -59,7 +59,7 @@ CheckpointLoader = Callable[..., Any]
 `from_pretrained` calls when registered (`PEagleDrafter.register_checkpoint_loader`; `peagle.formats` registers
 `load_head`)."""
 HubPusher = Callable[..., Any]
-"""`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.hub` registers its
+"""`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.integrations.hub` registers its
 `push_to_hub`)."""
 FolderWriter = Callable[[Any], Any]
 """`writer(folder)`: a context manager yielding the folder to write a head into, then putting it in place of `folder`
@@ -241,7 +241,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
     # ------------------------------------------------------------------ loading, saving and uploading
     # Registration points: this file imports nothing from the rest of peagle, because it ships as remote code
-    # (docs/DESIGN.md section 5).  `peagle.formats`, `peagle.hub` and `peagle.fp8` plug themselves in here when
+    # (docs/DESIGN.md section 5).  `peagle.formats`, `peagle.integrations.hub` and `peagle.fp8` plug themselves in here when
     # imported, the way peft's tuners register themselves; as remote code without peagle nothing is registered.
     _checkpoint_loader: ClassVar[CheckpointLoader | None] = None
     _hub_pusher: ClassVar[HubPusher | None] = None
@@ -354,11 +354,11 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload with a model card, the remote-code files and `custom_generate/` (the registered pusher:
-        `peagle.hub.push_to_hub`, which documents the arguments)."""
+        `peagle.integrations.hub.push_to_hub`, which documents the arguments)."""
         pusher = self._hub_pusher
         if pusher is None:
             raise RuntimeError(
-                "PEagleDrafter.push_to_hub uploads through peagle.hub, which is not loaded: `import peagle` "
+                "PEagleDrafter.push_to_hub uploads through peagle.integrations.hub, which is not loaded: `import peagle` "
                 "first (pip install peagle). Without peagle, save_pretrained the head and upload the folder "
                 "with huggingface_hub.HfApi().upload_folder."
             )

@@ -85,17 +85,17 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..bench import (
+    from ..evaluation.bench import (
         VLLM_PYTHON_ENV,
         check_methods,
         format_table,
-        load_prompts,
+        load_eval_prompts,
         machine_description,
         run_benchmark,
         timed_generate,
         write_results,
     )
-    from ..evalsets import EVAL_SETS
+    from ..evaluation.evalsets import EVAL_SETS
     from ..modeling_peagle import PEagleDrafter
     from ..runtime import resolve_dtype
     from ..targets import default_drafter_path, load_target
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             heads[method] = head.attach_target(target).eval()
         except ValueError as err:
             raise SystemExit(f"peagle bench: {folder} does not fit the target: {err}") from err
-    prompts = load_prompts(tokenizer, datasets, args.limit)
+    prompts = load_eval_prompts(tokenizer, datasets, args.limit)
     if args.batch_sizes is not None:
         return _run_batches(args, target, tokenizer, prompts, heads, head_dtype)
     timed_generate(target, prompts[datasets[0]][0], 4)  # warm-up
@@ -172,8 +172,13 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
 
     import torch
 
-    from ..bench import machine_description
-    from ..bench_batch import format_batch_table, left_pad, run_batch_benchmark, write_batch_results
+    from ..evaluation.bench import machine_description
+    from ..evaluation.bench_batch import (
+        format_batch_table,
+        left_pad,
+        run_batch_benchmark,
+        write_batch_results,
+    )
 
     sizes = _ints(args.batch_sizes, "batch-sizes")
     mixed = [p for group in itertools.zip_longest(*prompts.values()) for p in group if p is not None]
@@ -210,7 +215,7 @@ def _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks):
 
     import torch
 
-    from ..bench import run_vllm_rows, summarize
+    from ..evaluation.bench import run_vllm_rows, summarize
     from ..formats import export
     from ..modeling_peagle import PEagleDrafter
     from ..targets import default_drafter_path, default_target_path

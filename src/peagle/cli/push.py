@@ -43,7 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..formats import load_head
-    from ..hub import prepare_upload_folder, push_to_hub
+    from ..integrations.hub import prepare_upload_folder, push_to_hub
     from ..targets import load_target
 
     target = load_target(args.target)[0] if args.target else None

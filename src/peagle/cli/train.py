@@ -144,7 +144,7 @@ def base_head_for(head, lora, target):
         return None
     config = None
     if lora.lora:
-        from ..adapters import lora_config
+        from ..integrations.peft import lora_config
 
         modules = lora.lora_target_modules.split(",") if lora.lora_target_modules else None
         config = lora_config(
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_summary(summary))
     if lora.lora and training.should_save:
-        from ..adapters import merge_lora
+        from ..integrations.peft import merge_lora
 
         merged_dir = os.path.join(args.output_dir, "merged")
         merge_lora(head).save_pretrained(merged_dir)

@@ -38,7 +38,7 @@ from . import eagle3, speculators, vllm
 from . import peagle as native
 from .auto import register_auto_classes
 from .checks import check_native
-from .convert import build_head
+from .convert import assemble_head
 from .io import (
     Checkpoint,
     TensorSource,
@@ -135,7 +135,7 @@ def load_converted(
     target_model: Any = None,
     dtype: torch.dtype | str | None = None,
 ) -> PEagleDrafter:
-    """Build a `cls` (default `PEagleDrafter`) from a foreign-layout checkpoint (see `convert.build_head`)."""
+    """Build a `cls` (default `PEagleDrafter`) from a foreign-layout checkpoint (see `convert.assemble_head`)."""
     layout = LAYOUTS[checkpoint.layout]
     if layout.to_peagle is None:
         raise ValueError(
@@ -148,7 +148,7 @@ def load_converted(
 
         renamed = {layout.tensor_name(n).removesuffix(".weight"): n.removesuffix(".weight") for n in state}
         config_kwargs["peagle_fp8"] = fp8_record(qc, renamed, str(checkpoint.path / "config.json"))
-    return build_head(
+    return assemble_head(
         checkpoint,
         config_kwargs,
         state,

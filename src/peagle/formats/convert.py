@@ -1,6 +1,6 @@
 """Tensors between a `PEagleDrafter` and the flat EAGLE-3 tensor set of the foreign layouts.
 
-In: `build_head` turns a converted state (peagle tensor name -> source tensor, from a layout's
+In: `assemble_head` turns a converted state (peagle tensor name -> source tensor, from a layout's
 `to_peagle`) into a model, taking from the target what the checkpoint lacks.  Out: `export_tensors` gives
 the tensor set vLLM and speculators read: the full `(vocab_size, hidden_size)` embedding table with the mask
 row holding the learned mask vector, `mask_hidden` `(1, 1, 3 * target_hidden_size)`, `d2t` int64 offsets
@@ -64,7 +64,7 @@ def _take_from_target(state: dict[str, TensorSource], config: Any, target_model:
         )
 
 
-def build_head(
+def assemble_head(
     checkpoint: Checkpoint,
     config_kwargs: dict[str, Any],
     state: dict[str, TensorSource],

@@ -37,7 +37,7 @@ import torch
 from transformers import AutoModel, DynamicCache, GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-HEAD_REPO: str | None = None  # replaced by peagle.hub.prepare_upload_folder
+HEAD_REPO: str | None = None  # replaced by peagle.integrations.hub.prepare_upload_folder
 logger = logging.getLogger(__name__)
 _HEADS: dict = {}
 # generation settings this greedy loop does not implement: any of them hands over to transformers' generate()

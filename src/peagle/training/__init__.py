@@ -9,9 +9,9 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - settings: `arguments` ([`PEagleTrainingArguments`], [`DataArguments`], [`HeadArguments`], [`LoraArguments`]);
-- training: `trainer` ([`PEagleTrainer`]); `recipe` ([`training_arguments`],
-  [`build_head`], [`train_head`], which `peagle train` calls, [`grow_draft_vocab`] / [`resize_draft_vocab`]: a
-  trained head with another draft vocabulary, [`grow_layers`]: one with more decoder layers);
+- training: `trainer` ([`PEagleTrainer`]); `callbacks`; `head_surgery` ([`grow_draft_vocab`] /
+  [`resize_draft_vocab`]: a trained head with another draft vocabulary, [`grow_layers`]: one with more decoder
+  layers); `recipe` ([`training_arguments`], [`build_head`], [`train_head`], which `peagle train` calls);
 - data tools behind `peagle grow-data` (`growth`) and `peagle pack` (`packing`).
 
 Example:
@@ -55,15 +55,8 @@ _EXPORTS = {
     "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
     "arguments": ["PEagleTrainingArguments", "DataArguments", "HeadArguments", "LoraArguments"],
     "trainer": ["PEagleTrainer"],
-    "recipe": [
-        "train_head",
-        "training_arguments",
-        "build_head",
-        "grow_draft_vocab",
-        "grow_layers",
-        "resize_draft_vocab",
-        "end_distributed",
-    ],
+    "head_surgery": ["grow_draft_vocab", "grow_layers", "resize_draft_vocab"],
+    "recipe": ["train_head", "training_arguments", "build_head", "end_distributed"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -72,6 +65,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .cod import cod_counts, cod_sample  # noqa: F401
     from .distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
     from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
+    from .head_surgery import grow_draft_vocab, grow_layers, resize_draft_vocab  # noqa: F401
     from .losses import distillation_loss, target_draft_logits  # noqa: F401
     from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
     from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
@@ -86,15 +80,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
         stdlib_stub_prompts,
         user_turn_template,
     )
-    from .recipe import (  # noqa: F401
-        build_head,
-        end_distributed,
-        grow_draft_vocab,
-        grow_layers,
-        resize_draft_vocab,
-        train_head,
-        training_arguments,
-    )
+    from .recipe import build_head, end_distributed, train_head, training_arguments  # noqa: F401
     from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
     from .trainer import PEagleTrainer  # noqa: F401
     from .vllm_engine import VLLMEngine  # noqa: F401

@@ -234,7 +234,7 @@ class HeadArguments:
 
 @dataclass
 class LoraArguments:
-    """Adapting an existing head with a LoRA adapter (peft, `peagle.adapters`); the head stays frozen."""
+    """Adapting an existing head with a LoRA adapter (peft, `peagle.integrations.peft`); the head stays frozen."""
 
     lora: bool = field(default=False, metadata={"help": "train a LoRA adapter on the base head"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from transformers.utils import logging
 
-from .. import evalsets
+from ..evaluation import evalsets
 from .prompts import (
     Prompt,
     chat_prompt_ids,

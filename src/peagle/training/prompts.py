@@ -8,7 +8,7 @@ the default heads' templated set ([`default_prompt_set`]).  Prompts the target w
 
 No source yields MT-Bench or HumanEval prompts: [`check_not_evaluation`] refuses user-given ones with a
 `ValueError` naming the prompt, [`drop_evaluation_prompts`] drops generated ones with a logged count
-(both through `peagle.evalsets.is_evaluation_prompt`).
+(both through `peagle.evaluation.evalsets.is_evaluation_prompt`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from .. import evalsets
+from ..evaluation import evalsets
 
 logger = logging.get_logger(__name__)
 

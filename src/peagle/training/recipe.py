@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ def build_head(
     from ..configuration_peagle import PEagleConfig
     from ..modeling_peagle import PEagleDrafter
     from ..sizing import plan_head
+    from .head_surgery import eos_ids, init_layers_from_target, init_lm_head_from_target
     from .vocab import coverage_vocab_size, select_draft_vocab
 
     for name, value in (("lm_head_init", lm_head_init), ("layers_init", layers_init)):
@@ -153,7 +154,7 @@ def build_head(
     config = PEagleConfig(**plan.values)
     head = PEagleDrafter(config).to(dtype or torch.float32)
     if draft_vocab_size < vocab_size:
-        head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, vocab_size, _eos_ids(target)))
+        head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, vocab_size, eos_ids(target)))
     if lm_head_init == "target":
         init_lm_head_from_target(head, target)
     if layers_init == "target":
@@ -161,221 +162,13 @@ def build_head(
     return head
 
 
-def _eos_ids(target) -> list[int]:
-    eos = target.config.get_text_config().eos_token_id
-    return [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-
-
-def grow_draft_vocab(
-    head: PEagleDrafter, target, examples: Sequence[dict[str, Any]], draft_vocab_size: int
-) -> PEagleDrafter:
-    """[`resize_draft_vocab`] to `draft_vocab_size` ids chosen from `examples`: a larger vocabulary keeps every id
-    the head has and adds the examples' most frequent response tokens it lacks; a smaller one is the examples' most
-    frequent (plus EOS), as a new head's would be.  Logs the share of the examples' response tokens each covers.
-
-    A head continued on data unlike the data its vocabulary was chosen from can miss many of the tokens its target
-    writes: the shipped SmolLM2 head's 8,192 ids, chosen from its first 549k response tokens, cover 93.7% of its
-    held-out greedy continuations, and the most frequent 16,384 of its 10M training tokens 99.4%
-    (docs/training.md, section 3).
-    """
-
-    from .vocab import select_draft_vocab, token_counts
-
-    vocab_size = head.config.vocab_size
-    own = head.draft_vocab_ids.cpu()
-    extra = _eos_ids(target) + (own.tolist() if draft_vocab_size >= own.numel() else [])
-    ids = select_draft_vocab(examples, draft_vocab_size, vocab_size, extra)
-    counts = token_counts(examples, vocab_size)[0]
-    total = max(int(counts.sum()), 1)
-    logger.info(
-        "draft vocabulary: %d -> %d ids, covering %.1f%% -> %.1f%% of the examples' response tokens",
-        own.numel(),
-        ids.numel(),
-        100 * int(counts[own].sum()) / total,
-        100 * int(counts[ids].sum()) / total,
-    )
-    return resize_draft_vocab(head, target, ids)
-
-
-def init_layers_from_target(head: PEagleDrafter, target) -> None:
-    """Start the drafter's n decoder layers as the target's last n layers (drafter layer i from target layer
-    `L - n + i`), copying every weight whose name and shape match.
-
-    Layer 0 is the fused layer: its q/k/v projections read `[input_layernorm(embeds), hidden_norm(h)]`, so the
-    target's projection goes into the columns that read the hidden state (the embedding columns keep their
-    initialisation), and `hidden_norm` takes the target layer's `input_layernorm`.  Attention output, MLP and
-    post-attention norm copy as they are.  Layers 1.. are plain Llama layers and copy whole.
-
-    Raises:
-        ValueError: the target has fewer layers than the head, or a layer shares no weight of the head's Llama
-            layout (another layer family, or other widths).
-    """
-    import torch
-
-    decoder = target.get_decoder() if hasattr(target, "get_decoder") else target.model
-    source = list(getattr(decoder, "layers", []))
-    n = len(head.layers)
-    if len(source) < n:
-        raise ValueError(f"the target has {len(source)} decoder layers; the head needs {n} to start from.")
-    hidden = head.config.hidden_size
-    with torch.no_grad():
-        for i, (mine, theirs) in enumerate(zip(head.layers, source[len(source) - n :])):
-            params = dict(mine.named_parameters())
-            copied = 0
-            for name, weight in theirs.state_dict().items():
-                if i == 0 and name == "input_layernorm.weight":
-                    name = "hidden_norm.weight"
-                ours = params.get(name)
-                if ours is None:
-                    continue
-                weight = weight.to(ours.device, ours.dtype)
-                fused = i == 0 and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj") and ours.dim() == 2
-                if fused and tuple(weight.shape) == (ours.shape[0], hidden) and ours.shape[1] == 2 * hidden:
-                    ours[:, hidden:].copy_(weight)
-                    copied += 1
-                elif tuple(weight.shape) == tuple(ours.shape):
-                    ours.copy_(weight)
-                    copied += 1
-            if not copied:
-                raise ValueError(
-                    f"target layer {len(source) - n + i} shares no weight with drafter layer {i} (names and "
-                    f"shapes of a Llama layer of hidden size {hidden}); use layers_init='random'."
-                )
-
-
-def init_lm_head_from_target(head: PEagleDrafter, target) -> None:
-    """Start the head's LM head as the target's output-embedding rows of the draft vocabulary (`i + d2t[i]`),
-    rescaled to the standard deviation of a fresh layer (`config.initializer_range`).
-
-    The rows give the head the target's geometry of the output space; the rescaling keeps its first predictions
-    soft.  Measured on SmolLM2-135M (2 layers, draft vocabulary 8,192, 12 steps of 4 examples, the same data and
-    seed): KL loss 8.00 -> 5.74 with rescaled rows, 7.89 -> 6.68 from a random LM head, and 13.4 -> 7.17 with the
-    rows at the target's own scale (confident random logits at first; docs/families.md).
-    """
-    import torch
-
-    weight = target.get_output_embeddings().weight
-    if tuple(weight.shape) != (head.config.vocab_size, head.config.hidden_size):
-        raise ValueError(
-            f"the target's output embeddings have shape {tuple(weight.shape)}; the head's LM head takes rows of "
-            f"({head.config.vocab_size}, {head.config.hidden_size})."
-        )
-    ids = head.draft_vocab_ids
-    with torch.no_grad():
-        rows = weight.detach()[ids.to(weight.device)].float()
-        rows = rows * (head.config.initializer_range / rows.std().clamp_min(1e-12))
-        head.lm_head.weight.copy_(rows.to(head.lm_head.weight.device, head.lm_head.weight.dtype))
-
-
-def _require_plain_head(head, caller: str) -> None:
-    from ..modeling_peagle import PEagleDrafter
-
-    if not isinstance(head, PEagleDrafter):
-        raise TypeError(
-            f"{caller} takes a PEagleDrafter (a LoRA-wrapped head merges first), got {type(head).__name__}."
-        )
-
-
-def _rebuilt_head(
-    head: PEagleDrafter, fresh: Callable[[str], bool], *, skip=(), **config_changes
-) -> PEagleDrafter:
-    """A new head of `head`'s config with `config_changes`, on its device and dtype, holding every weight of `head`
-    but those named in `skip`.  Only the weights `fresh(name)` accepts (and the target's shared embeddings) may
-    stay unloaded; any other mismatch is a ValueError."""
-    from ..modeling_peagle import PEagleDrafter
-
-    config = head.config.__class__.from_dict({**head.config.to_dict(), **config_changes})
-    new = PEagleDrafter(config).to(head.lm_head.weight.device, head.lm_head.weight.dtype)
-    state = {k: v for k, v in head.state_dict().items() if k not in skip}
-    missing, unexpected = new.load_state_dict(state, strict=False)
-    if unexpected or any(not fresh(k) and k != "embed_tokens.weight" for k in missing):
-        raise ValueError(
-            f"the head's weights do not fit its own config: missing {missing}, unexpected {unexpected}."
-        )
-    return new
-
-
-def resize_draft_vocab(head: PEagleDrafter, target, draft_ids: torch.Tensor) -> PEagleDrafter:
-    """A copy of a trained `head` whose draft vocabulary is `draft_ids` (target ids, any size).
-
-    Everything but the LM head is copied as it is.  Ids the head already had keep their trained LM-head rows; the
-    others start from the target's output-embedding rows mapped through the least-squares linear fit of the
-    trained rows on the target's rows of the kept ids, which gives them the trained rows' scale and as much of
-    their geometry as the fit explains (when fewer ids are kept than twice the hidden size, the fit is a single
-    scale).  Train the result before using it: untrained, the new rows do not win drafts (docs/training.md,
-    section 3).  [`grow_draft_vocab`] chooses the ids from training examples.
-    """
-    import torch
-
-    _require_plain_head(head, "resize_draft_vocab")
-    ids = torch.as_tensor(draft_ids, dtype=torch.long).flatten().unique()  # sorted, as set_draft_vocab wants
-    lm = ("lm_head.weight", "d2t", "t2d")
-    new = _rebuilt_head(head, lambda name: name in lm, skip=lm, draft_vocab_size=int(ids.numel()))
-    config = new.config
-    new.set_draft_vocab(ids)
-    old_ids = head.draft_vocab_ids
-    with torch.no_grad():
-        trained = head.lm_head.weight.detach().float().cpu()
-        rows_of = target.get_output_embeddings().weight.detach().float().cpu()
-        where = torch.full((config.vocab_size,), -1, dtype=torch.long)
-        where[old_ids.cpu()] = torch.arange(old_ids.numel())
-        old_row = where[ids]
-        kept = old_row >= 0
-        x, y = rows_of[ids[kept]], trained[old_row[kept]]
-        if int(kept.sum()) >= 2 * config.hidden_size:
-            rows = rows_of[ids] @ torch.linalg.lstsq(x, y, driver="gelsd").solution
-        else:  # too few kept rows for a linear map: one scale (or a fresh layer's when none is kept)
-            scale = float((x * y).sum() / (x * x).sum().clamp_min(1e-12)) if bool(kept.any()) else None
-            src = rows_of[ids]
-            rows = src * scale if scale else src * (config.initializer_range / src.std().clamp_min(1e-12))
-        rows[kept] = y
-        new.lm_head.weight.copy_(rows.to(new.lm_head.weight.device, new.lm_head.weight.dtype))
-    new.train(head.training)
-    return new
-
-
-def grow_layers(head: PEagleDrafter, num_hidden_layers: int) -> PEagleDrafter:
-    """A copy of a trained `head` with `num_hidden_layers` decoder layers: new layers appended after its last.
-
-    Every weight the head has is copied.  Each new layer starts as a copy of the head's last plain layer (a fresh
-    one when the head has only its fused first layer) with the two projections that write into the residual stream,
-    `self_attn.o_proj` and `mlp.down_proj`, set to zero, so it adds nothing: the grown head drafts exactly as the
-    head did, and training opens the new layers from there (block expansion, as LLaMA Pro grows a trained model).
-    The gradient reaches the zeroed projections first and the rest of the layer once they move.
-
-    Raises:
-        TypeError: `head` is not a plain `PEagleDrafter` (merge a LoRA-wrapped head first).
-        ValueError: `num_hidden_layers` is not larger than the head's.
-    """
-    import torch
-
-    _require_plain_head(head, "grow_layers")
-    have = head.config.num_hidden_layers
-    if num_hidden_layers <= have:
-        raise ValueError(
-            f"grow_layers adds layers: the head has {have}, asked for {num_hidden_layers} (a head does not shrink)."
-        )
-    added = tuple(f"layers.{i}." for i in range(have, num_hidden_layers))
-    new = _rebuilt_head(head, lambda name: name.startswith(added), num_hidden_layers=num_hidden_layers)
-    with torch.no_grad():
-        for layer in new.layers[have:]:
-            if have > 1:  # the fused first layer has another shape; a head of one layer grows fresh layers
-                layer.load_state_dict(head.layers[have - 1].state_dict())
-            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
-                proj.weight.zero_()
-                if proj.bias is not None:
-                    proj.bias.zero_()
-    new.train(head.training)
-    return new
-
-
 def load_head_for_training(path: str | os.PathLike, target, *, lora=None):
     """An existing head to continue training, in float32 and attached to `target`; with `lora` (a
-    `peft.LoraConfig`, see `peagle.adapters.lora_config`) a LoRA adapter on the frozen head instead."""
+    `peft.LoraConfig`, see `peagle.integrations.peft.lora_config`) a LoRA adapter on the frozen head instead."""
     import torch
 
     if lora is not None:
-        from ..adapters import lora_for_training
+        from ..integrations.peft import lora_for_training
 
         return lora_for_training(path, target, lora)
     from ..modeling_peagle import PEagleDrafter
@@ -451,91 +244,191 @@ def train_head(
     Raises:
         ValueError: no prompts or examples, or a prompt is an MT-Bench/HumanEval prompt.
     """
-    import torch
-
-    from ..sizing import head_parameters, target_parameters
-    from .arguments import PEagleTrainingArguments
-    from .distill import self_distill, synthesize_prompts
-    from .features import FeatureCache
-    from .prompts import check_chat_template, check_not_evaluation, is_token_ids, stdlib_code_prompts
-    from .shards import check_example, save_examples
-    from .trainer import PEagleTrainer
-
     start = time.time()
     if (
         isinstance(generation_batch_size, bool)
         or not isinstance(generation_batch_size, int)
         or generation_batch_size < 1
     ):
-        raise ValueError(
-            f"generation_batch_size (--gen-batch-size) is {generation_batch_size!r}; expected an integer >= 1."
-        )
-    generated = examples is None
+        raise ValueError(f"generation_batch_size is {generation_batch_size!r}; expected an integer >= 1.")
     if examples is None:
-        prompts = list(prompts)
-        text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
-        if num_magpie_prompts or text_prompts:
-            check_chat_template(tokenizer, plain_prompts=plain_prompts, magpie=bool(num_magpie_prompts))
+        check_prompts(tokenizer, prompts, num_magpie_prompts, num_code_prompts, plain_prompts)
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    if isinstance(training_args, PEagleTrainingArguments):
-        args = training_args
-    else:
-        targs = dict(training_args or {})
-        targs.setdefault("output_dir", os.path.join(output_dir, "checkpoints"))
-        targs.setdefault("report_to", "none")
-        targs.setdefault("disable_tqdm", not progress)
-        args = PEagleTrainingArguments(**targs)
-    generated = examples is None
+    args = resolve_training_args(training_args, output_dir, progress)
     if examples is None:
-        prompts = list(prompts)
-        if num_magpie_prompts:
-            prompts += synthesize_prompts(
-                target, num_magpie_prompts, tokenizer=tokenizer, seed=args.seed, progress=progress
-            )
-        if num_code_prompts:
-            prompts += stdlib_code_prompts(num_code_prompts, seed=args.seed)
-        if not prompts:
-            raise ValueError("train_head needs prompts, examples, num_magpie_prompts or num_code_prompts.")
-        examples = self_distill(
+        examples = distill_examples(
             target,
-            prompts,
-            tokenizer=tokenizer,
+            tokenizer,
+            args,
+            prompts=prompts,
+            num_magpie_prompts=num_magpie_prompts,
+            num_code_prompts=num_code_prompts,
             max_new_tokens=max_new_tokens,
-            batch_size=generation_batch_size,
+            generation_batch_size=generation_batch_size,
             do_sample=do_sample,
             temperature=temperature,
-            seed=args.seed,
-            progress=progress,
             plain_prompts=plain_prompts,
+            progress=progress,
         )
         if args.should_save:
+            from .shards import save_examples
+
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
     else:
-        examples = [check_example(ex, f"train_head examples, row {i}") for i, ex in enumerate(examples)]
-    if tokenizer is not None and not generated:
+        examples = checked_examples(examples, tokenizer)
+    examples, held_out = split_calibration(examples, calibration_examples)
+    head = prepare_head(
+        head,
+        target,
+        tokenizer,
+        examples,
+        args,
+        num_hidden_layers=num_hidden_layers,
+        draft_vocab_size=draft_vocab_size,
+        drafting_mode=drafting_mode,
+        embed_from_target=embed_from_target,
+        mask_token_id=mask_token_id,
+        lm_head_init=lm_head_init,
+        layers_init=layers_init,
+    )
+    dataset, cache_info = training_dataset(target, examples, head, feature_cache, progress)
+    trainer, result = run_training(head, target, args, dataset, resume_from_checkpoint)
+    calibration_report = recalibrate(head, target, trainer, held_out, progress)
+    summary = training_summary(
+        head, target, args, trainer, result, examples, output_dir, cache_info, calibration_report, start
+    )
+    if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
+        save_trained_head(head, output_dir, summary)
+    return head, summary
+
+
+def check_prompts(
+    tokenizer, prompts, num_magpie_prompts: int, num_code_prompts: int, plain_prompts: bool
+) -> None:
+    """Text and Magpie prompts need a chat template (or `plain_prompts`): checked before anything is generated."""
+    from .prompts import check_chat_template, is_token_ids
+
+    text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
+    if num_magpie_prompts or text_prompts:
+        check_chat_template(tokenizer, plain_prompts=plain_prompts, magpie=bool(num_magpie_prompts))
+
+
+def resolve_training_args(
+    training_args: PEagleTrainingArguments | Mapping[str, Any] | None, output_dir: str, progress: bool
+) -> PEagleTrainingArguments:
+    """`training_args` as `PEagleTrainingArguments` (a dict of fields: checkpoints under `output_dir`)."""
+    from .arguments import PEagleTrainingArguments
+
+    if isinstance(training_args, PEagleTrainingArguments):
+        return training_args
+    fields = dict(training_args or {})
+    fields.setdefault("output_dir", os.path.join(output_dir, "checkpoints"))
+    fields.setdefault("report_to", "none")
+    fields.setdefault("disable_tqdm", not progress)
+    return PEagleTrainingArguments(**fields)
+
+
+def distill_examples(
+    target,
+    tokenizer,
+    args: PEagleTrainingArguments,
+    *,
+    prompts: Sequence[Any],
+    num_magpie_prompts: int,
+    num_code_prompts: int,
+    max_new_tokens: int,
+    generation_batch_size: int,
+    do_sample: bool,
+    temperature: float,
+    plain_prompts: bool,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """The target answers `prompts` (plus Magpie and standard-library coding prompts) itself: the examples."""
+    from .distill import self_distill, synthesize_prompts
+    from .prompts import stdlib_code_prompts
+
+    prompts = list(prompts)
+    if num_magpie_prompts:
+        prompts += synthesize_prompts(
+            target, num_magpie_prompts, tokenizer=tokenizer, seed=args.seed, progress=progress
+        )
+    if num_code_prompts:
+        prompts += stdlib_code_prompts(num_code_prompts, seed=args.seed)
+    if not prompts:
+        raise ValueError("train_head needs prompts, examples, num_magpie_prompts or num_code_prompts.")
+    return self_distill(
+        target,
+        prompts,
+        tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens,
+        batch_size=generation_batch_size,
+        do_sample=do_sample,
+        temperature=temperature,
+        seed=args.seed,
+        progress=progress,
+        plain_prompts=plain_prompts,
+    )
+
+
+def checked_examples(examples: Sequence[dict[str, Any]], tokenizer) -> list[dict[str, Any]]:
+    """Ready examples checked row by row, and (with a tokenizer) their prompts against the evaluation sets."""
+    from .prompts import check_not_evaluation
+    from .shards import check_example
+
+    examples = [check_example(ex, f"train_head examples, row {i}") for i, ex in enumerate(examples)]
+    if tokenizer is not None:
         check_not_evaluation(
             ([t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if not m] for ex in examples),
             tokenizer,
             source="train_head examples",
         )
+    return examples
+
+
+def split_calibration(
+    examples: Sequence[dict[str, Any]], calibration_examples: int | str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`(train, held_out)`: the last `calibration_examples` held out for the draft calibration (`"auto"`:
+    min(32, 10%), none below 40 examples)."""
     examples = list(examples)
-    held_out: list[dict[str, Any]] = []
     if calibration_examples == "auto":
         calibration_examples = min(32, len(examples) // 10) if len(examples) >= 40 else 0
-    calibration_examples = int(calibration_examples)
-    if calibration_examples > 0:
-        if calibration_examples >= len(examples):
+    count = int(calibration_examples)
+    held_out: list[dict[str, Any]] = []
+    if count > 0:
+        if count >= len(examples):
             raise ValueError(
-                f"calibration_examples={calibration_examples} leaves nothing to train on ({len(examples)} examples)."
+                f"calibration_examples={count} leaves nothing to train on ({len(examples)} examples)."
             )
-        examples, held_out = examples[:-calibration_examples], examples[-calibration_examples:]
+        examples, held_out = examples[:-count], examples[-count:]
     if not examples:
         raise ValueError("no training examples (every response was empty).")
+    return examples, held_out
+
+
+def prepare_head(
+    head,
+    target,
+    tokenizer,
+    examples: Sequence[dict[str, Any]],
+    args: PEagleTrainingArguments,
+    *,
+    num_hidden_layers: int | None,
+    draft_vocab_size: int | None,
+    drafting_mode: str,
+    embed_from_target: bool,
+    mask_token_id: int | None,
+    lm_head_init: str,
+    layers_init: str,
+):
+    """A new head sized for the target and the examples ([`build_head`]), or `head` grown to the layers and draft
+    vocabulary asked for."""
+    from .head_surgery import grow_draft_vocab, grow_layers
 
     if head is None:
         name = getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None
-        head = build_head(
+        return build_head(
             target,
             examples,
             drafting_mode=drafting_mode,
@@ -548,31 +441,45 @@ def train_head(
             lm_head_init=lm_head_init,
             layers_init=layers_init,
         )
-    else:
-        if num_hidden_layers is not None and num_hidden_layers != head.config.num_hidden_layers:
-            head = grow_layers(head, num_hidden_layers)
-            logger.info(
-                "grew the head to %d decoder layers (the new ones add nothing until trained)",
-                num_hidden_layers,
-            )
-        if draft_vocab_size is not None and draft_vocab_size != head.config.draft_vocab_size:
-            head = grow_draft_vocab(head, target, examples, draft_vocab_size)
-
-    dataset: Any = examples
-    cache_info = None
-    if feature_cache is not None:
-        dataset = FeatureCache.build(
-            target, examples, feature_cache, head.config.eagle_aux_hidden_state_layer_ids, progress=progress
+    if num_hidden_layers is not None and num_hidden_layers != head.config.num_hidden_layers:
+        head = grow_layers(head, num_hidden_layers)
+        logger.info(
+            "grew the head to %d decoder layers (the new ones add nothing until trained)", num_hidden_layers
         )
-        cache_info = {
-            "path": os.fspath(feature_cache),
-            "bytes": dataset.size_bytes,
-            "dtype": dataset.index["dtype"].removeprefix("torch."),
-        }
+    if draft_vocab_size is not None and draft_vocab_size != head.config.draft_vocab_size:
+        head = grow_draft_vocab(head, target, examples, draft_vocab_size)
+    return head
+
+
+def training_dataset(
+    target, examples, head, feature_cache, progress: bool
+) -> tuple[Any, dict[str, Any] | None]:
+    """The examples, or a [`FeatureCache`] of their target features (built or reused) with its description."""
+    from .features import FeatureCache
+
+    if feature_cache is None:
+        return examples, None
+    cache = FeatureCache.build(
+        target, examples, feature_cache, head.config.eagle_aux_hidden_state_layer_ids, progress=progress
+    )
+    info = {
+        "path": os.fspath(feature_cache),
+        "bytes": cache.size_bytes,
+        "dtype": cache.index["dtype"].removeprefix("torch."),
+    }
+    return cache, info
+
+
+def run_training(head, target, args: PEagleTrainingArguments, dataset, resume_from_checkpoint):
+    """`PEagleTrainer.train`; returns `(trainer, result)`."""
+    from .trainer import PEagleTrainer
 
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=dataset)
-    result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-    calibration_report = None
+    return trainer, trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+
+
+def recalibrate(head, target, trainer, held_out: Sequence[dict[str, Any]], progress: bool) -> dict | None:
+    """Drop a draft calibration fitted before this training; fit a new one on `held_out` when there is any."""
     if getattr(head.config, "draft_calibration", None) is not None and trainer.state.global_step > 0:
         # a head continued from a calibrated one: the map was fitted to the weights before this training
         logger.warning(
@@ -580,12 +487,20 @@ def train_head(
             "run `peagle calibrate` on the trained head (or pass calibration_examples=N)."
         )
         head.config.draft_calibration = None
-    if held_out:
-        calibration_report = calibrate_trained_head(head, target, held_out, progress=progress)
+    return calibrate_trained_head(head, target, held_out, progress=progress) if held_out else None
+
+
+def training_summary(
+    head, target, args, trainer, result, examples, output_dir, cache_info, calibration_report, start: float
+) -> dict[str, Any]:
+    """What happened, as `train_summary.json` records it."""
+    import torch
+
+    from ..sizing import head_parameters, target_parameters
 
     history = [h for h in trainer.state.log_history if "loss" in h]
     last_acc = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith("acc_d")}
-    summary = {
+    return {
         "output_dir": output_dir,
         "drafting_mode": head.config.drafting_mode,
         "num_hidden_layers": head.config.num_hidden_layers,
@@ -604,7 +519,7 @@ def train_head(
         "response_tokens": int(sum(sum(e["loss_mask"]) for e in examples)),
         "optimizer_steps": trainer.state.global_step,
         "response_tokens_trained": trainer.response_tokens_trained(),
-        **({"response_tokens_trained_estimated": True} if trainer.budget_estimated else {}),
+        **({"response_tokens_trained_estimated": True} if trainer.count_estimated else {}),
         "threads": torch.get_num_threads() if args.device.type == "cpu" else None,
         "first_loss": history[0]["loss"] if history else None,
         "train_loss": result.training_loss,
@@ -613,12 +528,14 @@ def train_head(
         "seconds": round(time.time() - start + trainer.resumed_seconds, 1),  # a resumed run counts its past
         "calibration": calibration_report,
     }
-    if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
-        head.save_pretrained(output_dir)
-        check_saved_head(output_dir, head)
-        with open(os.path.join(output_dir, "train_summary.json"), "w", encoding="utf-8") as fh:
-            json.dump(summary, fh, indent=2)
-    return head, summary
+
+
+def save_trained_head(head, output_dir: str, summary: dict[str, Any]) -> None:
+    """The head and its `train_summary.json`, checked to reload with the head's sizes."""
+    head.save_pretrained(output_dir)
+    check_saved_head(output_dir, head)
+    with open(os.path.join(output_dir, "train_summary.json"), "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
 
 
 SAVED_FIELDS = (
@@ -726,10 +643,6 @@ def format_summary(summary: dict[str, Any]) -> str:
 __all__ = [
     "training_arguments",
     "build_head",
-    "init_layers_from_target",
-    "init_lm_head_from_target",
-    "resize_draft_vocab",
-    "grow_draft_vocab",
     "load_head_for_training",
     "train_head",
     "format_summary",

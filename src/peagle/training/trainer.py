@@ -29,12 +29,13 @@ import time
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.cache_utils import DynamicCache
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 from .arguments import PEagleTrainingArguments, parse_lr_scales
+from .callbacks import COUNTS_FILE, TrainingCountsCallback
 from .features import PEagleDataCollator, capture_features
 from .losses import TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
@@ -136,10 +137,10 @@ def decoding_walk(
         end = start
         while end + 1 < len(mask) and mask[end + 1]:
             end += 1
-        budget = end - start + 1 if max_new_tokens is None else min(end - start + 1, max_new_tokens)
+        limit_tokens = end - start + 1 if max_new_tokens is None else min(end - start + 1, max_new_tokens)
         made, rounds, anchor = 1, 1, start - 1  # the prefill pass yields token `start`
-        while made < budget:
-            run, limit = 0, min(k, budget - made - 1)
+        while made < limit_tokens:
+            run, limit = 0, min(k, limit_tokens - made - 1)
             while run < limit and correct[anchor][run]:
                 run += 1
             made, rounds, anchor = made + 1 + run, rounds + 1, anchor + 1 + run
@@ -262,10 +263,10 @@ class PEagleTrainer(Trainer):
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
         self._elements: list[torch.Tensor] | None = None  # per-element records while evaluating acceptance
         self._response_tokens = 0  # response tokens of the micro-batches trained by this process
-        self._budget_estimated = False  # resumed from a checkpoint that did not record the count
+        self._count_estimated = False  # resumed from a checkpoint that did not record the count
         self._seconds_before = 0.0  # training seconds recorded by the checkpoint this run resumed from
         self._train_started: float | None = None
-        self.add_callback(_BudgetCheckpointCallback(self))
+        self.add_callback(TrainingCountsCallback(self))
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         """transformers' optimizer, with the parameters `args.lr_scales` names in groups at their own rates."""
@@ -575,7 +576,7 @@ class PEagleTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """`Trainer.train`, with denormal floats flushed to zero on the CPU for its duration when
-        `args.flush_denormal` (restored afterwards).  Resuming from a checkpoint also resumes its budget count
+        `args.flush_denormal` (restored afterwards).  Resuming from a checkpoint also resumes its token-pass count
         (`response_tokens_trained`)."""
         if resume_from_checkpoint:
             folder = (
@@ -587,7 +588,7 @@ class PEagleTrainer(Trainer):
                 from .checkpoints import check_checkpoint_fits
 
                 check_checkpoint_fits(self.model, folder)
-            self._resume_budget(resume_from_checkpoint)
+            self._resume_counts(resume_from_checkpoint)
         self._train_started = time.time()
         if not self.args.flush_denormal:
             return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -613,13 +614,13 @@ class PEagleTrainer(Trainer):
         loss = loss / max(float(denom), 1.0)
         return (loss, None) if return_outputs else loss
 
-    def _resume_budget(self, checkpoint: str | bool) -> None:
-        """Set the budget count from the checkpoint's record (`BUDGET_FILE`, this process's count), or estimate it
+    def _resume_counts(self, checkpoint: str | bool) -> None:
+        """Set the token-pass count from the checkpoint's record (`COUNTS_FILE`, this process's count), or estimate it
         from the epochs trained and the dataset's response tokens when the checkpoint has none (flagged)."""
         folder = get_last_checkpoint(self.args.output_dir) if checkpoint is True else os.fspath(checkpoint)
         if folder is None:
             return  # Trainer.train raises its own error
-        path = os.path.join(folder, BUDGET_FILE.format(self.accelerator.process_index))
+        path = os.path.join(folder, COUNTS_FILE.format(self.accelerator.process_index))
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
                 record = json.load(fh)
@@ -634,9 +635,9 @@ class PEagleTrainer(Trainer):
             else sum(int(sum(self.train_dataset[i]["loss_mask"])) for i in range(len(self.train_dataset)))
         )
         self._response_tokens = round(epoch * per_epoch / self.accelerator.num_processes)
-        self._budget_estimated = True
+        self._count_estimated = True
         logger.warning(
-            "%s records no budget count (an older peagle saved it); estimated %d response tokens trained from its "
+            "%s records no token-pass count (an older peagle saved it); estimated %d response tokens trained from its "
             "epoch %.3f",
             folder,
             self._response_tokens,
@@ -644,9 +645,9 @@ class PEagleTrainer(Trainer):
         )
 
     @property
-    def budget_estimated(self) -> bool:
+    def count_estimated(self) -> bool:
         """Whether `response_tokens_trained` includes an estimate (resumed from a checkpoint without a count)."""
-        return self._budget_estimated
+        return self._count_estimated
 
     @property
     def resumed_seconds(self) -> float:
@@ -662,7 +663,7 @@ class PEagleTrainer(Trainer):
 
     def response_tokens_trained(self) -> int:
         """Response tokens of every micro-batch trained so far, over all processes (a token seen in two epochs
-        counts twice): the training budget in token-passes."""
+        counts twice): token-passes."""
         count = torch.tensor(self._response_tokens, device=self.args.device)
         if self.accelerator.num_processes > 1:
             count = self.accelerator.reduce(count, reduction="sum")
@@ -792,29 +793,4 @@ class PEagleTrainer(Trainer):
         return [float(c) / float(t) if t > 0 else None for c, t in zip(s["correct"], s["total"])]
 
 
-BUDGET_FILE = "peagle_budget_{}.json"
-"""Per-process record of the response tokens trained and the training seconds spent, written into every checkpoint
-(read back on resume)."""
-
-
-class _BudgetCheckpointCallback(TrainerCallback):
-    """Writes the trainer's budget count and training time into each checkpoint, so a resumed run counts both from
-    where it stopped."""
-
-    def __init__(self, trainer: PEagleTrainer):
-        self.trainer = trainer
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        if os.path.isdir(folder):
-            path = os.path.join(folder, BUDGET_FILE.format(self.trainer.accelerator.process_index))
-            with open(path, "w", encoding="utf-8") as fh:
-                record = {
-                    "response_tokens_trained": self.trainer._response_tokens,
-                    "training_seconds": round(self.trainer.training_seconds(), 1),
-                }
-                json.dump(record, fh)
-        return control
-
-
-__all__ = ["PEagleTrainingArguments", "PEagleTrainer"]
+__all__ = ["PEagleTrainer"]

@@ -1,6 +1,6 @@
 """The target served by vLLM, as a generation engine for self-distillation.
 
-`VLLMEngine` starts `vllm_runner.py --serve` once in a vLLM environment's interpreter (`peagle.vllm_process`) and
+`VLLMEngine` starts `integrations/vllm/runner.py --serve` once in a vLLM environment's interpreter (`peagle.integrations.vllm.process`) and
 keeps it for every batch, so the engine's start-up (tens of seconds on a CPU) is paid once.  Pass it where
 [`self_distill`] and [`synthesize_prompts`] take the target: they hand it whole batches, which vLLM runs with
 continuous batching (a finished sequence frees its slot at once, where `generate()` pads every row of a batch to
@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..vllm_process import VLLM_RUNNER, vllm_environ, vllm_python
+from ..integrations.vllm.process import VLLM_RUNNER, vllm_environ, vllm_python
 
 
 class VLLMEngine:

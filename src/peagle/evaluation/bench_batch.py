@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .generation.stats import PEagleGenerationStats
+from ..generation.stats import PEagleGenerationStats
 
 BATCH_METHODS = ("greedy", "peagle-auto", "peagle", "eagle3-auto")
 """Plain batched greedy; the P-EAGLE head with its default rule; the same head verifying all K drafts every

@@ -9,7 +9,7 @@ target pass is split into target forward, drafter forward and the rest (overhead
 
 vLLM rows (`"vllm"`, `"vllm-peagle"`, `"vllm-eagle3"`, `run_vllm_rows`): the same prompts and lengths served by
 vLLM, plain and with the heads exported to its layout, in the interpreter of a vLLM environment
-(`PEAGLE_VLLM_PYTHON`); `vllm_runner.py` runs there.  Their tokens per target pass come from vLLM's counters
+(`PEAGLE_VLLM_PYTHON`); `integrations/vllm/runner.py` runs there.  Their tokens per target pass come from vLLM's counters
 (`vllm:spec_decode_*`: new tokens / (new tokens - accepted drafts)); their time is not split.
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .evaluation.timing import RunResult, machine_description, timed_generate  # re-exported: one home, timing
-from .generation.stats import PEagleGenerationStats
-from .vllm_process import VLLM_PYTHON_ENV, VLLM_RUNNER, vllm_environ
+from ..generation.stats import PEagleGenerationStats
+from ..integrations.vllm.process import VLLM_PYTHON_ENV, VLLM_RUNNER, vllm_environ
+from .timing import RunResult, machine_description, timed_generate  # re-exported: one home, timing
 
 METHODS = ("greedy", "peagle", "eagle3", "pld")
 HEAD_METHODS = ("peagle", "eagle3")
@@ -287,8 +287,8 @@ def write_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, P
     return js, plot(results["summary"], out / "bench.png")
 
 
-def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
-    """`(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template (a
+def chat_prompt_tensor(tokenizer, text: str) -> torch.Tensor:
+    """The prompt of an evaluation: `(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template (a
     tokenizer without one, e.g. a base model's: the text as is)."""
     if not getattr(tokenizer, "chat_template", None):
         return tokenizer(text, return_tensors="pt").input_ids
@@ -299,7 +299,7 @@ def chat_prompt_ids(tokenizer, text: str) -> torch.Tensor:
     return ids
 
 
-def load_prompts(
+def load_eval_prompts(
     tokenizer, datasets: Sequence[str], limit: int | None = None
 ) -> dict[str, list[torch.Tensor]]:
     """`(1, T)` chat-formatted prompt ids of each evaluation set (`"mtbench"`, `"humaneval"`), `limit` each."""
@@ -308,7 +308,7 @@ def load_prompts(
     unknown = [d for d in datasets if d not in EVAL_SETS]
     if unknown:
         raise ValueError(f"unknown datasets {unknown}; expected some of {sorted(EVAL_SETS)}.")
-    return {name: [chat_prompt_ids(tokenizer, t) for t in EVAL_SETS[name](limit)] for name in datasets}
+    return {name: [chat_prompt_tensor(tokenizer, t) for t in EVAL_SETS[name](limit)] for name in datasets}
 
 
 def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> None:
@@ -327,7 +327,7 @@ def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> Non
 
 # ---------------------------------------------------------------------------------------------- vLLM rows
 def run_vllm(python: str | os.PathLike, request: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
-    """Run `vllm_runner.py` (see its docstring for `request` and the result) in a vLLM environment's
+    """Run `integrations/vllm/runner.py` (see its docstring for `request` and the result) in a vLLM environment's
     interpreter `python`; raises `RuntimeError` with the end of its output when it fails."""
     with tempfile.TemporaryDirectory(prefix="peagle-vllm-") as tmp:
         req = Path(tmp) / "request.json"
@@ -453,7 +453,8 @@ __all__ = [
     "run_vllm",
     "run_vllm_rows",
     "check_methods",
-    "load_prompts",
+    "load_eval_prompts",
+    "chat_prompt_tensor",
     "run_benchmark",
     "timed_generate",
     "method_kwargs",

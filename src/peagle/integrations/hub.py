@@ -30,11 +30,11 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ._version import __version__
-from .formats.vllm import speculative_config
-from .modeling_peagle import PEagleDrafter
+from .._version import __version__
+from ..formats.vllm import speculative_config
+from ..modeling_peagle import PEagleDrafter
 
-TEMPLATES = Path(__file__).parent / "model_card_templates"
+TEMPLATES = Path(__file__).parent.parent / "model_card_templates"
 CARD_TEMPLATE = TEMPLATES / "peagle_head.md"
 CUSTOM_GENERATE_SOURCE = TEMPLATES / "custom_generate.py"
 CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.23\n"
@@ -122,12 +122,12 @@ def target_license(head: PEagleDrafter, target_model: Any = None) -> str:
             return found
     kind = getattr(config, "target_model_type", None)
     if target_model is not None:
-        from .sizing import target_model_type
+        from ..sizing import target_model_type
 
         kind = target_model_type(target_model) or kind
     if kind in FAMILY_LICENSES:
         return FAMILY_LICENSES[kind]
-    from .targets import DEFAULT_TARGET_NAME
+    from ..targets import DEFAULT_TARGET_NAME
 
     if DEFAULT_TARGET_NAME in names:
         return "apache-2.0"
@@ -313,7 +313,7 @@ def render_model_card(
         template: another body template (`string.Template` placeholders, see `peagle_head.md`).
         target_model: the loaded target, when at hand (its recorded name and family help the defaults).
     """
-    from .sizing import VLLM_EAGLE3_MODEL_TYPES, family_name, target_model_type
+    from ..sizing import VLLM_EAGLE3_MODEL_TYPES, family_name, target_model_type
 
     config = head.config
     base = base_model or target_hub_id(config.target_model_name, target_model) or config.target_model_name

@@ -1,7 +1,7 @@
 """Run vLLM on fixed prompts, greedy, plain and with speculative heads; print outputs and counters as JSON.
 
 A script for the interpreter of an environment that has vLLM (`PEAGLE_VLLM_PYTHON`; tests/interop/peer_env.sh
-builds one): it imports nothing from peagle, and `peagle.bench.run_vllm` runs it as a file.  Reads one JSON
+builds one): it imports nothing from peagle, and `peagle.evaluation.bench.run_vllm` runs it as a file.  Reads one JSON
 request:
 
     {"target": folder, "dtype": "float32", "prompts": [[token ids], ...], "max_tokens": 64,

@@ -1,8 +1,8 @@
 """Where peagle finds vLLM: the interpreter of a vLLM environment and the script it runs there.
 
 vLLM pins other transformers versions than peagle, so it lives in an environment of its own
-(`tests/interop/peer_env.sh` builds one); peagle runs `vllm_runner.py` in that interpreter as a child process.
-The benchmark's vLLM rows (`peagle.bench.run_vllm`) and the vLLM engine of self-distillation
+(`tests/interop/peer_env.sh` builds one); peagle runs `runner.py` (beside this module) in that interpreter as a child process.
+The benchmark's vLLM rows (`peagle.evaluation.bench.run_vllm`) and the vLLM engine of self-distillation
 (`peagle.training.vllm_engine`) both start it from here.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 VLLM_PYTHON_ENV = "PEAGLE_VLLM_PYTHON"
 """The environment variable naming the Python interpreter of a vLLM environment."""
-VLLM_RUNNER = Path(__file__).with_name("vllm_runner.py")
+VLLM_RUNNER = Path(__file__).with_name("runner.py")
 """The script run in that interpreter (it imports nothing from peagle)."""
 
 

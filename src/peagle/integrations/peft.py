@@ -7,7 +7,7 @@ directly (no task type: a [`peft.PeftModel`] whose forward passes every keyword 
 
 ```python
 from peagle import load_default_drafter, load_default_target
-from peagle.adapters import apply_lora, lora_config, merge_lora
+from peagle.integrations.peft import apply_lora, lora_config, merge_lora
 from peagle.training import PEagleTrainer, PEagleTrainingArguments
 
 target, tok = load_default_target()
@@ -25,7 +25,7 @@ MLP projections ``gate/up/down_proj`` of every drafter layer (the fused layer 0 
 the learned ``mask_hidden``).  Left out on purpose: ``lm_head`` (its rows are the draft vocabulary, fixed by
 ``d2t``), ``embed_tokens`` (often the target's own frozen table) and the learned placeholders ``mask_hidden`` /
 ``mask_embedding`` (parameters, not modules).  A LoRA adapter cannot add tokens to the draft vocabulary: tokens of
-the new domain outside it can never be drafted (see [`draft_vocab_coverage`]).
+the new domain outside it can never be drafted (see [`head_vocab_coverage`]).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .modeling_peagle import PEagleDrafter
+from ..modeling_peagle import PEagleDrafter
 
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
     "q_proj",
@@ -150,7 +150,7 @@ def apply_lora(head: PEagleDrafter, config=None, adapter_name: str = "default"):
     if not names:
         raise ValueError(
             f"target_modules {config.target_modules!r} match no module of the head; expected names such as "
-            f"{list(DEFAULT_LORA_TARGET_MODULES)} (see peagle.adapters.DEFAULT_LORA_TARGET_MODULES)."
+            f"{list(DEFAULT_LORA_TARGET_MODULES)} (see peagle.integrations.peft.DEFAULT_LORA_TARGET_MODULES)."
         )
     excluded = [n for n in names if n.split(".")[-1] in _EXCLUDED_MODULES]
     if excluded:
@@ -282,7 +282,7 @@ def lora_for_training(
     return apply_lora(base_head, config).train()
 
 
-def draft_vocab_coverage(head: PEagleDrafter, examples: Iterable[dict[str, Any]]) -> float:
+def head_vocab_coverage(head: PEagleDrafter, examples: Iterable[dict[str, Any]]) -> float:
     """Fraction of the response tokens (`loss_mask == 1`) of `examples` inside the head's draft vocabulary.
 
     An upper bound on what any adapter can reach on that data: a token outside the draft vocabulary is never
@@ -297,7 +297,7 @@ def draft_vocab_coverage(head: PEagleDrafter, examples: Iterable[dict[str, Any]]
         inside += int(t2d[resp].sum())
         total += int(resp.numel())
     if total == 0:
-        raise ValueError("draft_vocab_coverage got no response tokens (loss_mask is 0 everywhere).")
+        raise ValueError("head_vocab_coverage got no response tokens (loss_mask is 0 everywhere).")
     return inside / total
 
 
@@ -310,5 +310,5 @@ __all__ = [
     "load_adapter",
     "load_adapted_head",
     "lora_for_training",
-    "draft_vocab_coverage",
+    "head_vocab_coverage",
 ]
