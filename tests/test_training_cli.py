@@ -89,7 +89,7 @@ def test_peagle_train_command(tmp_path, capsys, caplog, monkeypatch):
     assert PEagleDrafter.from_pretrained(out2).config.drafting_mode == "autoregressive"
 
     # continue the first head with a larger draft vocabulary (its 64 ids stay, 16 more come from the examples)
-    # and one more layer; --trainable-parameters lm_head trains the new LM head only and leaves every other weight
+    # and one more layer; --trainable_parameters lm_head trains the new LM head only and leaves every other weight
     # as it was
     out3 = tmp_path / "grown"
     grow = ["train", *common, "--examples", str(out / "examples.jsonl"), "--base_head", str(out)]
@@ -193,7 +193,7 @@ def test_a_target_without_a_chat_template_is_refused_before_loading_it(tmp_path,
 
     monkeypatch.setattr(peagle.targets, "load_target", no_model)
     with pytest.raises(
-        SystemExit, match=r"the tokenizer of .*target has no chat template.*--chat-template FILE"
+        SystemExit, match=r"the tokenizer of .*target has no chat template.*--chat_template FILE"
     ):
         main([*base, "--output_dir", str(tmp_path / "a")])
     with pytest.raises(SystemExit, match=r"Magpie prompts need a chat template"):

@@ -84,7 +84,7 @@ def test_a_tokenizer_without_a_chat_template_needs_plain_prompts():
     tok = tiny_tokenizer()
     tok.chat_template = None
     target = make_target()
-    with pytest.raises(ValueError, match=r"has no chat template.*--chat-template FILE.*--plain-prompts"):
+    with pytest.raises(ValueError, match=r"has no chat template.*--chat_template FILE.*--plain_prompts"):
         self_distill(target, ["hello world"], tokenizer=tok, max_new_tokens=2, progress=False)
     with pytest.raises(ValueError, match=r"Magpie prompts need a chat template.*has none"):
         synthesize_prompts(target, 2, tokenizer=tok, progress=False)

@@ -259,6 +259,37 @@ def plan_head(
     overrides = dict(overrides or {})
     num_params, model = target_parameters(target)
     check_target_family(target, model)
+    values, notes, kind = _base_values(target, overrides)
+    step_cost = target_step_cost(target, model)
+    budgets = _Budgets(values, HEAD_BUDGET * num_params, ROUND_BUDGET * step_cost)
+    vocab = int(values["vocab_size"])
+    floor = min(vocab, VOCAB_FLOOR)
+    layers = _choose_layers(budgets, overrides, needed_vocab, floor, notes)
+    draft, cap = _choose_draft(budgets, overrides, layers, floor, notes)
+    values["num_hidden_layers"], values["draft_vocab_size"] = layers, draft
+    if draft < vocab:
+        notes.append(
+            f"draft ids: 0..{draft - 1} until chosen from data (`peagle.training.build_head(target, examples)`, or "
+            "head.set_draft_vocab(select_draft_vocab(...)))"
+        )
+    plan = HeadPlan(
+        values,
+        budgets.size(layers, draft),
+        num_params,
+        budgets.budget,
+        (min(floor, cap), cap),
+        notes,
+        kind,
+        budgets.cost(layers, draft),
+        step_cost,
+    )
+    _note_over_budget(plan, overrides, floor)
+    return plan
+
+
+def _base_values(target: Any, overrides: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], str | None]:
+    """The fields read from the target, the drafter's own defaults, the overrides (sizes apart) and K; the notes;
+    the target's model type."""
     fields, notes = target_fields(target)
     values: dict[str, Any] = {
         **fields,
@@ -280,43 +311,48 @@ def plan_head(
             k = k_train
             notes.append(f"num_speculative_tokens: {k} (K never above K_train = {k_train})")
         values["num_speculative_tokens"] = k
-    vocab, hidden = int(values["vocab_size"]), int(values["hidden_size"])
-    budget = HEAD_BUDGET * num_params
-    step_cost = target_step_cost(target, model)
-    round_budget = ROUND_BUDGET * step_cost
-    floor = min(vocab, VOCAB_FLOOR)
+    return values, notes, kind
 
-    def size(layers: int, draft: int) -> int:
-        return head_parameters({**values, "num_hidden_layers": layers, "draft_vocab_size": draft})
 
-    def cost(layers: int, draft: int) -> float:
-        return round_cost({**values, "num_hidden_layers": layers, "draft_vocab_size": draft})
+class _Budgets:
+    """A head's parameters and modeled round cost by (layers, draft vocabulary), against the two budgets."""
 
-    def fits(layers: int, draft: int) -> bool:
-        return size(layers, draft) <= budget and cost(layers, draft) <= round_budget
+    def __init__(self, values: Mapping[str, Any], budget: float, round_budget: float):
+        self.values, self.budget, self.round_budget = values, budget, round_budget
+        self.vocab, self.hidden = int(values["vocab_size"]), int(values["hidden_size"])
 
-    def room(layers: int) -> int:
+    def size(self, layers: int, draft: int) -> int:
+        return head_parameters({**self.values, "num_hidden_layers": layers, "draft_vocab_size": draft})
+
+    def cost(self, layers: int, draft: int) -> float:
+        return round_cost({**self.values, "num_hidden_layers": layers, "draft_vocab_size": draft})
+
+    def fits(self, layers: int, draft: int) -> bool:
+        return self.size(layers, draft) <= self.budget and self.cost(layers, draft) <= self.round_budget
+
+    def room(self, layers: int) -> int:
         """The largest draft vocabulary both budgets afford with `layers` layers (may be below the floor)."""
-        if vocab <= VOCAB_CAP and fits(layers, vocab):
-            return vocab
-        by_params = (budget - size(layers, 0)) / hidden
-        lm_rows = cost(layers, 1) - cost(layers, 0)  # cost of one LM-head row at K slots
-        by_round = (round_budget - cost(layers, 0)) / lm_rows
-        return min(_round_down(min(by_params, by_round), VOCAB_STEP), VOCAB_CAP, vocab)
+        if self.vocab <= VOCAB_CAP and self.fits(layers, self.vocab):
+            return self.vocab
+        by_params = (self.budget - self.size(layers, 0)) / self.hidden
+        lm_rows = self.cost(layers, 1) - self.cost(layers, 0)  # cost of one LM-head row at K slots
+        by_round = (self.round_budget - self.cost(layers, 0)) / lm_rows
+        return min(_round_down(min(by_params, by_round), VOCAB_STEP), VOCAB_CAP, self.vocab)
 
+
+def _choose_layers(
+    budgets: _Budgets, overrides: Mapping[str, Any], needed_vocab: int | None, floor: int, notes: list[str]
+) -> int:
+    """Given layers; else `DEFAULT_LAYERS`, one dropped at a time while the budgets leave less than the vocabulary
+    needed (or, with a given vocabulary, while it does not fit)."""
     given_draft = overrides.get("draft_vocab_size")
-    needed = max(floor, min(int(needed_vocab or floor), vocab, VOCAB_CAP))
-    why_needed = (
-        f"the {needed} ids covering {100 * VOCAB_COVERAGE:.1f}% of the data's response tokens"
-        if needed_vocab is not None and needed > floor
-        else f"the floor of {floor} ids"
-    )
     if overrides.get("num_hidden_layers") is not None:
         layers = int(overrides["num_hidden_layers"])
         notes.append(f"num_hidden_layers: {layers} (given)")
-    elif given_draft is not None:
-        layers = DEFAULT_LAYERS
-        while layers > 1 and not fits(layers, int(given_draft)):
+        return layers
+    layers = DEFAULT_LAYERS
+    if given_draft is not None:
+        while layers > 1 and not budgets.fits(layers, int(given_draft)):
             layers -= 1
         why = (
             "default"
@@ -324,57 +360,69 @@ def plan_head(
             else f"{DEFAULT_LAYERS} exceed a budget with the given vocabulary"
         )
         notes.append(f"num_hidden_layers: {layers} ({why})")
-    else:
-        layers = DEFAULT_LAYERS
-        while layers > 1 and room(layers) < needed:
-            notes.append(
-                f"num_hidden_layers: not {layers} (with {layers} layers the budgets leave {max(room(layers), 0)} "
-                f"draft ids, fewer than {why_needed}: a layer is dropped before the vocabulary)"
-            )
-            layers -= 1
-        why = "default" if layers == DEFAULT_LAYERS else "the most that keep the draft vocabulary"
-        notes.append(
-            f"num_hidden_layers: {layers} ({why}; the budgets leave {max(room(layers), 0)} draft ids)"
-        )
-    cap = max(floor, room(layers))
-    if given_draft is not None:
-        draft = int(given_draft)
-        notes.append(f"draft_vocab_size: {draft} (given)")
-    else:
-        draft = cap
-        why = "the whole vocabulary" if draft == vocab else (
-            f"cap {VOCAB_CAP}" if draft == VOCAB_CAP else (
-                f"the floor {floor}" if room(layers) < floor else "what the budgets leave for the LM head"
-            )
-        )  # fmt: skip
-        notes.append(
-            f"draft_vocab_size: {draft} ({why}; with training data the smallest size in [{min(floor, cap)}, {cap}] "
-            f"covering {100 * VOCAB_COVERAGE:.1f}% of the response tokens)"
-        )
-    values["num_hidden_layers"], values["draft_vocab_size"] = layers, draft
-    if draft < vocab:
-        notes.append(
-            f"draft ids: 0..{draft - 1} until chosen from data (`peagle.training.build_head(target, examples)`, or "
-            "head.set_draft_vocab(select_draft_vocab(...)))"
-        )
-    total = size(layers, draft)
-    plan = HeadPlan(
-        values, total, num_params, budget, (min(floor, cap), cap), notes, kind, cost(layers, draft), step_cost
+        return layers
+    needed = max(floor, min(int(needed_vocab or floor), budgets.vocab, VOCAB_CAP))
+    why_needed = (
+        f"the {needed} ids covering {100 * VOCAB_COVERAGE:.1f}% of the data's response tokens"
+        if needed_vocab is not None and needed > floor
+        else f"the floor of {floor} ids"
     )
-    if plan.over_budget:
-        given = [k for k in ("num_hidden_layers", "draft_vocab_size", "embed_from_target") if k in overrides]
-        reason = f"given {given}" if given else "even the smallest default head does not fit"
-        if total > budget:
-            notes.append(
-                f"over budget: {total / 1e6:.2f}M > {HEAD_BUDGET:.0%} of {num_params / 1e6:.2f}M ({reason})"
-            )
-        if plan.round_fraction > ROUND_BUDGET + 1e-9:
-            kept = "the vocabulary floor is kept" if not given and draft <= floor else reason
-            notes.append(
-                f"over the round budget: a round costs {plan.round_fraction:.0%} of a target step (modeled) > "
-                f"{ROUND_BUDGET:.0%} ({kept})"
-            )
-    return plan
+    while layers > 1 and budgets.room(layers) < needed:
+        notes.append(
+            f"num_hidden_layers: not {layers} (with {layers} layers the budgets leave {max(budgets.room(layers), 0)} "
+            f"draft ids, fewer than {why_needed}: a layer is dropped before the vocabulary)"
+        )
+        layers -= 1
+    why = "default" if layers == DEFAULT_LAYERS else "the most that keep the draft vocabulary"
+    notes.append(
+        f"num_hidden_layers: {layers} ({why}; the budgets leave {max(budgets.room(layers), 0)} draft ids)"
+    )
+    return layers
+
+
+def _choose_draft(
+    budgets: _Budgets, overrides: Mapping[str, Any], layers: int, floor: int, notes: list[str]
+) -> tuple[int, int]:
+    """`(draft vocabulary, cap)`: the given size, else what the budgets leave (never below the floor)."""
+    cap = max(floor, budgets.room(layers))
+    given_draft = overrides.get("draft_vocab_size")
+    if given_draft is not None:
+        notes.append(f"draft_vocab_size: {int(given_draft)} (given)")
+        return int(given_draft), cap
+    draft = cap
+    why = "the whole vocabulary" if draft == budgets.vocab else (
+        f"cap {VOCAB_CAP}" if draft == VOCAB_CAP else (
+            f"the floor {floor}" if budgets.room(layers) < floor else "what the budgets leave for the LM head"
+        )
+    )  # fmt: skip
+    notes.append(
+        f"draft_vocab_size: {draft} ({why}; with training data the smallest size in [{min(floor, cap)}, {cap}] "
+        f"covering {100 * VOCAB_COVERAGE:.1f}% of the response tokens)"
+    )
+    return draft, cap
+
+
+def _note_over_budget(plan: HeadPlan, overrides: Mapping[str, Any], floor: int) -> None:
+    """Say why a head exceeds a budget: sizes given, or even the smallest default head does not fit."""
+    if not plan.over_budget:
+        return
+    given = [k for k in ("num_hidden_layers", "draft_vocab_size", "embed_from_target") if k in overrides]
+    reason = f"given {given}" if given else "even the smallest default head does not fit"
+    if plan.head_parameters > plan.budget:
+        plan.notes.append(
+            f"over budget: {plan.head_parameters / 1e6:.2f}M > {HEAD_BUDGET:.0%} of "
+            f"{plan.target_parameters / 1e6:.2f}M ({reason})"
+        )
+    if plan.round_fraction > ROUND_BUDGET + 1e-9:
+        kept = (
+            "the vocabulary floor is kept"
+            if not given and plan.values["draft_vocab_size"] <= floor
+            else reason
+        )
+        plan.notes.append(
+            f"over the round budget: a round costs {plan.round_fraction:.0%} of a target step (modeled) > "
+            f"{ROUND_BUDGET:.0%} ({kept})"
+        )
 
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Resuming: whether a Trainer checkpoint holds the head being trained, checked before transformers loads it.
 
 transformers' `Trainer` loads a checkpoint into whatever model it is given: a head of another shape (another draft
-vocabulary, layer count or width) or another set of trainable parameters (`--trainable-parameters`,
+vocabulary, layer count or width) or another set of trainable parameters (`--trainable_parameters`,
 `--lr-scale`, LoRA) fails deep inside `load_state_dict` or the optimizer with a size or parameter-group mismatch.
 [`check_checkpoint_fits`] reads the checkpoint's weight shapes (safetensors headers, no tensor is loaded) and its
 optimizer's parameter groups first, and says what differs.
@@ -73,7 +73,7 @@ def check_checkpoint_fits(model: Any, folder: str | os.PathLike, trainable: int 
             )
             raise ValueError(
                 f"cannot resume from {folder}: it holds a head of another shape ({detail}). Resume with the options "
-                "that checkpoint was trained with (--draft-vocab-size, --num-layers, --mode, the same target), or "
+                "that checkpoint was trained with (--draft_vocab_size, --num_hidden_layers, --drafting_mode, the same target), or "
                 "train into a new --output."
             )
     counts = _optimizer_param_counts(folder)
@@ -83,7 +83,7 @@ def check_checkpoint_fits(model: Any, folder: str | os.PathLike, trainable: int 
         raise ValueError(
             f"cannot resume from {folder}: its optimizer trained {sum(counts)} parameter tensors "
             f"(groups of {counts}), this head has {trainable} trainable. Resume with the same "
-            "--trainable-parameters, --lr-scale and --lora options, or train into a new --output."
+            "--trainable_parameters, --lr_scales and --lora options, or train into a new --output_dir."
         )
 
 

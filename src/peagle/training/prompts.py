@@ -63,14 +63,14 @@ def check_chat_template(
     if magpie and (plain_prompts or not has_chat_template(tokenizer)):
         raise ValueError(
             f"Magpie prompts need a chat template and the tokenizer of {name} "
-            + ("is used without one (plain_prompts / --plain-prompts)" if plain_prompts else "has none")
-            + "; give it one (chat_template / --chat-template FILE) or drop them (num_magpie_prompts / --magpie)."
+            + ("is used without one (plain_prompts / --plain_prompts)" if plain_prompts else "has none")
+            + "; give it one (chat_template / --chat_template FILE) or drop them (num_magpie_prompts / --num_magpie_prompts)."
         )
     if not plain_prompts and not has_chat_template(tokenizer):
         raise ValueError(
             f"the tokenizer of {name} has no chat template, so chat prompts cannot be formatted: give it one "
-            "(tokenizer.chat_template = a Jinja template; peagle train --chat-template FILE) or train on plain "
-            "text prompts (plain_prompts=True; peagle train --plain-prompts: each prompt is encoded as is and the "
+            "(tokenizer.chat_template = a Jinja template; peagle train --chat_template FILE) or train on plain "
+            "text prompts (plain_prompts=True; peagle train --plain_prompts: each prompt is encoded as is and the "
             "target continues it). See docs/training.md."
         )
 
