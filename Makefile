@@ -57,4 +57,4 @@ gpu-check: install
 	$(BIN)/python benchmarks/gpu_check.py --out gpu_results
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info src/*.egg-info
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info heads/build heads/src/*.egg-info

@@ -26,8 +26,10 @@ from pathlib import Path
 
 import torch
 
+from peagle.configuration_peagle import DEFAULT_NUM_HIDDEN_LAYERS, DEFAULT_NUM_PARALLEL_POSITIONS
 from peagle.evaluation.timing import machine_description
 from peagle.targets import DEFAULT_TARGET_NAME, load_default_target
+from peagle.training.arguments import PEagleTrainingArguments
 from peagle.training.recipe import build_head, training_arguments
 from peagle.training.shards import load_examples
 from peagle.training.trainer import PEagleTrainer
@@ -66,11 +68,24 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train (the recipe's 8)")
     ap.add_argument(
-        "--cod-ratio", type=float, default=0.7, help="COD keep ratio per depth (the recipe's 0.7)"
+        "--num-parallel-positions",
+        type=int,
+        default=DEFAULT_NUM_PARALLEL_POSITIONS,
+        help="K_train (the recipe's)",
     )
-    ap.add_argument("--num-layers", type=int, default=2, help="the head's decoder layers (the recipe's 2)")
+    ap.add_argument(
+        "--cod-ratio",
+        type=float,
+        default=PEagleTrainingArguments.cod_ratio,
+        help="COD keep ratio per depth (the recipe's)",
+    )
+    ap.add_argument(
+        "--num-layers",
+        type=int,
+        default=DEFAULT_NUM_HIDDEN_LAYERS,
+        help="the head's decoder layers (the recipe's)",
+    )
     ap.add_argument(
         "--trainable-parameters",
         default=None,
