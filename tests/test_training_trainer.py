@@ -680,7 +680,7 @@ def test_decoding_walk_equals_generate(tmp_path, mode):
 def test_decoding_walk_jumps_cuts_and_restarts_at_each_response():
     """`decoding_walk` on a hand-made grid: a round moves past its accepted drafts and the bonus token, a round
     is cut at the response's end and at max_new_tokens, and a second response starts with its own prefill."""
-    from peagle.training.trainer import decoding_walk
+    from peagle.evaluation.walk import decoding_walk
 
     k = 3
     correct = torch.zeros(20, k, dtype=torch.bool)

@@ -9,7 +9,7 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
   `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
 - settings: `arguments` ([`PEagleTrainingArguments`], [`DataArguments`], [`HeadArguments`], [`LoraArguments`]);
-- training: `trainer` ([`PEagleTrainer`]); `callbacks`; `head_surgery` ([`grow_draft_vocab`] /
+- training: `trainer` ([`PEagleTrainer`]); `optimizer` (trainable parameters, learning-rate groups); `callbacks`; `head_surgery` ([`grow_draft_vocab`] /
   [`resize_draft_vocab`]: a trained head with another draft vocabulary, [`grow_layers`]: one with more decoder
   layers); `recipe` ([`training_arguments`], [`build_head`], [`train_head`], which `peagle train` calls);
 - data tools behind `peagle grow-data` (`growth`) and `peagle pack` (`packing`).

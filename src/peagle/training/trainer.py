@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from typing import Any
 
@@ -34,70 +33,19 @@ from transformers.cache_utils import DynamicCache
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
+from ..evaluation.walk import decoding_walk
 from .arguments import PEagleTrainingArguments, parse_lr_scales
 from .callbacks import COUNTS_FILE, TrainingCountsCallback
 from .features import PEagleDataCollator, capture_features
 from .losses import TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
+from .optimizer import freeze_except, split_lr_groups
 from .plan import ExamplePlan, SegmentRows, cod_seed, parallel_drafter_inputs, plan_example, segment_rows
 
 logger = logging.get_logger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
-def freeze_except(model: torch.nn.Module, pattern: str) -> list[str]:
-    """Freeze every parameter of `model` whose name `pattern` does not match (`re.search`); return the names left
-    trainable.  Parameters already frozen (the target's shared embeddings) stay frozen."""
-    regex = re.compile(pattern)
-    kept = []
-    for name, param in model.named_parameters():
-        if param.requires_grad and regex.search(name):
-            kept.append(name)
-        else:
-            param.requires_grad_(False)
-    if not kept:
-        names = ", ".join(n for n, _ in model.named_parameters())
-        raise ValueError(
-            f"trainable_parameters {pattern!r} matches no trainable parameter of the head ({names})."
-        )
-    logger.info("training %d of the head's parameter tensors: %s", len(kept), ", ".join(kept))
-    return kept
-
-
-def split_lr_groups(
-    optimizer: torch.optim.Optimizer, named_parameters, entries: list[str] | tuple[str, ...]
-) -> dict[str, float]:
-    """Move the parameters that `entries` (see [`parse_lr_scales`]) scale out of the freshly built `optimizer`'s
-    groups into groups of their own, with the same hyper-parameters (weight decay, betas) and `lr` times the scale,
-    before the learning-rate scheduler records the groups' initial rates.  Returns `{parameter name: scale}` of
-    the parameters moved."""
-    scales = parse_lr_scales(entries)
-    if not scales:
-        return {}
-    names = {id(p): n for n, p in named_parameters}
-    moved: dict[str, float] = {}
-    new_groups = []
-    for group in optimizer.param_groups:
-        kept, by_scale = [], {}
-        for param in group["params"]:
-            name = names.get(id(param), "")
-            hit = next((i for i, (regex, _) in enumerate(scales) if regex.search(name)), None)
-            if hit is None:
-                kept.append(param)
-                continue
-            scale = scales[hit][1]
-            moved[name] = scale
-            by_scale.setdefault(scale, []).append(param)
-        group["params"] = kept
-        for scale, params in by_scale.items():
-            hyper = {k: v for k, v in group.items() if k != "params"}
-            new_groups.append({**hyper, "params": params, "lr": group["lr"] * scale, "lr_scale": scale})
-    for group in new_groups:
-        optimizer.add_param_group(group)
-    logger.info("per-parameter learning-rate scales: %s", moved)
-    return moved
-
-
 def epoch_order(num_examples: int, seed: int, epoch: int = 0) -> list[int]:
     """The order in which a single-process [`PEagleTrainer`] run with `seed` visits the examples in `epoch`.
 
@@ -107,46 +55,6 @@ def epoch_order(num_examples: int, seed: int, epoch: int = 0) -> list[int]:
     """
     generator = torch.Generator().manual_seed(seed + epoch)
     return torch.randperm(num_examples, generator=generator).tolist()
-
-
-def decoding_walk(
-    correct: torch.Tensor, loss_mask: torch.Tensor, max_new_tokens: int | None = None
-) -> tuple[int, int]:
-    """New tokens and target passes of greedy decoding that drafts K tokens every round through one example.
-
-    Args:
-        correct: `(T, K)` bool, `correct[a, d]`: the draft at depth d of a round after anchor a (target features
-            up to a, tokens up to a + 1 known) equals token a + d + 2.
-        loss_mask: `(T,)`: the response tokens. Each contiguous response is decoded on its own: the prefill
-            yields its first token in one pass, then every round yields 1 + the leading run of correct drafts,
-            cut at the response's end (and at `max_new_tokens`), and the next round starts after the last of them.
-        max_new_tokens: tokens decoded per response at most (default: all of it).
-
-    Returns:
-        `(tokens, passes)`, summed over the example's responses.
-    """
-    mask = [bool(m) for m in loss_mask.tolist()]
-    k = correct.shape[1]
-    correct = correct.tolist()  # read element by element below: Python lists, not tensor indexing
-    tokens = passes = 0
-    start = 0
-    while start < len(mask):
-        if not mask[start] or start == 0:  # a response needs a prompt before it
-            start += 1
-            continue
-        end = start
-        while end + 1 < len(mask) and mask[end + 1]:
-            end += 1
-        limit_tokens = end - start + 1 if max_new_tokens is None else min(end - start + 1, max_new_tokens)
-        made, rounds, anchor = 1, 1, start - 1  # the prefill pass yields token `start`
-        while made < limit_tokens:
-            run, limit = 0, min(k, limit_tokens - made - 1)
-            while run < limit and correct[anchor][run]:
-                run += 1
-            made, rounds, anchor = made + 1 + run, rounds + 1, anchor + 1 + run
-        tokens, passes = tokens + made, passes + rounds
-        start = end + 1
-    return tokens, passes
 
 
 def check_examples(dataset: Any, vocab_size: int) -> None:
