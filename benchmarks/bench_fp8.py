@@ -35,8 +35,7 @@ from transformers.cache_utils import DynamicCache
 
 import peagle
 from peagle import fp8
-from peagle.evaluation.bench import chat_prompt_tensor
-from peagle.evaluation.evalsets import load_humaneval, load_mtbench
+from peagle.evaluation.evalsets import chat_prompt_tensor, load_humaneval, load_mtbench
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.targets import default_drafter_path, load_default_target
 

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from peagle import PEagleDrafter
-from peagle.evaluation.bench import chat_prompt_tensor
+from peagle.evaluation.evalsets import chat_prompt_tensor
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import PEagleGenerationStats
 from peagle.generation.calibration import prompts_of_examples

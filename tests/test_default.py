@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import peagle
-from peagle.evaluation.bench import chat_prompt_tensor, timed_generate
+from peagle.evaluation.evalsets import chat_prompt_tensor
+from peagle.evaluation.timing import timed_generate
 from peagle.targets import cache_dir, default_drafter_path, default_target_path
 
 pytestmark = pytest.mark.slow

@@ -56,7 +56,7 @@ def target_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def prompts(target) -> list[torch.Tensor]:
-    from peagle.evaluation.bench import load_eval_prompts
+    from peagle.evaluation.evalsets import load_eval_prompts
 
     return load_eval_prompts(target[1], ["mtbench"], PROMPTS)["mtbench"]
 
@@ -101,7 +101,7 @@ def aws_head(tmp_path_factory, exports) -> Path:
 @pytest.fixture(scope="session")
 def vllm_runs(tmp_path_factory, exports, aws_head, target_dir, prompts) -> dict[str, dict]:
     """One vLLM process, float32, greedy, on the prompts: plain and with each head; name -> run result."""
-    from peagle.evaluation.bench import VLLM_RUNNER
+    from peagle.integrations.vllm.process import VLLM_RUNNER
 
     runs = [
         {"name": "plain", "speculative_config": None},

@@ -74,7 +74,7 @@ def test_vllm_serves_fp8_vllm_exports(target, target_dir, prompts, tmp_path):
     """vLLM's CPU build runs compressed-tensors W8A8 FP8 per channel (`ChannelWiseTorchFP8ScaledMMLinearKernel`).
     float32, one short prompt (FP8 matmuls on this CPU take seconds per step); lossless against transformers'
     own greedy decoding of the target."""
-    from peagle.evaluation.bench import VLLM_RUNNER
+    from peagle.integrations.vllm.process import VLLM_RUNNER
 
     head = fp8_head("peagle", "row", None)
     out = peagle.export(head, tmp_path / "export", layout="vllm", target_model=target[0])

@@ -85,17 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..evaluation.bench import (
-        VLLM_PYTHON_ENV,
-        check_methods,
-        format_table,
-        load_eval_prompts,
-        machine_description,
-        run_benchmark,
-        timed_generate,
-        write_results,
-    )
-    from ..evaluation.evalsets import EVAL_SETS
+    from ..evaluation.bench import check_methods, format_table, run_benchmark, write_results
+    from ..evaluation.evalsets import EVAL_SETS, load_eval_prompts
+    from ..evaluation.timing import machine_description, timed_generate
+    from ..integrations.vllm.process import VLLM_PYTHON_ENV
     from ..modeling_peagle import PEagleDrafter
     from ..runtime import resolve_dtype
     from ..targets import default_drafter_path, load_target
@@ -172,13 +165,13 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
 
     import torch
 
-    from ..evaluation.bench import machine_description
     from ..evaluation.bench_batch import (
         format_batch_table,
         left_pad,
         run_batch_benchmark,
         write_batch_results,
     )
+    from ..evaluation.timing import machine_description
 
     sizes = _ints(args.batch_sizes, "batch-sizes")
     mixed = [p for group in itertools.zip_longest(*prompts.values()) for p in group if p is not None]

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ..generation.stats import PEagleGenerationStats
 from ..integrations.vllm.process import VLLM_PYTHON_ENV, VLLM_RUNNER, vllm_environ
-from .timing import RunResult, machine_description, timed_generate  # re-exported: one home, timing
+from .timing import timed_generate
 
 METHODS = ("greedy", "peagle", "eagle3", "pld")
 HEAD_METHODS = ("peagle", "eagle3")
@@ -287,30 +287,6 @@ def write_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, P
     return js, plot(results["summary"], out / "bench.png")
 
 
-def chat_prompt_tensor(tokenizer, text: str) -> torch.Tensor:
-    """The prompt of an evaluation: `(1, T)` ids of a single user turn with the generation prompt, via the tokenizer's chat template (a
-    tokenizer without one, e.g. a base model's: the text as is)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return tokenizer(text, return_tensors="pt").input_ids
-    enc = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
-    )
-    ids = enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
-    return ids
-
-
-def load_eval_prompts(
-    tokenizer, datasets: Sequence[str], limit: int | None = None
-) -> dict[str, list[torch.Tensor]]:
-    """`(1, T)` chat-formatted prompt ids of each evaluation set (`"mtbench"`, `"humaneval"`), `limit` each."""
-    from .evalsets import EVAL_SETS
-
-    unknown = [d for d in datasets if d not in EVAL_SETS]
-    if unknown:
-        raise ValueError(f"unknown datasets {unknown}; expected some of {sorted(EVAL_SETS)}.")
-    return {name: [chat_prompt_tensor(tokenizer, t) for t in EVAL_SETS[name](limit)] for name in datasets}
-
-
 def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> None:
     """Raise a `ValueError` naming unknown benchmark methods, or vLLM methods without a vLLM environment."""
     known = (*METHODS, *VLLM_METHODS)
@@ -453,15 +429,10 @@ __all__ = [
     "run_vllm",
     "run_vllm_rows",
     "check_methods",
-    "load_eval_prompts",
-    "chat_prompt_tensor",
     "run_benchmark",
-    "timed_generate",
     "method_kwargs",
     "summarize",
     "format_table",
     "plot",
     "write_results",
-    "RunResult",
-    "machine_description",
 ]

