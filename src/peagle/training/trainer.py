@@ -169,7 +169,7 @@ class PEagleTrainer(Trainer):
         self._template = PEagleMaskTemplate(args.max_length, self.num_parallel_positions)
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
-        self._elements: list[torch.Tensor] | None = None  # per-element records while evaluating acceptance
+        self._acceptance_records: list[torch.Tensor] | None = None  # set only inside evaluate_acceptance
         self._response_tokens = 0  # response tokens of the micro-batches trained by this process
         self._count_estimated = False  # resumed from a checkpoint that did not record the count
         self._seconds_before = 0.0  # training seconds recorded by the checkpoint this run resumed from
@@ -298,7 +298,9 @@ class PEagleTrainer(Trainer):
     # ----------------------------------------------------------------------------------------- losses
     def _target_distribution(self, last_hidden: torch.Tensor) -> TargetDistribution:
         """The target's distribution over the draft vocabulary at every position of the micro-batch, once: the
-        K_train elements that predict the same position share it."""
+        K_train elements that predict the same position share it.  Inside [`evaluate_acceptance`] (while
+        `_recording_acceptance()`), it also marks where the target's argmax over its whole vocabulary lies in the draft
+        vocabulary: greedy verification accepts a draft only there."""
         softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
         target = TargetDistribution.from_hidden(
             last_hidden, self._draft_lm_weight(), softcap, self.args.loss_type
@@ -308,12 +310,16 @@ class PEagleTrainer(Trainer):
                 f"the target's logits are not finite at global step {self.state.global_step}: the head would "
                 f"learn from NaN/inf ({self.args.loss_type} loss); check the target's dtype and weights."
             )
-        if self._elements is not None:
+        if self._recording_acceptance():
             head = self._head()
             ids = head.draft_vocab_ids
             lm = self.target_model.get_output_embeddings().weight.detach()
             target.mark_global_argmax(last_hidden, lm, ids, softcap)
         return target
+
+    def _recording_acceptance(self) -> bool:
+        """Whether [`evaluate_acceptance`] is running: the loss then also records each element's acceptance."""
+        return self._acceptance_records is not None
 
     def _loss_from_logits(self, logits, rows: SegmentRows, target: TargetDistribution, weights_by_depth=None):
         """Loss sum, per-depth correct and total counts of the supervised columns of `rows`."""
@@ -325,9 +331,9 @@ class PEagleTrainer(Trainer):
         pos = anchor + depth + 1  # the target's logits at p - 1 predict the label x_p, p = a + d + 2
         weights = None if weights_by_depth is None else weights_by_depth[depth]
         loss, correct = target.loss(draft, batch_idx, pos, weights)
-        if self._elements is not None:
+        if self._recording_acceptance():
             accepted = correct & target.argmax_is_global[batch_idx, pos]
-            self._elements.append(torch.stack([batch_idx, anchor, depth, accepted.long()], 1).cpu())
+            self._acceptance_records.append(torch.stack([batch_idx, anchor, depth, accepted.long()], 1).cpu())
         k = self.num_parallel_positions
         stats = (
             torch.bincount(depth[correct], minlength=k)[:k].detach().cpu(),
@@ -628,12 +634,11 @@ class PEagleTrainer(Trainer):
             for batch in tqdm(loader, desc="acceptance", unit="batch", disable=not progress):
                 batch = self._prepare_inputs(batch)
                 plans = self.plan_batch(batch, step=0, keep_all=True)
-                self._elements = []
+                self._acceptance_records = []
                 for _, run in self._segments(model, batch, plans):
                     run()
-                elements = (
-                    torch.cat(self._elements) if self._elements else torch.zeros(0, 4, dtype=torch.long)
-                )
+                records = self._acceptance_records
+                elements = torch.cat(records) if records else torch.zeros(0, 4, dtype=torch.long)
                 b_idx, anchor, depth, ok = elements.unbind(1)
                 bsz, length = batch["input_ids"].shape
                 grid = torch.zeros(bsz, length, self.num_parallel_positions)
@@ -652,7 +657,7 @@ class PEagleTrainer(Trainer):
                 hits += chains.sum(0)
                 counts += chains.shape[0]
         finally:
-            self._elements = None
+            self._acceptance_records = None
             model.train(was_training)
         runs = torch.cat(runs) if runs else torch.zeros(0)
         if runs.numel() == 0:
