@@ -105,3 +105,18 @@ def test_the_configuration_imports_nothing_from_peagle():
 def test_nothing_imports_the_command_line():
     users = {m for m, deps in import_graph().items() if any(d.startswith("peagle.cli") for d in deps)}
     assert all(m.startswith("peagle.cli") for m in users), sorted(users)
+
+
+def test_benchmarks_import_only_the_library():
+    """A benchmark is one script run by one command: none reaches another through `sys.path`."""
+    root = SRC.parents[1] / "benchmarks"
+    scripts = sorted(root.glob("*.py"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        assert "sys.path" not in text, f"{script.name} edits sys.path"
+        siblings = {p.stem for p in scripts} - {script.stem}
+        tree = ast.parse(text)
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not names & siblings, f"{script.name} imports {sorted(names & siblings)}"
