@@ -23,6 +23,8 @@ DEFAULT_NUM_HIDDEN_LAYERS = 2
 """Decoder layers of a head when nothing else decides (the size rule, `peagle.sizing`, starts from this)."""
 DEFAULT_NUM_PARALLEL_POSITIONS = 8
 """K_train of a head when nothing else decides (training arguments left None read it from the head's config)."""
+DEFAULT_NUM_SPECULATIVE_TOKENS = 7
+"""K, the drafts per round at inference, when nothing else decides (a parallel head: never above its K_train)."""
 MAX_SPECULATIVE_TOKENS = 64
 """Upper bound on `num_speculative_tokens` (K) and `num_parallel_positions` (K_train) in a config.
 
@@ -220,7 +222,7 @@ class PEagleConfig(LlamaConfig):
     target_num_hidden_layers: int | None = None
     mask_token_id: int | None = None
     num_parallel_positions: int = DEFAULT_NUM_PARALLEL_POSITIONS
-    num_speculative_tokens: int = 7
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     confidence_threshold: float | None = None
     draft_calibration: dict | None = None
     drafting_mode: str = "parallel"
@@ -360,7 +362,11 @@ def check_aux_layer_ids(ids: list[int], num_layers: int) -> None:
 
 __all__ = [
     "PEagleConfig",
+    "DEFAULT_NUM_HIDDEN_LAYERS",
+    "DEFAULT_NUM_PARALLEL_POSITIONS",
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "MAX_SPECULATIVE_TOKENS",
+    "register_head_sizing",
     "default_aux_layer_ids",
     "check_aux_layer_ids",
     "check_draft_calibration",

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..configuration_peagle import DEFAULT_NUM_SPECULATIVE_TOKENS
 from ..generation import PEagleGenerationStats
 from ..generation.calibration import prompts_of_examples
 from ..modeling_peagle import PEagleDrafter
@@ -60,7 +61,7 @@ class EvaluateArguments:
             "decoding"
         },
     )
-    num_speculative_tokens: int = 7
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     max_new_tokens: int = field(
         default=128, metadata={"help": "tokens decoded per prompt (teacher_forced: per response in the walk)"}
     )

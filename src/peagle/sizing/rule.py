@@ -30,7 +30,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..configuration_peagle import DEFAULT_NUM_HIDDEN_LAYERS, DEFAULT_NUM_PARALLEL_POSITIONS
+from ..configuration_peagle import (
+    DEFAULT_NUM_HIDDEN_LAYERS,
+    DEFAULT_NUM_PARALLEL_POSITIONS,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+)
 from .families import FAMILIES, family_name
 from .target_config import check_target_family, target_fields, text_config
 
@@ -59,8 +63,6 @@ VOCAB_STEP = 1024
 """Draft vocabulary sizes are multiples of this (or the whole vocabulary)."""
 VOCAB_COVERAGE = 0.995
 """Share of the training data's response tokens the data-chosen draft vocabulary covers (docs/families.md)."""
-DEFAULT_NUM_SPECULATIVE_TOKENS = 7
-"""Default K, never above K_train for a parallel head."""
 
 
 def head_parameters(values: Mapping[str, Any]) -> int:
