@@ -501,14 +501,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
             and attention_mask.dim() == 4
             and attention_mask.dtype == torch.bool
         ):
-            impl = self.config._attn_implementation
-            if impl == "eager":
-                zero = torch.zeros((), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
-                neg = torch.tensor(
-                    torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype, device=zero.device
-                )
-                return torch.where(attention_mask, zero, neg)
-            return attention_mask
+            return custom_attention_mask(
+                attention_mask, self.config._attn_implementation, inputs_embeds.dtype
+            )
         return create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -802,6 +797,19 @@ class PEagleDrafter(PEaglePreTrainedModel):
         return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
 
 
+def custom_attention_mask(
+    mask: torch.BoolTensor, implementation: str | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """A custom 4D boolean mask `(B, 1, Q, KV)` (True = attend) in the form `implementation` takes it: SDPA takes
+    it as is, eager adds it to the scores (0 where True, the dtype's minimum elsewhere).  transformers passes a
+    4D mask straight to the attention function, so this conversion is the whole contract (the drafter's
+    training mask and a target's draft-tree mask both go through it)."""
+    if implementation in (None, "eager"):
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        return torch.where(mask, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=mask.device))
+    return mask
+
+
 def _block_positions(
     start: int | torch.LongTensor, bsz: int, length: int, device: torch.device
 ) -> torch.LongTensor:
@@ -812,4 +820,10 @@ def _block_positions(
     return (steps + int(start)).unsqueeze(0).expand(bsz, -1)
 
 
-__all__ = ["PEagleDrafter", "PEaglePreTrainedModel", "PEagleDrafterOutput", "PEagleDraft"]
+__all__ = [
+    "PEagleDrafter",
+    "PEaglePreTrainedModel",
+    "PEagleDrafterOutput",
+    "PEagleDraft",
+    "custom_attention_mask",
+]

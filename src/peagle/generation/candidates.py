@@ -30,10 +30,17 @@ from .rule import (
     AcceptanceCorrection,
     best_batch_rate,
     calibrated_probabilities,
-    choose_batch_num_drafts,
-    expected_tokens,
+    choose_batch_tree_size,
 )
 from .stats import PEagleGenerationStats
+from .tree import (
+    CANDIDATES_PER_DEPTH,
+    DraftTree,
+    LookupEstimate,
+    grow_tree,
+    prompt_lookup,
+    sibling_probabilities,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -41,6 +48,12 @@ PAYS_SMOOTHING = 0.2
 """Weight of the newest drafting round in the running estimate of whether drafting pays (cost rule)."""
 MAX_SKIP = 8
 """Most plain steps in a row without running the drafter (cost rule); each losing probe adds one."""
+AUTO_TREE_NODES = 32
+"""`draft_tree_size="auto"`: the most draft nodes the cost rule may verify per row and round."""
+MAX_TREE_NODES = 256
+"""The largest `draft_tree_size` accepted (verifying more per round is never worth it)."""
+DEFAULT_LOOKUP_TOKENS = 10
+"""Prompt-lookup branch length when trees are on and `prompt_lookup_num_tokens` is not given."""
 
 
 def text_config(model_or_config: Any) -> Any:
@@ -102,6 +115,45 @@ def resolve_confidence_threshold(
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"assistant_confidence_threshold is {value!r}; expected a probability in [0, 1].")
     return value
+
+
+def resolve_tree_settings(
+    tree_size: int | str | None, lookup_tokens: int | None, policy: str
+) -> tuple[int, int]:
+    """`(most draft nodes per round, prompt-lookup branch length)` for one `generate()` call; 0 nodes means
+    chains.
+
+    `draft_tree_size="auto"` (the default, also for None) verifies trees of up to [`AUTO_TREE_NODES`] nodes under
+    the cost rule and chains under a fixed threshold or K (as before trees), unless prompt-lookup branches are
+    asked for; an integer N caps the nodes (0: chains only).  `prompt_lookup_num_tokens` sets the branch length
+    (default [`DEFAULT_LOOKUP_TOKENS`] with trees; 0: no branch); it needs trees.
+
+    >>> resolve_tree_settings("auto", None, "cost"), resolve_tree_settings("auto", None, "fixed")
+    ((32, 10), (0, 0))
+    """
+    if lookup_tokens is not None and (
+        isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 0
+    ):
+        raise ValueError(f"prompt_lookup_num_tokens is {lookup_tokens!r}; expected an integer >= 0.")
+    if tree_size is None or tree_size == "auto":
+        wants_lookup = bool(lookup_tokens)
+        nodes = AUTO_TREE_NODES if policy == "cost" or wants_lookup else 0
+    elif (
+        isinstance(tree_size, bool) or not isinstance(tree_size, int) or not 0 <= tree_size <= MAX_TREE_NODES
+    ):
+        raise ValueError(
+            f'draft_tree_size is {tree_size!r}; expected "auto" or an integer in [0, {MAX_TREE_NODES}] '
+            "(0: verify chains only)."
+        )
+    else:
+        nodes = tree_size
+    if nodes == 0 and lookup_tokens:
+        raise ValueError(
+            f"prompt_lookup_num_tokens={lookup_tokens} adds a branch to draft trees, but draft_tree_size=0 asks for "
+            'chains only; use draft_tree_size="auto" or N > 0.'
+        )
+    lookup = (DEFAULT_LOOKUP_TOKENS if lookup_tokens is None else lookup_tokens) if nodes else 0
+    return nodes, lookup
 
 
 def grouped_processing(
@@ -169,6 +221,8 @@ class PEagleCandidateGenerator:
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None = None,
         batch_size: int = 1,
+        tree_size: int | str | None = None,
+        lookup_tokens: int | None = None,
     ):
         cfg = head.config
         tc = text_config(target)
@@ -184,8 +238,14 @@ class PEagleCandidateGenerator:
         self.confidence_threshold = threshold or 0.0
         self.calibration = getattr(cfg, "draft_calibration", None)
         self.batch_size = int(batch_size)
+        self.tree_nodes, self.lookup_tokens = resolve_tree_settings(tree_size, lookup_tokens, self.policy)
         self.cost = (
-            cost_model_for(target, head, self.num_speculative_tokens + 1, batch_size=self.batch_size)
+            cost_model_for(
+                target,
+                head,
+                max(self.num_speculative_tokens, self.tree_nodes) + 1,
+                batch_size=self.batch_size,
+            )
             if self.policy == "cost"
             else None
         )
@@ -229,6 +289,9 @@ class PEagleCandidateGenerator:
             list[float]
         ] = []  # [depth][row] the head's confidence in the last round's drafts
         self._correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
+        self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
+        self._trees: list[DraftTree] | None = None  # the trees under verification
+        self._paths: list[list[int]] | None = None  # their accepted paths (slots), once verified
         self._start = time.perf_counter()
         k = self.num_speculative_tokens
         self.stats = PEagleGenerationStats(
@@ -240,6 +303,8 @@ class PEagleCandidateGenerator:
             draft_policy=self.policy,
             chosen_k_histogram=[0] * (k + 1),
             batch_size=self.batch_size,
+            draft_tree_size=self.tree_nodes,
+            tree_size_histogram=[0] * (self.tree_nodes + 1) if self.tree_nodes else [],
         )
         head.last_generation_stats = self.stats
 
@@ -389,28 +454,50 @@ class PEagleCandidateGenerator:
         self._returned_at = time.perf_counter() if self.policy == "cost" else None
         return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
 
-    def _choose(self, confidences: list[list[float]], drafter_seconds: float, steps: int) -> int:
-        """Cost rule: how many of the round's drafts every row verifies (and whether the next rounds skip the
-        drafter).  `confidences[depth][row]`."""
-        self.cost.observe_drafter(drafter_seconds, steps)
+    def _chain_gains(self, confidences: list[list[float]]) -> tuple[list[list[float]], list[list[float]]]:
+        """Per row, `(gains, calibrated)` of the round's chain: the expected tokens each further draft adds (the
+        running products of the corrected probabilities) and the uncorrected calibrated probabilities (what the
+        correction learns from).  `confidences[depth][row]`."""
         calibrated = [
             calibrated_probabilities(self.calibration, list(c)) for c in zip(*confidences, strict=True)
         ]
-        rows = [self._correction.apply(c) for c in calibrated]
-        curve = self.cost.curve(len(confidences) + 1)
-        k = choose_batch_num_drafts(rows, curve, self.cost.drafter_seconds)
-        predicted = sum(expected_tokens(r, k) for r in rows)
-        self.stats.chosen_k_histogram[k] += 1
+        gains = []
+        for row in calibrated:
+            run, gain = 1.0, []
+            for p in self._correction.apply(row):
+                run *= p
+                gain.append(run)
+            gains.append(gain)
+        return gains, calibrated
+
+    def _choose(
+        self,
+        gains: list[list[float]],
+        chains: list[list[float]],
+        drafter_seconds: float,
+        steps: int,
+        histogram: list[int],
+        chain_nodes: Any = None,
+    ) -> int:
+        """Cost rule: how many drafts (chain) or nodes (tree) every row verifies, and whether the next rounds skip
+        the drafter.  `gains[row]`: the expected tokens each further draft adds ([`rule.choose_batch_tree_size`]);
+        `chains[row]`: the uncorrected calibrated probabilities along the head's chain, of which
+        `chain_nodes(n)` (default: n) are verified at size n."""
+        self.cost.observe_drafter(drafter_seconds, steps)
+        width = min(len(g) for g in gains)
+        curve = self.cost.curve(width + 1)
+        n = choose_batch_tree_size(gains, curve, self.cost.drafter_seconds)
+        predicted = sum(1.0 + sum(g[:n]) for g in gains)
+        histogram[n] += 1
+        verified = chain_nodes(n) if chain_nodes is not None else [n] * len(chains)
         self._round = {
-            "calibrated": [
-                c[:k] for c in calibrated
-            ],  # what the correction learns from: uncorrected predictions
+            "calibrated": [c[:m] for c, m in zip(chains, verified)],  # the correction learns from these
             "tokens": predicted,
-            "seconds": curve[k] + drafter_seconds,
+            "seconds": curve[n] + drafter_seconds,
             "drafter_seconds": drafter_seconds,
         }
         # does drafting pay at all? compare the round's expected rate (drafter included) with a plain step's
-        ratio = (predicted / len(rows) / (curve[k] + self.cost.drafter_seconds)) * curve[0]
+        ratio = (predicted / len(gains) / (curve[n] + self.cost.drafter_seconds)) * curve[0]
         self._pays = (
             ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
         )
@@ -418,7 +505,91 @@ class PEagleCandidateGenerator:
             self._skip_left, self._skip_len = self._skip_len, min(self._skip_len + 1, MAX_SKIP)
         else:
             self._skip_len = 1
-        return k
+        return n
+
+    # ------------------------------------------------------------------ trees
+    def _candidates(self, draft: Any, confidences: list[list[float]]) -> list[list[list[tuple[int, float]]]]:
+        """Per row and depth, the tree's candidates `[(token, acceptance probability), ...]`: the token the round
+        drafted first, then the head's other top tokens (from the processed scores when there are any)."""
+        if draft.scores is not None:
+            probs = draft.scores.float().softmax(dim=-1)
+            head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+        else:
+            probs = draft.logits.float().softmax(dim=-1)
+            head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+            ids = self.head.draft_to_target(ids)
+        ids, head_p, drafted = ids.tolist(), head_p.tolist(), draft.tokens.tolist()
+        out = []
+        for b, column in enumerate(zip(*confidences, strict=True)):
+            corrected = self._correction.apply(calibrated_probabilities(self.calibration, list(column)))
+            row = []
+            for d, chosen in enumerate(drafted[b]):
+                tokens, hp = list(ids[b][d]), list(head_p[b][d])
+                if chosen in tokens:
+                    i = tokens.index(chosen)
+                    tokens.insert(0, tokens.pop(i))
+                    hp.insert(0, hp.pop(i))
+                else:  # a sampled draft outside the top tokens
+                    tokens, hp = [chosen] + tokens[:-1], [column[d]] + hp[:-1]
+                row.append(list(zip(tokens, sibling_probabilities(corrected[d], hp))))
+            out.append(row)
+        return out
+
+    def _grow_trees(
+        self, draft: Any, confidences: list[list[float]], histories: list[torch.LongTensor], max_drafts: int
+    ) -> list[DraftTree]:
+        """One tree per row from the round's per-depth candidates plus its prompt-lookup branch."""
+        trees = []
+        for b, cands in enumerate(self._candidates(draft, confidences)):
+            lookup = (
+                prompt_lookup(histories[b], min(self.lookup_tokens, max_drafts)) if self.lookup_tokens else []
+            )
+            trees.append(
+                grow_tree(
+                    cands,
+                    self.tree_nodes,
+                    lookup,
+                    self._lookup.probabilities(len(lookup)),
+                    chain_parents_only=self.drafting_mode == "autoregressive",
+                )
+            )
+        return trees
+
+    def _size_trees(
+        self,
+        trees: list[DraftTree],
+        confidences: list[list[float]],
+        drafter_seconds: float,
+        steps: int,
+    ) -> int:
+        """How many nodes every row's tree verifies: the cost rule's choice, the full budget (no threshold), or
+        the nodes whose path probability reaches the confidence threshold in some row."""
+        if self.policy == "cost":
+            _, calibrated = self._chain_gains(confidences)
+            return self._choose(
+                [t.gains() for t in trees],
+                calibrated,
+                drafter_seconds,
+                steps,
+                self.stats.tree_size_histogram,
+                chain_nodes=lambda n: [sum(t.chain[:n]) for t in trees],
+            )
+        if self.policy == "threshold":
+            n = max(sum(v >= self.confidence_threshold for v in t.values) for t in trees)
+        else:
+            n = self.tree_nodes
+        self.stats.tree_size_histogram[n] += 1
+        return n
+
+    def disable_trees(self) -> None:
+        """Verify chains from now on (the target cannot verify trees; the loop says why when trees were asked
+        for)."""
+        self.tree_nodes = self.lookup_tokens = self.stats.draft_tree_size = 0
+        self.stats.tree_size_histogram = []
+
+    def set_tree_paths(self, paths: list[list[int]]) -> None:
+        """The slots each row's verified tree accepted (root first), before [`update_candidate_strategy`]."""
+        self._paths = paths
 
     @torch.no_grad()
     def get_candidates(
@@ -493,8 +664,13 @@ class PEagleCandidateGenerator:
         drafter_seconds = time.perf_counter() - tic
         self.stats.drafter_seconds += drafter_seconds
         self._confidences = confidences
+        if self.tree_nodes and drafts.shape[1] > 0:
+            return self._tree_candidates(draft, confidences, histories, max_drafts, drafter_seconds)
         if self.policy == "cost" and drafts.shape[1] > 0:
-            keep = self._choose(confidences, drafter_seconds, draft.forward_calls - 1)
+            gains, calibrated = self._chain_gains(confidences)
+            keep = self._choose(
+                gains, calibrated, drafter_seconds, draft.forward_calls - 1, self.stats.chosen_k_histogram
+            )
             drafts = drafts[:, :keep]
             scores = scores[:, :keep] if scores is not None else None
             if keep == 0:
@@ -513,21 +689,59 @@ class PEagleCandidateGenerator:
             self._returned_at = time.perf_counter()
         return drafts, scores
 
+    def _tree_candidates(
+        self,
+        draft: Any,
+        confidences: list[list[float]],
+        histories: list[torch.LongTensor],
+        max_drafts: int,
+        drafter_seconds: float,
+    ) -> tuple[list[DraftTree], None] | tuple[torch.LongTensor, None]:
+        """The round's trees, all of one size (padded), or a plain step when the rule verifies no node."""
+        trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
+        n = self._size_trees(trees, confidences, drafter_seconds, draft.forward_calls - 1)
+        if n == 0:
+            if self.policy == "cost":
+                self.stats.declined_rounds += 1
+            return self._plain_step()
+        trees = [t.truncated(n) for t in trees]
+        self._trees, self._paths = trees, None
+        self._last_num_drafts = n
+        self.stats.draft_tokens += n * self.rows
+        self.stats.tree_rounds += self.rows
+        for t in trees:
+            for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
+                _bump(self.stats.drafted_per_depth, d - 1)
+        if self.policy == "cost":
+            self._returned_at = time.perf_counter()
+        return trees, None
+
     def update_candidate_strategy(self, accepted: list[int]) -> None:
         """Record the round just verified: per row, the drafts kept (after EOS and `max_length` cut the row); each
-        row also emitted one token of the target's own."""
+        row also emitted one token of the target's own.  A tree round's accepted paths come first through
+        [`set_tree_paths`]."""
         stats = self.stats
         rows = len(accepted)
+        trees, paths = self._trees, self._paths
+        self._trees = self._paths = None
         if self._last_num_drafts > 0:
             recorder = getattr(self.head, "round_recorder", None)
             for b, matches in enumerate(accepted):
-                if recorder is not None:  # calibration runs collect (confidences, accepted) per round
+                chain_matches = matches
+                if trees is not None:  # the chain's and the lookup branch's share of the accepted path
+                    nodes = [slot - 1 for slot in paths[b][1 : matches + 1]]
+                    chain_matches = _leading(trees[b].chain, nodes)
+                    on_branch = sum(trees[b].lookup)
+                    if on_branch:
+                        hit = _leading(trees[b].lookup, nodes)
+                        self._lookup.observe(min(on_branch, hit + 1), hit)
+                elif recorder is not None:  # calibration runs collect (confidences, accepted) per round
                     column = [depth[b] for depth in self._confidences[: self._last_num_drafts]]
                     recorder.append((column, matches))
                 for d in range(matches):
-                    stats.accepted_per_depth[d] += 1
+                    _bump(stats.accepted_per_depth, d)
                 if self._round is not None:
-                    self._correction.observe(self._round["calibrated"][b], matches)
+                    self._correction.observe(self._round["calibrated"][b], chain_matches)
             stats.rounds += rows
             stats.accepted_tokens += sum(accepted)
             if self._round is not None:
@@ -541,10 +755,29 @@ class PEagleCandidateGenerator:
         stats.total_seconds = time.perf_counter() - self._start
 
 
+def _leading(flags: list[bool], nodes: list[int]) -> int:
+    """How many of the path's first nodes carry the flag (the chain and the lookup branch are paths from the
+    root, so the path follows one for a prefix)."""
+    count = 0
+    for node in nodes:
+        if not flags[node]:
+            break
+        count += 1
+    return count
+
+
+def _bump(counts: list[int], index: int) -> None:
+    """`counts[index] += 1`, growing the list (a lookup branch may reach deeper than K)."""
+    while len(counts) <= index:
+        counts.append(0)
+    counts[index] += 1
+
+
 __all__ = [
     "PEagleCandidateGenerator",
     "grouped_processing",
     "resolve_num_speculative_tokens",
     "resolve_confidence_threshold",
+    "resolve_tree_settings",
     "text_config",
 ]

@@ -9,6 +9,7 @@ whenever the probabilities are not tiny); on a CPU each extra token costs a visi
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -184,6 +185,55 @@ class VerifyCostModel:
 
 
 # ---------------------------------------------------------------------------------------------- calibration runs
+def measured_points(max_tokens: int) -> list[int]:
+    """The n a calibration times: every n up to 12 (chains), then 16, 24, 32, 48, 64, ... (trees), and
+    `max_tokens` itself; the curve is interpolated in between.
+
+    >>> measured_points(40)
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 16, 24, 32, 40]
+    """
+    points = list(range(1, min(max_tokens, 12) + 1))
+    n = 16
+    while n < max_tokens:
+        points.append(n)
+        n = n + n // 2 if n >= 32 else n + 8
+    if points[-1] != max_tokens:
+        points.append(max_tokens)
+    return points
+
+
+def interpolate(points: list[int], seconds: list[float], max_tokens: int) -> list[float]:
+    """`[max_tokens]` seconds for n = 1..max_tokens, linear between the measured `points`.
+
+    >>> interpolate([1, 2, 4], [1.0, 2.0, 4.0], 4)
+    [1.0, 2.0, 3.0, 4.0]
+    """
+    out = []
+    for n in range(1, max_tokens + 1):
+        i = bisect.bisect_left(points, n)
+        if points[i] == n:
+            out.append(seconds[i])
+            continue
+        n0, n1, s0, s1 = points[i - 1], points[i], seconds[i - 1], seconds[i]
+        out.append(s0 + (s1 - s0) * (n - n0) / (n1 - n0))
+    return out
+
+
+def monotone(seconds: list[float]) -> list[float]:
+    """The curve lowered to be non-decreasing in n (each entry the least at or after it).  Verifying more tokens
+    never costs less; a point timed while the machine was busy would otherwise make drafting look cheap next to
+    a slow plain step, and stay so in the cache.
+
+    >>> monotone([3.0, 1.0, 2.0, 5.0])
+    [1.0, 1.0, 2.0, 5.0]
+    """
+    out, low = list(seconds), float("inf")
+    for i in range(len(out) - 1, -1, -1):
+        low = min(low, out[i])
+        out[i] = low
+    return out
+
+
 def cost_model_key(target: Any, head: Any = None, batch_size: int = 1) -> dict[str, Any]:
     """What a cost curve depends on: the target (name and shape), its device and dtype, torch's thread count,
     the drafter's shape (its pass is part of the round's cost) and the batch size (rows verified together;
@@ -257,8 +307,9 @@ def measure_cost_model(
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    points = measured_points(max_tokens)
     seconds = []
-    for n in range(1, max_tokens + 1):
+    for n in points:
         ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
         times = []
         for _ in range(repeats + 1):  # the first run warms up
@@ -269,6 +320,7 @@ def measure_cost_model(
             times.append(time.perf_counter() - t0)
             cache.crop(-n)
         seconds.append(statistics.median(times[1:]))
+    seconds = monotone(interpolate(points, seconds, max_tokens))
     model = VerifyCostModel(seconds, key=cost_model_key(target, head, rows), source="calibrated")
     if head is not None:
         model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
@@ -397,6 +449,8 @@ __all__ = [
     "cost_cache_path",
     "forget_cost_models",
     "measure_cost_model",
+    "measured_points",
+    "monotone",
     "save_cost_model",
     "set_cost_model",
 ]

@@ -23,9 +23,10 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
-from ..modeling_peagle import PEagleDrafter, cache_kwarg
+from ..modeling_peagle import PEagleDrafter, cache_kwarg, custom_attention_mask
 from .candidates import PEagleCandidateGenerator, grouped_processing
-from .ragged import batch_refusal, compact, worth_compacting
+from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .tree import DraftTree, ancestor_mask, greedy_path, sample_path
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -99,6 +100,19 @@ def _cut(tokens: torch.LongTensor, budget: int, eos: torch.Tensor | None) -> tup
     return tokens, ended
 
 
+def _gather_slots(x: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
+    """`x (B, S, ...)` at `index (B, L)` along the slot axis."""
+    shape = index.shape + x.shape[2:]
+    return x.gather(1, index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(shape))
+
+
+class _PathOutput:
+    """A verify pass's hidden states at each row's accepted path (what `record` reads of the target's output)."""
+
+    def __init__(self, hidden_states: tuple[torch.Tensor, ...] | None):
+        self.hidden_states = hidden_states
+
+
 def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
     reason = batch_refusal(cache) if batch > 1 else None
     if reason is not None:
@@ -122,6 +136,8 @@ class _Decoder:
         generation_config,
         streamer,
         model_kwargs,
+        tree_size: int | str | None = None,
+        lookup_tokens: int | None = None,
     ):
         self.model, self.input_ids, self.processors = model, input_ids, logits_processor
         self.streamer = streamer
@@ -149,13 +165,33 @@ class _Decoder:
         ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
-        self.drafter = PEagleCandidateGenerator(model, head, generation_config, logits_processor, self.batch)
+        self.drafter = PEagleCandidateGenerator(
+            model, head, generation_config, logits_processor, self.batch, tree_size, lookup_tokens
+        )
+        self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(lookup_tokens)
+        self._check_trees()
         self.rows = _Rows(input_ids, self.max_length, self.pad_id)
         self.per_row: dict[str, list[list[Any]]] = {
             name: [[] for _ in range(self.batch)] for name in self.want
         }
         if streamer is not None:
             streamer.put(input_ids.cpu())
+
+    def _check_trees(self) -> None:
+        """Draft trees need a custom attention mask and a cache that keeps only the accepted path: refuse them by
+        name when asked for, else fall back to chains."""
+        if not self.drafter.tree_nodes:
+            return
+        reason = tree_refusal(self.model, self.cache)
+        if reason is None:
+            return
+        if self.trees_asked:
+            raise ValueError(
+                f"draft trees cannot be verified on {type(self.model).__name__}: it has {reason}. Use "
+                'draft_tree_size=0 (chains) or "auto" (chains where trees cannot run), without '
+                "prompt_lookup_num_tokens."
+            )
+        self.drafter.disable_trees()
 
     # ------------------------------------------------------------------ target passes
     def _forward(self, ids: torch.LongTensor, pos: torch.LongTensor, mask: torch.Tensor | None, keep: int):
@@ -186,6 +222,7 @@ class _Decoder:
         padded = bool((self.kv_mask == 0).any())
         out, feats = self._forward(self.input_ids, positions, self.kv_mask if padded else None, 1)
         _refuse_batch(self.model, self.cache, self.batch)  # layers a cache creates lazily exist now
+        self._check_trees()
         raw = out.logits[:, -1:].float()
         scores = self.processors(self.input_ids, raw[:, 0].clone())[:, None]
         if self.do_sample:
@@ -209,6 +246,8 @@ class _Decoder:
         drafts, draft_scores = self.drafter.get_candidates(
             [rows.history(b) for b in rows.active], budget, rows=rows.active
         )
+        if isinstance(drafts, list):
+            return self.tree_round(emitted, drafts)
         last = torch.stack([e[-1] for e in emitted])[:, None].to(device)
         inputs = torch.cat([last, drafts.to(device)], dim=1)
         width = inputs.shape[1]
@@ -245,6 +284,74 @@ class _Decoder:
         for j, b in enumerate(rows.active):  # each kept verify input's feature with the token after it
             if not rows.ended(b):
                 self.drafter.add_real_slots(j, emitted[j], feats[j, : emitted[j].shape[0]], starts[j])
+        return emitted
+
+    def _tree_mask(self, trees: list[DraftTree]) -> torch.Tensor:
+        """`(B, 1, n + 1, past + n + 1)` what each tree slot attends to: the row's valid past and its own ancestors,
+        in the form the target's attention implementation takes."""
+        width = len(trees[0]) + 1
+        tree = torch.stack([ancestor_mask(t.parents) for t in trees]).to(self.device)
+        past = self.kv_mask.bool()[:, None, :].expand(-1, width, -1)
+        mask = torch.cat([past, tree], dim=-1)[:, None]
+        dtype = self.model.get_input_embeddings().weight.dtype
+        return custom_attention_mask(mask, self.model.config._attn_implementation, dtype)
+
+    def tree_round(self, emitted: list[torch.LongTensor], trees: list[DraftTree]) -> list[torch.LongTensor]:
+        """Verify every row's draft tree in one target pass: the nodes laid out flat after the bonus token, each at
+        its depth's position, seeing its ancestors only.  Each row keeps its accepted path (greedy: the target's
+        own choices; sampling: recursive rejection sampling over siblings); the cache keeps only that path."""
+        rows, device = self.rows, self.device
+        width = len(trees[0]) + 1
+        last = torch.stack([e[-1] for e in emitted]).to(device)
+        inputs = torch.cat([last[:, None], torch.tensor([t.tokens for t in trees], device=device)], dim=1)
+        depths = torch.tensor([[0] + t.depths for t in trees], device=device)
+        out, feats = self._forward(inputs, self.next_pos[:, None] + depths, self._tree_mask(trees), width)
+        raw = out.logits[:, -width:].float()
+        scores = raw.clone()
+        paths_to = [[_path_to(t, slot) for slot in range(width)] for t in trees]
+        if len(self.processors) > 0:  # each slot sees its own path as history
+            for i in range(width):
+                hist = [
+                    torch.cat(
+                        [rows.history(b), inputs[j, paths_to[j][i]][None].to(rows.tokens.device)], dim=1
+                    )
+                    for j, b in enumerate(rows.active)
+                ]
+                scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
+        paths, accepted = [], []
+        for j, tree in enumerate(trees):
+            if self.do_sample:
+                path, final = sample_path(tree, lambda slot, j=j: scores[j, slot].softmax(dim=-1))
+            else:
+                choices = scores[j].argmax(dim=-1).tolist()
+                path = greedy_path(tree, choices)
+                final = choices[path[-1]]
+            paths.append(path)
+            nodes = inputs[j, path[1:]]
+            accepted.append(torch.cat([nodes, nodes.new_tensor([final])]))
+        # the cache keeps each row's path (bonus + accepted nodes, within max_length); the rest become holes
+        lengths = [min(len(p), self.max_length - rows.lengths[b]) for p, b in zip(paths, rows.active)]
+        longest = max(lengths)
+        index = torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device)
+        keep_tail(self.cache, index, width)
+        kept = torch.tensor(lengths, device=device)
+        self.kv_mask = torch.cat(
+            [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
+        )
+        starts = self.next_pos.tolist()
+        self.next_pos = self.next_pos + kept
+        slots = torch.tensor([(p + [0] * width)[:width] for p in paths], device=device)
+        hidden = None
+        if self.want["hidden"]:
+            hidden = tuple(_gather_slots(h[:, -width:], slots) for h in out.hidden_states)
+        self.drafter.set_tree_paths(paths)
+        emitted = self.record(
+            accepted, _gather_slots(raw, slots), _gather_slots(scores, slots), _PathOutput(hidden)
+        )
+        path_feats = _gather_slots(feats, slots)
+        for j, b in enumerate(rows.active):  # each kept verify input's feature with the token after it
+            if not rows.ended(b):
+                self.drafter.add_real_slots(j, emitted[j], path_feats[j, : emitted[j].shape[0]], starts[j])
         return emitted
 
     # ------------------------------------------------------------------ rows
@@ -317,6 +424,8 @@ def peagle_decoding(
     peagle_head: PEagleDrafter | None = None,
     peagle_streamer: Any = None,
     peagle_given: frozenset[str] | None = None,
+    peagle_tree_size: int | str | None = None,
+    peagle_lookup_tokens: int | None = None,
     **model_kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle_head` (transformers'
@@ -344,11 +453,24 @@ def peagle_decoding(
         generation_config,
         streamer,
         model_kwargs,
+        peagle_tree_size,
+        peagle_lookup_tokens,
     )
     emitted = loop.drop_finished(loop.prefill())
     while loop.rows.active:
         emitted = loop.drop_finished(loop.round(emitted))
     return loop.result()
+
+
+def _path_to(tree: DraftTree, slot: int) -> list[int]:
+    """The slots from the root's first child down to `slot` (empty for the root): the drafts a slot's logits
+    follow."""
+    out = []
+    while slot > 0:
+        out.append(slot)
+        parent = tree.parents[slot - 1]
+        slot = parent + 1 if parent >= 0 else 0
+    return out[::-1]
 
 
 def _per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple[torch.Tensor, ...]:

@@ -106,7 +106,11 @@ def check_generation_request(
     }
     conflicting = {k: v for k, v in conflicting.items() if v is not None}
     if conflicting:
-        raise ValueError(f"a P-EAGLE assistant_model drafts on its own; unset {conflicting} (expected None).")
+        raise ValueError(
+            f"a P-EAGLE assistant_model drafts on its own; unset {conflicting} in the generation config (expected "
+            "None). Prompt lookup joins the head's draft trees when prompt_lookup_num_tokens is passed to "
+            "generate() itself."
+        )
     if generation_config.stop_strings:
         raise ValueError(
             "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: they would be checked once per "
@@ -245,6 +249,9 @@ def _wrap_generate(original: Callable) -> Callable:
         given = check_user_request({**arguments, **extra})
         arguments.pop("assistant_model")
         streamer = arguments.pop("streamer", None)
+        # peagle's own options: the tree budget, and prompt lookup as a branch of the head's trees
+        tree_size = extra.pop("draft_tree_size", None)
+        lookup_tokens = extra.pop("prompt_lookup_num_tokens", None)
         from .decoding import peagle_decoding
 
         return original(
@@ -255,6 +262,8 @@ def _wrap_generate(original: Callable) -> Callable:
             peagle_head=head,
             peagle_streamer=streamer,
             peagle_given=given,
+            peagle_tree_size=tree_size,
+            peagle_lookup_tokens=lookup_tokens,
         )
 
     return generate

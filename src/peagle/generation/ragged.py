@@ -65,6 +65,33 @@ def batch_refusal(cache: Cache) -> str | None:
     return None
 
 
+def keep_tail(cache: Cache, index: torch.LongTensor, width: int) -> None:
+    """Of the last `width` slots of every layer, keep `index (B, L)` per row (slot j of the new tail is old tail
+    slot `index[b, j]`) and drop the rest: a verified draft tree leaves only its accepted path in the cache.
+    Dynamic (full-attention) layers only."""
+    keep = index.shape[1]
+    for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer) or type(layer) is not DynamicLayer:
+            raise TypeError(f"cannot keep a path in a {type(layer).__name__} cache layer")
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        gather = index.to(layer.keys.device)[:, None, :, None]
+        for name in ("keys", "values"):
+            full = getattr(layer, name)
+            tail = full[:, :, -width:]
+            picked = tail.gather(2, gather.expand(-1, full.shape[1], keep, full.shape[-1]))
+            setattr(layer, name, torch.cat([full[:, :, :-width], picked], dim=2))
+
+
+def tree_refusal(model, cache: Cache) -> str | None:
+    """Why draft trees cannot be verified on this target, or None: a tree needs a custom 4D attention mask (eager
+    or SDPA attention) and a cache that can keep only the accepted path (dynamic full-attention layers)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
+    if impl not in ("eager", "sdpa"):
+        return f"{impl!r} attention, which takes no custom tree mask (eager and sdpa do)"
+    return batch_refusal(cache)
+
+
 def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
     """Squeeze the holes out of `cache` (its validity `mask (B, S)`); returns the new mask."""
     found = compaction_index(mask)
@@ -75,4 +102,12 @@ def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
     return new_mask
 
 
-__all__ = ["batch_refusal", "compact", "compact_cache", "compaction_index", "worth_compacting"]
+__all__ = [
+    "batch_refusal",
+    "compact",
+    "compact_cache",
+    "compaction_index",
+    "keep_tail",
+    "tree_refusal",
+    "worth_compacting",
+]

@@ -66,19 +66,47 @@ def choose_batch_num_drafts(
     >>> choose_batch_num_drafts([[0.9, 0.9], [0.1, 0.1]], [1.0, 1.3, 1.9])
     1
     """
-    depth = min((len(r) for r in rows), default=0)
-    best_k, top = 0, -1.0
-    runs = [1.0] * len(rows)
-    total = float(len(rows))
-    for k in range(depth + 1):
-        if k > 0:
-            for i, row in enumerate(rows):
-                runs[i] *= float(row[k - 1])
-            total += sum(runs)
-        rate = total / (verify_seconds[k] + drafter_seconds)
+    gains = []
+    for row in rows:
+        run, gain = 1.0, []
+        for p in row:
+            run *= float(p)
+            gain.append(run)
+        gains.append(gain)
+    return choose_batch_tree_size(gains, verify_seconds, drafter_seconds)
+
+
+def choose_batch_tree_size(
+    gains: Sequence[Sequence[float]], verify_seconds: Sequence[float], drafter_seconds: float = 0.0
+) -> int:
+    """The one n in 0..N of draft nodes every row of a batched round verifies, maximising expected tokens per
+    second: the rule for chains and trees alike.
+
+    Args:
+        gains: per row, `[N]` the expected tokens each further draft adds, in the order drafts are added: a chain's
+            running products `p_1, p_1 p_2, ...`, a tree's node values (parents first,
+            [`tree.DraftTree.gains`]).  A round verifying the first n drafts emits `1 + sum(gains[:n])` tokens
+            in expectation.
+        verify_seconds: seconds to verify n = 1..N+1 tokens per row for this batch (`verify_seconds[n - 1]`).
+        drafter_seconds: the drafter's cost this round (paid whatever n is).
+
+    Returns:
+        n; 0 means verify no draft (a plain step).  Ties go to the smaller n.
+
+    >>> choose_batch_tree_size([[0.9, 0.5, 0.5, 0.1]], [1.0, 1.1, 1.2, 1.3, 2.0])
+    3
+    """
+    depth = min((len(g) for g in gains), default=0)
+    depth = min(depth, len(verify_seconds) - 1)
+    best_n, top = 0, -1.0
+    total = float(len(gains))
+    for n in range(depth + 1):
+        if n > 0:
+            total += sum(float(g[n - 1]) for g in gains)
+        rate = total / (verify_seconds[n] + drafter_seconds)
         if rate > top * (1 + 1e-9):
-            best_k, top = k, rate
-    return best_k
+            best_n, top = n, rate
+    return best_n
 
 
 def best_rate(probs: Sequence[float], verify_seconds: Sequence[float], drafter_seconds: float = 0.0) -> float:
@@ -176,6 +204,7 @@ __all__ = [
     "calibrated_probabilities",
     "calibrated_probability",
     "choose_batch_num_drafts",
+    "choose_batch_tree_size",
     "choose_num_drafts",
     "expected_tokens",
 ]

@@ -57,6 +57,9 @@ class PEagleGenerationStats:
         batch_size: rows decoded together (the most, after merging).
         target_batch_passes: target forward passes over the batch (the prefill included); with one row it
             equals `target_passes`.
+        draft_tree_size: the most draft nodes a round could verify (0: chains only).
+        tree_rounds: rounds (per row) that verified a draft tree rather than a chain.
+        tree_size_histogram: `[N + 1]` drafter rounds by the number of tree nodes verified (0 = none).
     """
 
     drafting_mode: str = "parallel"
@@ -84,6 +87,9 @@ class PEagleGenerationStats:
     measured_seconds: float = 0.0
     batch_size: int = 1
     target_batch_passes: int = 0
+    draft_tree_size: int = 0
+    tree_rounds: int = 0
+    tree_size_histogram: list[int] = field(default_factory=list)
 
     # ------------------------------------------------------------------ named metrics
     @property
@@ -119,7 +125,12 @@ class PEagleGenerationStats:
                 setattr(out, f.name, _add_lists(a, b))
             elif f.name in ("drafting_mode", "draft_policy"):
                 setattr(out, f.name, a if a == b else "mixed")
-            elif f.name in ("num_speculative_tokens", "confidence_threshold", "batch_size"):
+            elif f.name in (
+                "num_speculative_tokens",
+                "confidence_threshold",
+                "batch_size",
+                "draft_tree_size",
+            ):
                 setattr(out, f.name, max(a, b))
             else:
                 setattr(out, f.name, a + b)

@@ -1,0 +1,315 @@
+"""Draft trees from one drafting round, pure: growth, prompt-lookup branches, the tree mask and the accepted path.
+
+A P-EAGLE round gives a distribution at each of the K depths from ONE forward pass, and the draft at depth d does
+not depend on which token was picked at depth d - 1 (the parallel slots see mask embeddings, not drafts).  So a
+tree is a selection from the product of the per-depth candidates:
+
+    depth:        1          2          3
+    candidates:  [a, b]     [c, d]     [e]
+    tree:        root(bonus)
+                 +- a (0.6)  +- c (0.6 * 0.5)  +- e (0.6 * 0.5 * 0.7)
+                 |           +- d (0.6 * 0.2)
+                 +- b (0.3)  +- c (0.3 * 0.5)
+
+[`grow_tree`] adds nodes best-first by path probability (the probability that every draft from the root down to
+the node is accepted: EAGLE-2's rule), so parents always come before their children, the first n nodes of the
+result are a tree for every n, and a tree of the first n nodes emits `1 + sum(values[:n])` tokens in
+expectation.  A prompt-lookup branch (the continuation of an earlier occurrence of the context's last tokens,
+[`prompt_lookup`]) joins the same tree with its own per-depth probabilities ([`LookupEstimate`]).
+
+Verification ([`decoding`]) lays the n nodes out flat after the root (slot 0 = the bonus token), gives slot i the
+position `root + depth(i)` and lets it attend to the valid past and its own ancestors ([`ancestor_mask`]); the
+target's choice at each slot then decides the path ([`greedy_path`], or [`sample_path`]: recursive rejection
+sampling over siblings, lossless for the target's distribution; docs/DESIGN.md section 11).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+VOID = -2
+"""Parent of a padding node: a slot that keeps a batch's trees one size, sees only itself, and is never accepted."""
+
+CANDIDATES_PER_DEPTH = 8
+"""How many of the head's top tokens per depth a tree may use."""
+LOOKUP_PRIOR = 0.3
+"""A prompt-lookup token's acceptance probability before any round of this generation has tested one."""
+LOOKUP_MAX_NGRAM = 3
+"""Longest suffix of the context [`prompt_lookup`] searches for (then shorter ones)."""
+
+
+@dataclass
+class DraftTree:
+    """One row's draft tree, nodes in best-first order (every parent before its children).
+
+    Args:
+        tokens: `[n]` target token of each node.
+        parents: `[n]` index of each node's parent, -1 for children of the root (the bonus token), [`VOID`] for
+            padding.
+        depths: `[n]` 1 for the first draft after the bonus token.
+        values: `[n]` estimated probability that the node is accepted (the product of the probabilities on its
+            path); non-increasing.
+        chain: `[n]` the node is on the head's own chain (the token the round's drafting picked at every depth
+            down to it): what a chain-only round would have verified.
+        lookup: `[n]` the node is on the prompt-lookup branch.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    chain: list[bool] = field(default_factory=list)
+    lookup: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncated(self, n: int) -> DraftTree:
+        """The tree of the first n nodes, padded with [`VOID`] nodes when it has fewer."""
+        out = DraftTree(*(list(getattr(self, f)[:n]) for f in _FIELDS))
+        while len(out) < n:
+            out.tokens.append(0)
+            out.parents.append(VOID)
+            out.depths.append(1)
+            out.values.append(0.0)
+            out.chain.append(False)
+            out.lookup.append(False)
+        return out
+
+    def gains(self) -> list[float]:
+        """`[n]` the expected tokens each node adds (its value): a tree of the first n nodes emits
+        `1 + sum(gains[:n])` in expectation."""
+        return list(self.values)
+
+
+_FIELDS = ("tokens", "parents", "depths", "values", "chain", "lookup")
+
+
+def sibling_probabilities(chosen_probability: float, head_probs: Sequence[float]) -> list[float]:
+    """Acceptance probabilities of one depth's candidates: the drafted token (first) gets its calibrated
+    probability, the others share the rest in proportion to the head's probabilities, so siblings never sum
+    past 1.
+
+    >>> [round(p, 3) for p in sibling_probabilities(0.5, [0.6, 0.3, 0.1])]
+    [0.5, 0.375, 0.125]
+    """
+    if not head_probs:
+        return []
+    top = min(max(float(chosen_probability), 0.0), 1.0)
+    rest = max(1.0 - float(head_probs[0]), 1e-12)
+    return [top] + [(1.0 - top) * max(float(h), 0.0) / rest for h in head_probs[1:]]
+
+
+def grow_tree(
+    candidates: Sequence[Sequence[tuple[int, float]]],
+    budget: int,
+    lookup: Sequence[int] = (),
+    lookup_probs: Sequence[float] = (),
+    chain_parents_only: bool = False,
+) -> DraftTree:
+    """Grow a draft tree best-first by path probability, up to `budget` nodes.
+
+    Args:
+        candidates: per depth d (0 = the first draft), `[(token, probability), ...]` with the round's drafted token
+            first (it extends the head's chain); probabilities are acceptance probabilities given the parent was
+            accepted.
+        budget: the most nodes.
+        lookup: a prompt-lookup branch: one token per depth from depth 0, a path from the root.
+        lookup_probs: `[len(lookup)]` acceptance probability of each lookup token (given the one before was
+            accepted).  A lookup token equal to a head candidate under the same parent is one node, with the
+            larger probability.
+        chain_parents_only: the per-depth candidates are only valid after the head's chain (an autoregressive
+            head drafted depth d from the chain's tokens): only chain nodes get head children.
+
+    Returns:
+        [`DraftTree`] with at most `budget` nodes, depth at most `max(len(candidates), len(lookup))`.
+
+    >>> t = grow_tree([[(5, 0.6), (6, 0.3)], [(7, 0.5), (8, 0.2)]], budget=4)
+    >>> t.tokens, t.parents, [round(v, 2) for v in t.values]
+    ([5, 6, 7, 7], [-1, -1, 0, 1], [0.6, 0.3, 0.3, 0.15])
+    """
+    tree = DraftTree()
+    if budget <= 0:
+        return tree
+    heap: list[tuple[float, int, int, int, int, bool, bool]] = []
+    counter = 0
+
+    def push_children(parent: int, depth: int, value: float, on_chain: bool, on_lookup: bool) -> None:
+        nonlocal counter
+        options: dict[int, list] = {}
+        if depth < len(candidates) and (on_chain or not chain_parents_only):
+            for i, (token, p) in enumerate(candidates[depth]):
+                if p > 0 and token not in options:
+                    options[token] = [float(p), on_chain and i == 0, False]
+        if on_lookup and depth < len(lookup):
+            token, p = int(lookup[depth]), float(lookup_probs[depth])
+            entry = options.setdefault(token, [0.0, False, False])
+            entry[0] = max(entry[0], p)
+            entry[2] = True
+        for token, (p, chain, look) in options.items():
+            counter += 1
+            heapq.heappush(heap, (-value * p, counter, parent, depth + 1, token, chain, look))
+
+    push_children(-1, 0, 1.0, True, True)
+    while heap and len(tree) < budget:
+        neg, _, parent, depth, token, chain, look = heapq.heappop(heap)
+        index = len(tree)
+        tree.tokens.append(token)
+        tree.parents.append(parent)
+        tree.depths.append(depth)
+        tree.values.append(-neg)
+        tree.chain.append(chain)
+        tree.lookup.append(look)
+        push_children(index, depth, -neg, chain, look)
+    return tree
+
+
+def prompt_lookup(history: torch.LongTensor, num_tokens: int, max_ngram: int = LOOKUP_MAX_NGRAM) -> list[int]:
+    """The continuation (up to `num_tokens` tokens) of the latest earlier occurrence of the context's last
+    `max_ngram`, then `max_ngram - 1`, ... 1 tokens, or `[]` when none recurs.
+
+    >>> prompt_lookup(torch.tensor([1, 2, 3, 9, 1, 2]), 3)
+    [3, 9, 1]
+    """
+    ids = history.reshape(-1)
+    length = ids.shape[0]
+    if num_tokens <= 0 or length < 2:
+        return []
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        windows = ids.unfold(0, n, 1)[:-1]  # every n-gram but the suffix itself
+        hits = (windows == ids[-n:]).all(dim=1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return ids[start : start + num_tokens].tolist()
+    return []
+
+
+@dataclass
+class LookupEstimate:
+    """Per-depth acceptance probability of prompt-lookup tokens, corrected online from this generation's rounds:
+    `(accepted_d + prior * weight) / (tested_d + weight)`.
+
+    >>> e = LookupEstimate()
+    >>> e.observe(tested=2, accepted=1)
+    >>> [round(p, 3) for p in e.probabilities(3)]
+    [0.533, 0.2, 0.3]
+    """
+
+    prior: float = LOOKUP_PRIOR
+    weight: float = 2.0
+    tested: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def probabilities(self, n: int) -> list[float]:
+        out = []
+        for d in range(n):
+            t = self.tested[d] if d < len(self.tested) else 0
+            a = self.accepted[d] if d < len(self.accepted) else 0
+            out.append((a + self.prior * self.weight) / (t + self.weight))
+        return out
+
+    def observe(self, tested: int, accepted: int) -> None:
+        """A verified round whose lookup branch was tested down to depth `tested` (the path followed it to
+        `tested - 1`) and accepted to depth `accepted`."""
+        while len(self.tested) < tested:
+            self.tested.append(0)
+            self.accepted.append(0)
+        for d in range(tested):
+            self.tested[d] += 1
+            self.accepted[d] += 1 if d < accepted else 0
+
+
+# ---------------------------------------------------------------------------------------------- verification
+def ancestor_mask(parents: Sequence[int]) -> torch.BoolTensor:
+    """`(n + 1, n + 1)` slot i may attend to slot j: j is i or one of its ancestors (slot 0 is the root, the
+    bonus token; node k is slot k + 1).  A [`VOID`] node sees only itself.
+
+    >>> ancestor_mask([-1, 0, -1]).int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]
+    """
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[0, 0] = True
+    for k, p in enumerate(parents):
+        slot = k + 1
+        if p == VOID:
+            mask[slot, slot] = True
+            continue
+        mask[slot] = mask[p + 1] if p >= 0 else mask[0]
+        mask[slot, slot] = True
+    return mask
+
+
+def children(parents: Sequence[int]) -> list[list[int]]:
+    """`[n + 1]` per slot (0 = root), the slots of its children in node order."""
+    out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for k, p in enumerate(parents):
+        if p != VOID:
+            out[p + 1].append(k + 1)
+    return out
+
+
+def greedy_path(tree: DraftTree, choices: Sequence[int]) -> list[int]:
+    """The accepted path under greedy decoding: slots `[0, s_1, ..., s_m]` from the root, where each s_i is the
+    child whose token is the target's choice at the slot before.  `choices[i]` is the target's token at slot i;
+    the round emits the path's tokens and then `choices[s_m]`."""
+    kids = children(tree.parents)
+    path = [0]
+    while True:
+        want = int(choices[path[-1]])
+        nxt = next((c for c in kids[path[-1]] if tree.tokens[c - 1] == want), None)
+        if nxt is None:
+            return path
+        path.append(nxt)
+
+
+def sample_path(
+    tree: DraftTree, probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
+) -> tuple[list[int], int]:
+    """The accepted path and the final token under sampling: recursive rejection sampling over siblings.
+
+    At the current slot with target distribution p (`probs(slot)`, `(V,)`), its children c_1, c_2, ... are tried
+    in order; each is a point-mass draft, so c_i is accepted with probability p(c_i) and on rejection p becomes
+    p with c_i removed, renormalised.  Once every child is rejected, the final token is sampled from what is
+    left of p.  Every step emits token t with probability exactly p(t), so the output keeps the target's
+    distribution whatever the tree (docs/DESIGN.md section 11).
+    """
+    kids = children(tree.parents)
+    path = [0]
+    while True:
+        p = probs(path[-1]).double().clone()
+        moved = False
+        for c in kids[path[-1]]:
+            token = tree.tokens[c - 1]
+            total = float(p.sum())
+            if total <= 0:
+                break
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) * total < float(p[token]):
+                path.append(c)
+                moved = True
+                break
+            p[token] = 0.0
+        if not moved:
+            if float(p.sum()) <= 0:  # numerically exhausted: fall back to the target's own distribution
+                p = probs(path[-1]).double()
+            final = int(torch.multinomial(p / p.sum(), 1, generator=generator))
+            return path, final
+
+
+__all__ = [
+    "CANDIDATES_PER_DEPTH",
+    "DraftTree",
+    "LookupEstimate",
+    "VOID",
+    "ancestor_mask",
+    "children",
+    "greedy_path",
+    "grow_tree",
+    "prompt_lookup",
+    "sample_path",
+    "sibling_probabilities",
+]
