@@ -164,12 +164,14 @@ class Oracle:
     crop/append path and the stats see real acceptance.  The slot at position q predicts token q + 2 of its
     row's reference.
 
+    With `second=True` a miss still ranks the right token second, where a draft tree finds it.
     `reference`: `(1, n)` for one row, or one unpadded sequence per row of a batch (a `(B, n)` tensor or a list),
     with `p` a float or one probability per row (1.0: always right, 0.0: never).  Rows leave a batch when they
     finish, so each drafter call finds its rows' references by their real slots' tokens.
     """
 
-    def __init__(self, head, reference, p: float | list[float] = 0.7, seed: int = 0):
+    def __init__(self, head, reference, p: float | list[float] = 0.7, seed: int = 0, second: bool = False):
+        self.second = second  # a miss still ranks the right token second (what a draft tree can catch)
         self.references = [r.tolist() for r in reference]
         self.p = [p] * len(self.references) if isinstance(p, (int, float)) else list(p)
         self.generator = torch.Generator().manual_seed(seed)
@@ -217,8 +219,14 @@ class Oracle:
             ref = self.references[r]
             for j, q in enumerate(kwargs["position_ids"][b, -k:].tolist()):
                 hit = torch.rand((), generator=self.generator).item() < self.p[r]
-                if q + 2 < len(ref) and hit and ref[q + 2] in self.draft_index:
-                    logits[b, j, self.draft_index[ref[q + 2]]] = logits[b, j].max() + 10.0
+                if q + 2 < len(ref) and ref[q + 2] in self.draft_index:
+                    right = self.draft_index[ref[q + 2]]
+                    top = logits[b, j].max()
+                    if hit:
+                        logits[b, j, right] = top + 10.0
+                    elif self.second:
+                        logits[b, j, right] = top + 5.0
+                        logits[b, j, (right + 1) % logits.shape[-1]] = top + 10.0
         out.logits = logits
         return out
 
@@ -238,3 +246,35 @@ def exact_distribution(target, prompt: torch.LongTensor, steps: int, processors)
             for t in torch.nonzero(row > 0).flatten().tolist()
         }
     return probs
+
+
+def check_tree_logits(target, tree, vocab: int = 128) -> None:
+    """A verify pass over `tree` laid out flat (after a left-padded past, with the tree mask and depth positions)
+    gives every slot the logits a plain forward over the past and that slot's path gives."""
+    from transformers.cache_utils import DynamicCache
+
+    from peagle.generation.tree import tree_attention_mask
+    from peagle.modeling_peagle import custom_attention_mask
+
+    past_ids = torch.tensor([[0, 0, 11, 12, 13]]) % vocab
+    past_mask = torch.tensor([[0, 0, 1, 1, 1]])
+    cache = DynamicCache(config=target.config)
+    pos = (past_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        target(input_ids=past_ids, attention_mask=past_mask, position_ids=pos, cache=cache, use_cache=True)
+        inputs = torch.tensor([[14] + tree.tokens]) % vocab
+        depths = torch.tensor([[0] + tree.depths])
+        mask = custom_attention_mask(
+            tree_attention_mask([tree], past_mask), target.config._attn_implementation, torch.float32
+        )
+        logits = target(
+            input_ids=inputs, attention_mask=mask, position_ids=3 + depths, cache=cache, use_cache=True
+        ).logits[0]
+        for slot in range(len(tree) + 1):
+            path, node = [], slot - 1
+            while node >= 0:
+                path.append(tree.tokens[node])
+                node = tree.parents[node]
+            seq = torch.tensor([[11, 12, 13, 14] + path[::-1]]) % vocab
+            plain = target(input_ids=seq).logits[0, -1]
+            torch.testing.assert_close(logits[slot], plain, atol=1e-4, rtol=1e-4)

@@ -14,7 +14,7 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from helpers import Oracle, make_args, make_target, random_examples
+from helpers import Oracle, check_tree_logits, make_args, make_target, random_examples
 from peagle import PEagleConfig, PEagleDrafter, export, sizing
 from peagle.sizing import (
     FAMILIES,
@@ -235,6 +235,42 @@ def test_sampling_stays_in_the_targets_distribution(family, target):
 
 
 # ---------------------------------------------------------------------------------------------- training
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_draft_trees_reach_the_attention_intact(family, attn):
+    """A draft tree's mask reaches this family's attention as built (every slot gets its own path's logits), and
+    generate() with trees is identical to plain greedy, or refuses trees by name where the cache cannot keep only
+    the accepted path (sliding windows)."""
+    from transformers.cache_utils import DynamicCache
+
+    from peagle.generation.ragged import tree_refusal
+    from peagle.generation.tree import grow_tree
+
+    torch.manual_seed(0)
+    try:
+        model = AutoModelForCausalLM.from_config(target_config(family), attn_implementation=attn).eval()
+    except ValueError as err:  # e.g. GPT-OSS has no SDPA path in transformers
+        pytest.skip(f"transformers itself refuses {attn} attention for {family}: {str(err)[:80]}")
+    assert model.config._attn_implementation == attn
+    tree = grow_tree([[(5, 0.6), (6, 0.3)], [(7, 0.5), (8, 0.4)], [(9, 0.5)]], budget=9)
+    check_tree_logits(model, tree)
+
+    head = new_head(model)
+    ids = prompt(9)
+    ref = model.generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    if tree_refusal(model, DynamicCache(config=model.config)) is not None:
+        with pytest.raises(ValueError, match=f"draft trees cannot be verified on {type(model).__name__}"):
+            model.generate(ids, max_new_tokens=4, assistant_model=head, draft_tree_size=8)
+        return
+    oracle = Oracle(head, ref, p=0.5, seed=3, second=True)
+    out = model.generate(
+        ids, do_sample=False, max_new_tokens=16, min_new_tokens=16, assistant_model=head, draft_tree_size=8
+    )
+    oracle.handle.remove()
+    assert torch.equal(out, ref), f"{family} ({attn}): tree drafting output differs from plain greedy"
+    stats = head.last_generation_stats
+    assert stats.tree_rounds == stats.rounds > 0 and stats.accepted_tokens > 0
+
+
 def test_one_partitioned_training_step(family, target, tmp_path):
     examples = random_examples(4, seed=1)
     head = build_head(target, examples, num_hidden_layers=1, mask_token_id=127)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 from scipy import stats as scipy_stats
-from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerationMixin
@@ -63,7 +63,8 @@ def _check_stats(head, prompt_len: int, output: torch.LongTensor) -> gen.PEagleG
     new = output.shape[1] - prompt_len
     assert st.generated_tokens == new == st.accepted_tokens + st.rounds + st.plain_steps
     assert sum(st.accepted_per_depth) == st.accepted_tokens
-    assert sum(st.drafted_per_depth) == st.draft_tokens
+    if not st.tree_rounds:  # a tree round drafts several nodes per depth
+        assert sum(st.drafted_per_depth) == st.draft_tokens
     # a draft at depth d is kept only if depth d-1 was
     assert all(a >= b for a, b in itertools.pairwise(st.accepted_per_depth))
     if st.rounds:
@@ -491,7 +492,8 @@ def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
             assert torch.isinf(logits[0, d, [3, 7]]).all()  # -inf outside the draft vocabulary
 
 
-def test_sampling_matches_target_distribution(monkeypatch):
+@pytest.mark.parametrize("tree", [0, 6])
+def test_sampling_matches_target_distribution(monkeypatch, tree):
     """Speculative sampling (temperature + top-k, draft vocabulary subset) reproduces the target's own sampling
     distribution: chi-square goodness of fit of 500 samples against the exact probabilities.
 
@@ -500,6 +502,7 @@ def test_sampling_matches_target_distribution(monkeypatch):
     always accepted and both the accept and the resample branch shape the output.  Returning the draft
     logits without the d2t mapping, or uniform logits, fails it (p < 1e-14); subtler mismatches (e.g. a
     temperature left out) are below its power and caught exactly by `test_sampled_drafts_come_with_their_distribution`.
+    With `tree=6`, each round verifies a 6-node draft tree by recursive rejection sampling over siblings.
     """
     target, head = _sampling_models()
     prompt = torch.tensor([[1, 3, 5, 6, 2]])
@@ -541,12 +544,14 @@ def test_sampling_matches_target_distribution(monkeypatch):
             prefix_allowed_tokens_fn=allowed,
             assistant_model=head,
             num_assistant_tokens=3,
+            draft_tree_size=tree,
             **SAMPLING,
         )
         counts[tuple(out[0, forced.shape[1] :].tolist())] += 1
         st = _check_stats(head, prompt.shape[1], out)
         accepted += st.accepted_tokens
         drafted += st.draft_tokens
+        assert st.tree_rounds == (st.rounds if tree else 0)
     handle.remove()
     assert 0.05 * drafted < accepted < 0.5 * drafted  # both branches of the rule ran often
     big = [s for s in exact if exact[s] * n >= 5]  # merge cells expected below 5 samples into one
@@ -565,8 +570,11 @@ def test_unsupported_requests_raise(target):
         target.generate(ids, max_new_tokens=3, num_beams=2, assistant_model=head)
     with pytest.raises(ValueError, match="num_return_sequences"):  # greedy: transformers refuses it itself
         target.generate(ids, max_new_tokens=3, num_return_sequences=2, assistant_model=head)
-    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
-        target.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=3, assistant_model=head)
+    with pytest.raises(
+        ValueError, match="prompt_lookup_num_tokens.*passed to generate"
+    ):  # in a config object
+        config = GenerationConfig(max_new_tokens=3, prompt_lookup_num_tokens=3)
+        target.generate(ids, generation_config=config, assistant_model=head)
 
     wide = make_target(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS)
     with pytest.raises(ValueError, match="hidden size 64, target has 32"):

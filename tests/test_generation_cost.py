@@ -60,7 +60,9 @@ def test_flat_curve_drafts_k_every_round(target):
     """On a flat cost curve (a GPU at batch 1) the rule verifies all K drafts in every round."""
     head = _cost_head(target, model=VerifyCostModel.flat(max_tokens=8))
     ids = prompt_ids(3, 7)
-    out = greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4)
+    out = greedy(
+        target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=4, draft_tree_size=0
+    )
     assert torch.equal(out, greedy(target, ids, max_new_tokens=20))
     st = head.last_generation_stats
     assert st.draft_policy == "cost" and st.rounds > 0
@@ -95,18 +97,19 @@ def test_autoregressive_unroll_stops_when_a_pass_does_not_pay(target):
     assert st.rounds > 0 and st.drafter_forward_calls == st.rounds + st.skipped_drafter_rounds * 0
 
 
+@pytest.mark.parametrize("tree", [0, 12])
 @pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed):
-    """Whatever k the rule picks (0..K) and whenever it skips the drafter (its cache then catches up in one
-    pass), greedy output is plain greedy's; oracle drafts make rounds accept 0..K tokens."""
+def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed, tree):
+    """Whatever k (chains) or tree size the rule picks and whenever it skips the drafter (its cache then catches
+    up in one pass), greedy output is plain greedy's; oracle drafts make rounds accept 0..K tokens."""
     rng = random.Random(seed)
     calls = []
 
-    def random_choice(self, confidences, drafter_seconds, steps):
+    def random_choice(self, gains, chains, drafter_seconds, steps, histogram, chain_nodes=None):
         calls.append(1)
-        k = 0 if len(calls) % 4 == 1 else rng.randint(1, len(confidences))
-        self.stats.chosen_k_histogram[k] += 1
+        k = 0 if len(calls) % 4 == 1 else rng.randint(1, min(len(g) for g in gains))
+        histogram[k] += 1
         if rng.random() < 0.3:
             self._skip_left = rng.randint(1, 3)
         return k
@@ -116,11 +119,15 @@ def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed):
     ids = prompt_ids(10 + seed, 8)
     ref = greedy(target, ids, max_new_tokens=48)
     oracle = Oracle(head, ref, p=0.8, seed=seed)
-    out = greedy(target, ids, max_new_tokens=48, assistant_model=head, num_assistant_tokens=5)
+    out = greedy(
+        target, ids, max_new_tokens=48, assistant_model=head, num_assistant_tokens=5, draft_tree_size=tree
+    )
     oracle.handle.remove()
     assert torch.equal(out, ref)
     st = head.last_generation_stats
-    assert st.skipped_drafter_rounds > 0 and st.accepted_tokens > 0 and st.chosen_k_histogram[0] > 0
+    chosen = st.tree_size_histogram if tree else st.chosen_k_histogram
+    assert st.skipped_drafter_rounds > 0 and st.accepted_tokens > 0 and chosen[0] > 0
+    assert st.tree_rounds == (st.rounds if tree else 0)
     assert st.generated_tokens == 48 == st.accepted_tokens + st.rounds + st.plain_steps
 
 
@@ -321,7 +328,9 @@ def test_overconfident_calibration_is_corrected_by_the_rounds_verified():
     head = _cost_head(target, model=curve)
     head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.9, 0.9]]}
     ids = prompt_ids(6, 6)
-    out = greedy(target, ids, max_new_tokens=80, assistant_model=head, num_assistant_tokens=4)
+    out = greedy(
+        target, ids, max_new_tokens=80, assistant_model=head, num_assistant_tokens=4, draft_tree_size=0
+    )
     assert torch.equal(out, greedy(target, ids, max_new_tokens=80))
     st = head.last_generation_stats
     assert st.accepted_tokens <= 2  # a random head: drafts (almost) never accepted
@@ -341,7 +350,9 @@ def test_correction_learns_the_acceptance_the_rounds_show():
     ids = prompt_ids(3, 6)
     ref = greedy(target, ids, max_new_tokens=400)
     oracle = Oracle(head, ref, p=0.5, seed=0)
-    out = greedy(target, ids, max_new_tokens=400, assistant_model=head, num_assistant_tokens=4)
+    out = greedy(
+        target, ids, max_new_tokens=400, assistant_model=head, num_assistant_tokens=4, draft_tree_size=0
+    )
     oracle.handle.remove()
     assert torch.equal(out, ref)
     st = head.last_generation_stats

@@ -52,6 +52,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "against the heads at each B on the same left-padded prompts; writes bench_batch.json/.png)",
     )
     p.add_argument(
+        "--tree-sizes",
+        default=None,
+        help="comma-separated draft-tree node budgets, e.g. 0,8,16,32,64 (0: the chain): run the tree benchmark "
+        "instead (tokens per target pass against the budget for each head, with and without prompt-lookup "
+        "branches, K = the first of --ks; writes bench_tree.json/.png)",
+    )
+    p.add_argument(
+        "--lookups",
+        default="0,10",
+        help="tree benchmark: prompt-lookup branch lengths to try (0: none); also rows of prompt lookup alone",
+    )
+    p.add_argument(
+        "--examples",
+        default=None,
+        help="tree benchmark: held-out examples (shards or JSONL) whose prompts form a set of their own "
+        "('heldout'); with --skip and --limit",
+    )
+    p.add_argument("--skip", type=int, default=0, help="tree benchmark: examples to skip in --examples")
+    p.add_argument(
+        "--no-speed",
+        dest="speed",
+        action="store_false",
+        help="tree benchmark: skip the timed default-rule rows (acceptance only)",
+    )
+    p.add_argument(
         "--no-default-rule",
         dest="default_rule",
         action="store_false",
@@ -60,13 +85,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _ints(text: str, name: str) -> list[int]:
+def _ints(text: str, name: str, low: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
         raise SystemExit(f"peagle bench: --{name} must be comma-separated integers, got {text!r}") from err
-    if not values or min(values) < 1:
-        raise SystemExit(f"peagle bench: --{name} needs integers >= 1, got {text!r}")
+    if not values or min(values) < low:
+        raise SystemExit(f"peagle bench: --{name} needs integers >= {low}, got {text!r}")
     return values
 
 
@@ -75,6 +100,13 @@ def run(args: argparse.Namespace) -> int:
     ks = _ints(args.ks, "ks")
     if args.batch_sizes is not None:
         _ints(args.batch_sizes, "batch-sizes")
+    if args.tree_sizes is not None:
+        _ints(args.tree_sizes, "tree-sizes", low=0)
+        _ints(args.lookups, "lookups", low=0)
+        if args.examples is None and not args.datasets.strip():
+            raise SystemExit("peagle bench: --tree-sizes needs prompts: --datasets and/or --examples")
+    if args.skip < 0:
+        raise SystemExit(f"peagle bench: --skip must be >= 0, got {args.skip}")
     if args.limit is not None and args.limit < 1:
         raise SystemExit(f"peagle bench: --limit must be >= 1, got {args.limit}")
     if args.repeats < 1 or args.max_new_tokens < 1:
@@ -87,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..evaluation.bench import check_methods, format_table, run_benchmark, write_results
     from ..evaluation.evalsets import EVAL_SETS, load_eval_prompts
-    from ..evaluation.timing import machine_description, timed_generate
+    from ..evaluation.timing import timed_generate
     from ..integrations.vllm.process import VLLM_PYTHON_ENV
     from ..modeling_peagle import PEagleDrafter
     from ..runtime import resolve_dtype
@@ -125,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise SystemExit(f"peagle bench: {folder} does not fit the target: {err}") from err
     prompts = load_eval_prompts(tokenizer, datasets, args.limit)
+    if args.tree_sizes is not None:
+        return _run_trees(args, target, prompts, heads, ks[0], head_dtype)
     if args.batch_sizes is not None:
         return _run_batches(args, target, tokenizer, prompts, heads, head_dtype)
     timed_generate(target, prompts[datasets[0]][0], 4)  # warm-up
@@ -143,13 +177,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if any(m.startswith("vllm") for m in methods):
         results = _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks)
-    results["machine"] = machine_description()
-    results["head_dtype"] = str(head_dtype).removeprefix("torch.")
-    results["command"] = "peagle bench " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if k not in ("func", "command") and v is not None
-    )
+    _record_run(results, args, head_dtype)
     js, png = write_results(results, args.out)
     print(format_table(results["summary"]))
     print(f"\nwrote {js} and {png}")
@@ -199,6 +227,58 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
     lossless = all(s["lossless"] for s in results["summary"])
     if not lossless:
         print("WARNING: some speculative rows differ from plain batched greedy (see '= plain batched')")
+    return 0 if lossless else 1
+
+
+def _record_run(results: dict, args: argparse.Namespace, head_dtype) -> None:
+    """What every benchmark result records of its run: the machine, the head dtype and the command."""
+    from ..evaluation.timing import machine_description
+
+    results["machine"] = machine_description()
+    results["head_dtype"] = str(head_dtype).removeprefix("torch.")
+    results["command"] = "peagle bench " + " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items()
+        if k not in ("func", "command") and v is not None
+    )
+
+
+def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
+    """`--tree-sizes`: tokens per target pass against the node budget (both heads, with and without lookup)."""
+    import torch
+
+    from ..evaluation.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
+
+    if args.examples is not None:
+        from ..generation.calibration import prompts_of_examples
+        from ..training.shards import load_examples
+
+        held = prompts_of_examples(load_examples(args.examples))[args.skip :]
+        prompts["heldout"] = held[: args.limit] if args.limit else held
+        prompts = {"heldout": prompts.pop("heldout"), **prompts}
+    for (
+        head
+    ) in heads.values():  # warm-up, and each head's cost model (measured once per machine, then cached)
+        first = next(iter(prompts.values()))[0]
+        with torch.inference_mode():
+            target.generate(first, max_new_tokens=4, do_sample=False, assistant_model=head)
+    results = run_tree_benchmark(
+        target,
+        prompts,
+        heads,
+        tree_sizes=_ints(args.tree_sizes, "tree-sizes", low=0),
+        num_speculative_tokens=k,
+        lookups=_ints(args.lookups, "lookups", low=0),
+        max_new_tokens=args.max_new_tokens,
+        speed=args.speed,
+    )
+    _record_run(results, args, head_dtype)
+    js, png = write_tree_results(results, args.out)
+    print(format_tree_table(results["summary"]))
+    print(f"\nwrote {js} and {png}")
+    lossless = all(s["lossless"] for s in results["summary"])
+    if not lossless:
+        print("WARNING: some speculative outputs differ from plain greedy (see '= greedy')")
     return 0 if lossless else 1
 
 

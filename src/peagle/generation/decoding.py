@@ -26,7 +26,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculativ
 from ..modeling_peagle import PEagleDrafter, cache_kwarg, custom_attention_mask
 from .candidates import PEagleCandidateGenerator, grouped_processing
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
-from .tree import DraftTree, ancestor_mask, greedy_path, sample_path
+from .tree import DraftTree, greedy_path, sample_path, tree_attention_mask
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -286,16 +286,6 @@ class _Decoder:
                 self.drafter.add_real_slots(j, emitted[j], feats[j, : emitted[j].shape[0]], starts[j])
         return emitted
 
-    def _tree_mask(self, trees: list[DraftTree]) -> torch.Tensor:
-        """`(B, 1, n + 1, past + n + 1)` what each tree slot attends to: the row's valid past and its own ancestors,
-        in the form the target's attention implementation takes."""
-        width = len(trees[0]) + 1
-        tree = torch.stack([ancestor_mask(t.parents) for t in trees]).to(self.device)
-        past = self.kv_mask.bool()[:, None, :].expand(-1, width, -1)
-        mask = torch.cat([past, tree], dim=-1)[:, None]
-        dtype = self.model.get_input_embeddings().weight.dtype
-        return custom_attention_mask(mask, self.model.config._attn_implementation, dtype)
-
     def tree_round(self, emitted: list[torch.LongTensor], trees: list[DraftTree]) -> list[torch.LongTensor]:
         """Verify every row's draft tree in one target pass: the nodes laid out flat after the bonus token, each at
         its depth's position, seeing its ancestors only.  Each row keeps its accepted path (greedy: the target's
@@ -305,7 +295,12 @@ class _Decoder:
         last = torch.stack([e[-1] for e in emitted]).to(device)
         inputs = torch.cat([last[:, None], torch.tensor([t.tokens for t in trees], device=device)], dim=1)
         depths = torch.tensor([[0] + t.depths for t in trees], device=device)
-        out, feats = self._forward(inputs, self.next_pos[:, None] + depths, self._tree_mask(trees), width)
+        mask = custom_attention_mask(
+            tree_attention_mask(trees, self.kv_mask),
+            self.model.config._attn_implementation,
+            self.model.get_input_embeddings().weight.dtype,
+        )
+        out, feats = self._forward(inputs, self.next_pos[:, None] + depths, mask, width)
         raw = out.logits[:, -width:].float()
         scores = raw.clone()
         paths_to = [[_path_to(t, slot) for slot in range(width)] for t in trees]

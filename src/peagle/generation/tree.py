@@ -244,6 +244,14 @@ def ancestor_mask(parents: Sequence[int]) -> torch.BoolTensor:
     return mask
 
 
+def tree_attention_mask(trees: Sequence[DraftTree], past: torch.Tensor) -> torch.BoolTensor:
+    """`(B, 1, n + 1, S + n + 1)` what each slot of a batch's verify pass attends to: the row's valid past
+    (`past (B, S)`, 0 at left padding and holes) and its own ancestors in the row's tree (True = attend)."""
+    width = len(trees[0]) + 1
+    tree = torch.stack([ancestor_mask(t.parents) for t in trees]).to(past.device)
+    return torch.cat([past.bool()[:, None, :].expand(-1, width, -1), tree], dim=-1)[:, None]
+
+
 def children(parents: Sequence[int]) -> list[list[int]]:
     """`[n + 1]` per slot (0 = root), the slots of its children in node order."""
     out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
@@ -312,4 +320,5 @@ __all__ = [
     "prompt_lookup",
     "sample_path",
     "sibling_probabilities",
+    "tree_attention_mask",
 ]

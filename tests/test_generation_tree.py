@@ -1,0 +1,347 @@
+"""Draft trees (`generation/tree.py` and the loop's `tree_round`): growth by path probability, prompt-lookup
+branches, the tree mask, the greedy and sampled path rules, and `generate()` with trees: identical to plain greedy
+at every batch size and attention implementation, logits processors, returned scores and hidden states, the cost
+rule's choice of tree size, and clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats as scipy_stats
+from transformers.generation import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+import peagle
+from helpers import LAYERS, Oracle, check_tree_logits, make_head, make_target, prompt_ids
+from peagle.evaluation.bench_batch import left_pad
+from peagle.generation import candidates as gen
+from peagle.generation import ragged
+from peagle.generation.cost import VerifyCostModel, monotone
+from peagle.generation.rule import choose_batch_num_drafts, choose_batch_tree_size
+from peagle.generation.tree import (
+    VOID,
+    DraftTree,
+    LookupEstimate,
+    ancestor_mask,
+    greedy_path,
+    grow_tree,
+    prompt_lookup,
+    sample_path,
+    sibling_probabilities,
+    tree_attention_mask,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, num_hidden_layers=LAYERS, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------------------------------- growth
+def _is_tree_in_order(tree: DraftTree) -> bool:
+    return all(p < i for i, p in enumerate(tree.parents))
+
+
+def test_growth_is_best_first_and_every_prefix_is_a_tree():
+    g = torch.Generator().manual_seed(0)
+    cands = []
+    for d in range(6):
+        probs = torch.rand(8, generator=g).sort(descending=True).values.tolist()
+        cands.append([(10 * d + i, 0.9 * p) for i, p in enumerate(probs)])
+    tree = grow_tree(cands, budget=40)
+    assert len(tree) == 40 and _is_tree_in_order(tree)
+    assert tree.values == sorted(tree.values, reverse=True)
+    for i, (p, d) in enumerate(zip(tree.parents, tree.depths)):
+        assert d == (1 if p == -1 else tree.depths[p] + 1)
+        token_prob = dict(cands[d - 1])[tree.tokens[i]]
+        parent_value = 1.0 if p == -1 else tree.values[p]
+        assert tree.values[i] == pytest.approx(parent_value * token_prob)
+    # no node is missing a better sibling or child: the best candidate left out is worth at most the last node
+    chosen = {(p, t) for p, t in zip(tree.parents, tree.tokens)}
+    for parent in [-1, *range(len(tree))]:
+        depth = 0 if parent == -1 else tree.depths[parent]
+        if depth >= len(cands):
+            continue
+        base = 1.0 if parent == -1 else tree.values[parent]
+        for token, p in cands[depth]:
+            if (parent, token) not in chosen:
+                assert base * p <= tree.values[-1] + 1e-12
+    # siblings never share a token
+    assert len(chosen) == len(tree)
+
+
+def test_autoregressive_trees_branch_only_from_the_chain():
+    cands = [[(1, 0.9), (2, 0.5)], [(3, 0.9), (4, 0.5)], [(5, 0.9)]]
+    tree = grow_tree(cands, budget=10, chain_parents_only=True)
+    for i, p in enumerate(tree.parents):
+        if p >= 0:
+            assert tree.chain[p], f"node {i} hangs off a non-chain node"
+    assert [t for t, c in zip(tree.tokens, tree.chain) if c] == [1, 3, 5]
+    assert len(tree) == 5  # the chain plus one leaf per depth that has a second candidate
+
+
+def test_lookup_branch_merges_with_head_candidates():
+    cands = [[(5, 0.6), (6, 0.3)], [(7, 0.5)]]
+    tree = grow_tree(cands, budget=10, lookup=[6, 9, 11], lookup_probs=[0.8, 0.8, 0.8])
+    by_token = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
+    six = by_token[(-1, 6)]
+    assert tree.values[six] == pytest.approx(0.8) and tree.lookup[six]  # merged: the larger probability
+    nine = by_token[(six, 9)]
+    assert tree.lookup[nine] and by_token[(nine, 11)] is not None
+    assert sum(tree.lookup) == 3 and _is_tree_in_order(tree)
+    assert not tree.lookup[by_token[(-1, 5)]]
+
+
+def test_sibling_probabilities_never_sum_past_one():
+    probs = sibling_probabilities(0.7, [0.5, 0.3, 0.1, 0.05])
+    assert probs[0] == 0.7 and sum(probs) <= 1.0 + 1e-12
+    assert probs[1] > probs[2] > probs[3]
+
+
+def test_prompt_lookup_prefers_the_longest_latest_match():
+    ids = torch.tensor([4, 5, 6, 7, 1, 5, 6, 8, 9, 4, 5, 6])
+    assert prompt_lookup(ids, 2) == [7, 1]  # "4 5 6" recurs at the start (3-gram beats the later "5 6")
+    assert prompt_lookup(torch.tensor([1, 2, 3, 2, 3, 9, 3]), 4) == [
+        9,
+        3,
+    ]  # only "3" recurs: its latest place
+    assert prompt_lookup(torch.tensor([1, 2, 3]), 4) == []
+    assert prompt_lookup(torch.tensor([5, 6, 5, 6]), 0) == []
+
+
+def test_lookup_estimate_follows_the_record():
+    est = LookupEstimate(prior=0.3, weight=2.0)
+    for _ in range(20):
+        est.observe(tested=3, accepted=3)
+    assert all(p > 0.9 for p in est.probabilities(3))
+    assert est.probabilities(4)[3] == pytest.approx(0.3)  # an untested depth keeps the prior
+
+
+# ---------------------------------------------------------------------------------------------- mask and paths
+def test_ancestor_mask_and_void_nodes():
+    parents = [-1, 0, -1, 1, VOID]
+    mask = ancestor_mask(parents)
+    assert mask[4].tolist() == [True, True, True, False, True, False]  # node 3: root, 0, 1, itself
+    assert mask[3].tolist() == [True, False, False, True, False, False]
+    assert mask[5].tolist() == [False, False, False, False, False, True]  # a void node sees only itself
+
+
+def test_tree_attention_mask_keeps_the_rows_past():
+    trees = [DraftTree([3, 4], [-1, 0], [1, 2], [0.5, 0.2], [True, True], [False, False])] * 2
+    past = torch.tensor([[0, 1, 1], [1, 0, 1]])
+    mask = tree_attention_mask(trees, past)
+    assert mask.shape == (2, 1, 3, 6)
+    assert mask[0, 0, :, :3].tolist() == [[False, True, True]] * 3
+    assert mask[1, 0, 2].tolist() == [True, False, True, True, True, True]
+
+
+def test_greedy_path_follows_the_targets_choices():
+    tree = grow_tree([[(5, 0.6), (6, 0.3)], [(7, 0.5), (8, 0.4)]], budget=6)
+    # slots: 0 root, then nodes; the target picks 6, then 8, then 9
+    choices = [0] * (len(tree) + 1)
+    choices[0] = 6
+    six = tree.tokens.index(6) + 1
+    choices[six] = 8
+    eight = next(i + 1 for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if p == six - 1 and t == 8)
+    choices[eight] = 9
+    assert greedy_path(tree, choices) == [0, six, eight]
+    choices[0] = 42
+    assert greedy_path(tree, choices) == [0]
+
+
+def test_sample_path_keeps_the_target_distribution():
+    """Recursive rejection sampling over siblings: the first emitted token is distributed as the target's p,
+    whatever the tree offers (siblings the target likes, dislikes or forbids)."""
+    p = torch.tensor([0.05, 0.4, 0.0, 0.25, 0.3])
+    tree = DraftTree([1, 2, 4], [-1, -1, -1], [1, 1, 1], [0.5, 0.3, 0.1], [True, False, False], [False] * 3)
+    gen_ = torch.Generator().manual_seed(0)
+    n, counts = 20000, torch.zeros(5)
+    for _ in range(n):
+        path, final = sample_path(
+            tree, lambda slot: p if slot == 0 else torch.tensor([1.0, 0, 0, 0, 0]), gen_
+        )
+        first = tree.tokens[path[1] - 1] if len(path) > 1 else final
+        counts[first] += 1
+    assert counts[2] == 0
+    keep = p > 0
+    pvalue = scipy_stats.chisquare(counts[keep].numpy(), (p[keep] * n).numpy()).pvalue
+    assert pvalue > 1e-3, pvalue
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def test_tree_rule_on_flat_and_steep_curves():
+    gains = [[0.9, 0.5, 0.4, 0.3, 0.1, 0.05]]
+    flat = [1.0] * 7
+    steep = [1.0 + 0.5 * n for n in range(7)]
+    assert choose_batch_tree_size(gains, flat) == 6
+    assert choose_batch_tree_size(gains, steep) == 1
+    assert choose_batch_tree_size(gains, [1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0]) == 0
+    # the chain rule is the same function given the running products
+    probs = [0.9, 0.8, 0.5]
+    running = [[0.9, 0.72, 0.36]]
+    curve = [1.0, 1.2, 1.3, 1.45]
+    assert choose_batch_num_drafts([probs], curve) == choose_batch_tree_size(running, curve)
+
+
+def test_monotone_curve_ignores_a_busy_plain_step():
+    assert monotone([0.46, 0.12, 0.15, 0.2]) == [0.12, 0.12, 0.15, 0.2]
+
+
+# ---------------------------------------------------------------------------------------------- generate()
+def _refs(target, rows, n):
+    return [target.generate(r[None], do_sample=False, max_new_tokens=n)[0] for r in rows]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+def test_tree_greedy_equals_plain_greedy(target, attn, batch, mode):
+    target.config._attn_implementation = attn
+    try:
+        head = make_head(target, drafting_mode=mode)
+        rows = [prompt_ids(40 + i, [6, 13, 9][i])[0] for i in range(batch)]
+        ids, mask = left_pad(rows)
+        ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+        oracle = Oracle(head, _refs(target, rows, 30), p=0.5, seed=batch, second=True)
+        out = target.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=30,
+            assistant_model=head,
+            draft_tree_size=12,
+        )
+        oracle.handle.remove()
+    finally:
+        target.config._attn_implementation = "sdpa"
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert st.tree_rounds == st.rounds > 0 and st.draft_tokens == 12 * st.rounds
+    assert st.generated_tokens == st.accepted_tokens + st.rounds + st.plain_steps == 30 * batch
+    # the right token is first half the time and second otherwise: trees pass more per target pass than chains
+    oracle = Oracle(head, _refs(target, rows, 30), p=0.5, seed=batch, second=True)
+    chain = target.generate(
+        ids, attention_mask=mask, do_sample=False, max_new_tokens=30, assistant_model=head
+    )
+    oracle.handle.remove()
+    assert torch.equal(chain, ref)
+    chained = head.last_generation_stats
+    assert chained.tree_rounds == 0
+    assert st.tokens_per_target_pass > chained.tokens_per_target_pass + 0.3
+
+
+def test_tree_processors_scores_and_hidden_states_match_plain(target):
+    head = make_head(target)
+    ids = prompt_ids(3, 9)
+    procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)])
+    kw = dict(do_sample=False, max_new_tokens=16, return_dict_in_generate=True, output_scores=True)
+    ref = target.generate(ids, logits_processor=procs, output_hidden_states=True, **kw)
+    oracle = Oracle(head, ref.sequences, p=0.6)
+    out = target.generate(
+        ids, logits_processor=procs, output_hidden_states=True, assistant_model=head, draft_tree_size=10, **kw
+    )
+    oracle.handle.remove()
+    assert torch.equal(out.sequences, ref.sequences)
+    assert head.last_generation_stats.accepted_tokens > 0
+    assert len(out.scores) == len(ref.scores)
+    for a, b in zip(out.scores, ref.scores):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert len(out.hidden_states) == len(ref.hidden_states)
+    for step_a, step_b in zip(out.hidden_states[1:], ref.hidden_states[1:]):
+        for a, b in zip(step_a, step_b):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_lookup_branch_in_generate(target):
+    """A prompt that repeats itself: the lookup branch is accepted (a random head alone almost never is)."""
+    head = make_head(target)
+    ref_ids = prompt_ids(7, 8)
+    plain = target.generate(ref_ids, do_sample=False, max_new_tokens=40)
+    # feed the model its own continuation twice, so the continuation recurs in the context
+    ids = torch.cat([plain, plain[:, :10]], dim=1)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=24)
+    out = target.generate(
+        ids, do_sample=False, max_new_tokens=24, assistant_model=head, draft_tree_size=16,
+        prompt_lookup_num_tokens=8,
+    )  # fmt: skip
+    assert torch.equal(out, ref)
+    with_lookup = head.last_generation_stats.accepted_tokens
+    target.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=head, draft_tree_size=16,
+                    prompt_lookup_num_tokens=0)  # fmt: skip
+    assert with_lookup > head.last_generation_stats.accepted_tokens + 5
+
+
+def test_cost_rule_sizes_trees_by_the_curve(target):
+    head = make_head(target, confidence_threshold=None)
+    ids = prompt_ids(11, 8)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20)
+    for curve, expect_trees in [(VerifyCostModel.flat(40, 0.01), True), (None, False)]:
+        if curve is None:  # verifying costs grow fast: no tree pays
+            curve = VerifyCostModel([0.01 * (1 + 3 * n) for n in range(40)], source="user")
+        peagle.set_cost_model(head, curve)
+        oracle = Oracle(head, ref, p=0.7)
+        out = target.generate(ids, do_sample=False, max_new_tokens=20, assistant_model=head)
+        oracle.handle.remove()
+        assert torch.equal(out, ref)
+        st = head.last_generation_stats
+        assert st.draft_policy == "cost" and st.draft_tree_size == gen.AUTO_TREE_NODES
+        if expect_trees:
+            assert st.tree_rounds > 0 and max(i for i, c in enumerate(st.tree_size_histogram) if c) > 8
+        else:
+            assert sum(st.tree_size_histogram[9:]) == 0
+    peagle.set_cost_model(head, None)
+
+
+def test_tree_settings_are_checked():
+    assert gen.resolve_tree_settings("auto", None, "cost") == (gen.AUTO_TREE_NODES, gen.DEFAULT_LOOKUP_TOKENS)
+    assert gen.resolve_tree_settings("auto", None, "threshold") == (0, 0)
+    assert gen.resolve_tree_settings("auto", 5, "fixed") == (gen.AUTO_TREE_NODES, 5)
+    assert gen.resolve_tree_settings(16, 0, "fixed") == (16, 0)
+    assert gen.resolve_tree_settings(0, None, "cost") == (0, 0)
+    for bad in (-1, 1000, "big", 2.5, True):
+        with pytest.raises(ValueError, match="draft_tree_size"):
+            gen.resolve_tree_settings(bad, None, "cost")
+    with pytest.raises(ValueError, match="chains only"):
+        gen.resolve_tree_settings(0, 4, "cost")
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        gen.resolve_tree_settings(8, -2, "cost")
+
+
+def test_trees_refused_by_name_where_they_cannot_run(target):
+    class Model:
+        class config:
+            _attn_implementation = "flash_attention_2"
+
+    assert "flash_attention_2" in ragged.tree_refusal(Model(), None)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, sliding_window=8, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    windowed = MistralForCausalLM(cfg).eval()
+    head = peagle.PEagleDrafter(
+        peagle.PEagleConfig.for_target(
+            windowed, num_hidden_layers=1, mask_token_id=127, confidence_threshold=0.0
+        )
+    ).eval()
+    ids = prompt_ids(2, 10)
+    with pytest.raises(ValueError, match="draft trees cannot be verified on MistralForCausalLM.*sliding"):
+        windowed.generate(ids, max_new_tokens=4, assistant_model=head, draft_tree_size=8)
+    ref = windowed.generate(ids, do_sample=False, max_new_tokens=12)
+    out = windowed.generate(
+        ids, do_sample=False, max_new_tokens=12, assistant_model=head, draft_tree_size="auto"
+    )
+    assert torch.equal(out, ref) and head.last_generation_stats.tree_rounds == 0
+
+
+def test_tree_mask_gives_each_slot_its_paths_logits(target):
+    """The verify pass over a flat tree gives every slot the logits of a plain forward over the row's past and
+    that slot's path (eager and SDPA, with left padding in the past)."""
+    tree = grow_tree([[(5, 0.6), (6, 0.3)], [(7, 0.5), (8, 0.4)], [(9, 0.5)]], budget=9)
+    for attn in ("eager", "sdpa"):
+        target.config._attn_implementation = attn
+        try:
+            check_tree_logits(target, tree)
+        finally:
+            target.config._attn_implementation = "sdpa"
