@@ -150,6 +150,9 @@ def test_bench_command_validates_before_loading(monkeypatch):
         (["bench", "--ks", "0,3"], "integers >= 1"),
         (["bench", "--methods", "greedy,nope"], "unknown methods"),
         (["bench", "--datasets", "nope"], "unknown datasets"),
+        (["bench", "--tree-sizes", "8,-1"], "integers >= 0"),
+        (["bench", "--tree-sizes", "8", "--datasets", ""], "needs prompts"),
+        (["bench", "--skip", "-3"], "--skip must be >= 0"),
     ):
         with pytest.raises(SystemExit, match=message):
             main(argv)
@@ -205,3 +208,46 @@ def test_demo_refuses_k_out_of_range_before_loading(monkeypatch, capsys, k):
         peagle.demo.run_demo(num_speculative_tokens=0)
     with pytest.raises(ValueError, match="confidence_threshold is 1.5"):
         peagle.demo.run_demo(confidence_threshold=1.5)
+
+
+def test_tree_benchmark_rows_summary_and_files(tmp_path):
+    """`peagle bench --tree-sizes`: chains and trees of each budget for each head, with and without the lookup
+    branch, prompt lookup alone and the default-rule rows, each checked against greedy; a table and a plot."""
+    from peagle.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
+    from peagle.generation.cost import VerifyCostModel
+
+    target = make_target(eos_token_id=None)
+    heads = {"peagle": make_head(target, confidence_threshold=None)}
+    heads["eagle3"] = make_head(target, confidence_threshold=None, drafting_mode="autoregressive")
+    for head in heads.values():
+        head.cost_model = VerifyCostModel.flat(max_tokens=40)  # no timing in tests: a fixed curve
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(3, 127, (1, 6), generator=gen)
+    prompts = {"repeats": [torch.cat([base, base, base[:, :3]], dim=1)], "random": [base]}
+    res = run_tree_benchmark(
+        target, prompts, heads, tree_sizes=(0, 4, 8), num_speculative_tokens=3, lookups=(0, 4),
+        max_new_tokens=8, progress=False,
+    )  # fmt: skip
+    labels = [s["label"] for s in res["summary"] if s["dataset"] == "random"]
+    assert labels == [
+        "greedy", "peagle chain", "peagle tree 4", "peagle tree 4 +lookup 4", "peagle tree 8",
+        "peagle tree 8 +lookup 4", "eagle3 chain", "eagle3 tree 4", "eagle3 tree 4 +lookup 4", "eagle3 tree 8",
+        "eagle3 tree 8 +lookup 4", "pld 4", "peagle default", "peagle default chains", "eagle3 default",
+        "eagle3 default chains",
+    ]  # fmt: skip
+    assert all(s["lossless"] for s in res["summary"]) and len(res["runs"]) == 2 * len(labels)
+    by = {(s["dataset"], s["label"]): s for s in res["summary"]}
+    assert by[("random", "greedy")]["tokens_per_target_pass"] == 1.0
+    tree_runs = [r for r in res["runs"] if r["label"] == "peagle tree 8"]
+    assert all(r["stats"]["tree_rounds"] == r["stats"]["rounds"] for r in tree_runs)
+    chain_runs = [r for r in res["runs"] if r["label"] == "peagle default chains"]
+    assert all(r["stats"]["tree_rounds"] == 0 for r in chain_runs)
+    # the prompt repeats itself: the lookup branch is accepted where the head's own drafts are not
+    assert (
+        by[("repeats", "peagle tree 8 +lookup 4")]["tokens_per_target_pass"]
+        > by[("repeats", "peagle tree 8")]["tokens_per_target_pass"]
+    )
+    js, png = write_tree_results(res, tmp_path)
+    assert json.loads(js.read_text())["config"]["tree_sizes"] == [0, 4, 8] and png.stat().st_size > 1000
+    table = format_tree_table(res["summary"])
+    assert "| random | peagle tree 8 +lookup 4 |" in table
