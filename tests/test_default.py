@@ -124,3 +124,33 @@ def test_load_target_takes_a_gguf_file(target_and_tokenizer, tmp_path, monkeypat
     head = peagle.PEagleDrafter.from_pretrained(default_drafter_path("peagle"))
     head.config.target_model_name = str(folder)
     assert target_license(head) == "apache-2.0"
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_shipped_heads_draft_trees_losslessly(target_and_tokenizer, kind):
+    """The shipped heads with 16-node trees every round, with and without the prompt-lookup branch, alone and in a
+    batch of 3: every row is plain greedy's, and a tree passes more tokens per target pass than the chain."""
+    from peagle.bench_batch import left_pad
+
+    target, tok = target_and_tokenizer
+    head = peagle.load_default_drafter(target, kind=kind)
+    texts = ("Write a Python function that adds two numbers.", "Give me two tips for better sleep.", "Hi!")
+    rows = [chat_prompt_ids(tok, t) for t in texts]
+    ids, mask = left_pad(rows, tok.pad_token_id)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=40, num_assistant_tokens=7)
+    ref = target.generate(ids, **kw)
+    per_pass = {}
+    for tree, lookup in ((0, 0), (16, 0), (16, 10)):
+        out = target.generate(
+            ids, assistant_model=head, assistant_confidence_threshold=0.0, draft_tree_size=tree,
+            prompt_lookup_num_tokens=lookup if tree else None, **kw,
+        )  # fmt: skip
+        assert torch.equal(out, ref), (kind, tree, lookup)
+        stats = head.last_generation_stats
+        assert stats.tree_rounds == (stats.rounds if tree else 0)
+        per_pass[(tree, lookup)] = stats.tokens_per_target_pass
+    assert per_pass[(16, 0)] > per_pass[(0, 0)] + 0.1, per_pass
+    one = timed_generate(
+        target, rows[0], 40, assistant=head, draft_tree_size=16, assistant_confidence_threshold=0.0
+    )
+    assert one.output == timed_generate(target, rows[0], 40).output
