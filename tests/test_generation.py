@@ -430,11 +430,11 @@ def test_confidence_threshold_cuts_rounds_losslessly(target, mode):
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-def _sampling_models():
+def _sampling_models(**head_overrides):
     """A 2-layer, 8-token target with logits of order 1 and a head whose draft vocabulary skips ids 3 and 7."""
     small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
     target = make_target(seed=3, vocab_size=8, num_hidden_layers=2, eos_token_id=None, **small)
-    head = make_head(target, seed=4, mask_token_id=7, draft_vocab_size=6)
+    head = make_head(target, seed=4, mask_token_id=7, draft_vocab_size=6, **head_overrides)
     head.set_draft_vocab(torch.tensor([0, 1, 2, 4, 5, 6]))
     with torch.no_grad():
         target.lm_head.weight.mul_(3.0)
@@ -492,8 +492,8 @@ def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
             assert torch.isinf(logits[0, d, [3, 7]]).all()  # -inf outside the draft vocabulary
 
 
-@pytest.mark.parametrize("tree", [0, 6])
-def test_sampling_matches_target_distribution(monkeypatch, tree):
+@pytest.mark.parametrize("tree, mode", [(0, "parallel"), (6, "parallel"), (6, "autoregressive")])
+def test_sampling_matches_target_distribution(monkeypatch, tree, mode):
     """Speculative sampling (temperature + top-k, draft vocabulary subset) reproduces the target's own sampling
     distribution: chi-square goodness of fit of 500 samples against the exact probabilities.
 
@@ -504,7 +504,7 @@ def test_sampling_matches_target_distribution(monkeypatch, tree):
     temperature left out) are below its power and caught exactly by `test_sampled_drafts_come_with_their_distribution`.
     With `tree=6`, each round verifies a 6-node draft tree by recursive rejection sampling over siblings.
     """
-    target, head = _sampling_models()
+    target, head = _sampling_models(drafting_mode=mode)
     prompt = torch.tensor([[1, 3, 5, 6, 2]])
     forced = torch.cat([prompt, torch.tensor([[3]])], dim=1)
 

@@ -345,3 +345,36 @@ def test_tree_mask_gives_each_slot_its_paths_logits(target):
             check_tree_logits(target, tree)
         finally:
             target.config._attn_implementation = "sdpa"
+
+
+def test_autoregressive_trees_expand_level_by_level(target, monkeypatch):
+    """An EAGLE-3-style head's trees grow as EAGLE-2's: one drafter pass per level over the level's best nodes,
+    so nodes off the chain get children too, and the output is plain greedy's."""
+    head = make_head(target, drafting_mode="autoregressive")
+    ids = prompt_ids(21, 7)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=30)
+    seen = []
+    original = gen.PEagleCandidateGenerator._tree_candidates
+
+    def record(self, trees, *args, **kwargs):
+        seen.extend(trees)
+        return original(self, trees, *args, **kwargs)
+
+    monkeypatch.setattr(gen.PEagleCandidateGenerator, "_tree_candidates", record)
+    oracle = Oracle(head, ref, p=0.5, seed=2, second=True)
+    out = target.generate(
+        ids,
+        do_sample=False,
+        max_new_tokens=30,
+        assistant_model=head,
+        draft_tree_size=24,
+        num_assistant_tokens=4,
+    )
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert st.tree_rounds == st.rounds > 0
+    assert st.drafter_forward_calls <= 4 * st.rounds and st.drafter_forward_calls > 3 * st.rounds
+    off_chain_parents = [p for t in seen for p in t.parents if p >= 0 and not t.chain[p]]
+    assert off_chain_parents, "no node off the chain was expanded"
+    assert all(_is_tree_in_order(t) and t.values == sorted(t.values, reverse=True) for t in seen)

@@ -30,6 +30,7 @@ from .rule import (
     AcceptanceCorrection,
     best_batch_rate,
     calibrated_probabilities,
+    calibrated_probability,
     choose_batch_tree_size,
 )
 from .stats import PEagleGenerationStats
@@ -38,6 +39,7 @@ from .tree import (
     DraftTree,
     LookupEstimate,
     grow_tree,
+    grow_tree_from_pool,
     prompt_lookup,
     sibling_probabilities,
 )
@@ -555,6 +557,118 @@ class PEagleCandidateGenerator:
             )
         return trees
 
+    @torch.no_grad()
+    def _expand_tree(
+        self,
+        tokens: torch.LongTensor,
+        feats: torch.Tensor,
+        starts: torch.LongTensor,
+        mask: torch.Tensor | None,
+        new_mask: torch.Tensor,
+        histories: list[torch.LongTensor],
+        depth_limit: int,
+        tic: float,
+    ) -> tuple[list[DraftTree], None] | tuple[torch.LongTensor, None]:
+        """An autoregressive (EAGLE-3-style) head's tree, grown level by level as EAGLE-2 does: one drafter pass
+        over the new real slots gives the first depth's candidates; each further pass feeds the level's best
+        [`FRONTIER_WIDTH`] nodes (the chain's node always among them), each seeing the real slots and its own
+        ancestors, and gives their children.  The tree is then picked best-first from all candidates."""
+        head, rows, device = self.head, self.rows, self.device
+        positions = starts.to(device)[:, None] + torch.arange(tokens.shape[1], device=device)
+        out = head(
+            input_ids=tokens,
+            target_hidden_states=feats,
+            position_ids=positions,
+            cache=self.cache,
+            attention_mask=mask,
+            parallel_mask=torch.zeros_like(tokens, dtype=torch.bool),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        real = torch.cat([self.cache_mask, new_mask], dim=1).bool()
+        root = positions[:, -1]
+        pools = [_Pool() for _ in range(rows)]
+        frontier = [[-1] for _ in range(rows)]  # pool index of the node each fed slot stands for (-1: root)
+        logits, hidden = out.logits[:, -1:].float(), out.last_hidden_state[:, -1:]
+        spec: list[list[int]] = [[] for _ in range(rows)]  # pool index held by each speculative cache slot
+        confidences: list[list[float]] = []
+        passes = 1
+        for depth in range(depth_limit):
+            probs = logits.softmax(dim=-1)
+            top_p, top_i = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+            ids = self.head.draft_to_target(top_i).tolist()
+            top_p = top_p.tolist()
+            confidences.append([0.0] * rows)
+            for b in range(rows):
+                for f, parent in enumerate(frontier[b]):
+                    pools[b].add_children(
+                        parent,
+                        ids[b][f],
+                        top_p[b][f],
+                        hidden[b, f],
+                        depth,
+                        self.calibration,
+                        self._correction,
+                    )
+                confidences[depth][b] = pools[b].chain_confidence(depth)
+            if depth == depth_limit - 1:
+                break
+            frontier = [pool.frontier(depth + 1, FRONTIER_WIDTH) for pool in pools]
+            width = min(len(f) for f in frontier)
+            frontier = [f[:width] for f in frontier]
+            ids_in = torch.tensor(
+                [[pools[b].tokens[i] for i in frontier[b]] for b in range(rows)], device=device
+            )
+            hid_in = torch.stack(
+                [torch.stack([pools[b].source[i] for i in frontier[b]]) for b in range(rows)]
+            )
+            pos = root[:, None] + depth + 1
+            tree_part = torch.zeros(rows, width, len(spec[0]) + width, dtype=torch.bool)
+            for b in range(rows):
+                for f, node in enumerate(frontier[b]):
+                    above = pools[b].ancestors(node)
+                    for j, held in enumerate(spec[b]):
+                        tree_part[b, f, j] = held in above
+                    tree_part[b, f, len(spec[b]) + f] = True
+            full = torch.cat([real[:, None, :].expand(-1, width, -1), tree_part.to(device)], dim=-1)[:, None]
+            out = head(
+                input_ids=ids_in,
+                projected_hidden_states=hid_in,
+                position_ids=pos.expand(-1, width),
+                cache=self.cache,
+                attention_mask=full,
+                parallel_mask=torch.zeros_like(ids_in, dtype=torch.bool),
+                use_cache=True,
+            )
+            for b in range(rows):
+                spec[b].extend(frontier[b])
+            logits, hidden = out.logits.float(), out.last_hidden_state
+            passes += 1
+        self._speculative_slots = len(spec[0])
+        self.cache_mask = torch.cat([self.cache_mask, new_mask, new_mask.new_ones(rows, len(spec[0]))], dim=1)
+        self.stats.drafter_forward_calls += passes
+        drafter_seconds = time.perf_counter() - tic
+        self.stats.drafter_seconds += drafter_seconds
+        self._confidences = confidences
+        trees = []
+        for b, pool in enumerate(pools):
+            history = histories[b][0]
+            lookup = (
+                prompt_lookup(history, min(self.lookup_tokens, depth_limit)) if self.lookup_tokens else []
+            )
+            trees.append(
+                grow_tree_from_pool(
+                    pool.tokens,
+                    pool.parents,
+                    pool.probs,
+                    pool.chain,
+                    self.tree_nodes,
+                    lookup,
+                    self._lookup.probabilities(len(lookup)),
+                )
+            )
+        return self._tree_candidates(trees, confidences, drafter_seconds, passes)
+
     def _size_trees(
         self,
         trees: list[DraftTree],
@@ -643,6 +757,8 @@ class PEagleCandidateGenerator:
         new_mask = block_mask if block_mask is not None else torch.ones_like(tokens)
         mask = torch.cat([self.cache_mask, new_mask], dim=1) if self.has_holes else None
         start: int | torch.Tensor = int(starts[0]) if self.rows == 1 else starts
+        if self.tree_nodes and self.drafting_mode == "autoregressive":
+            return self._expand_tree(tokens, feats, starts, mask, new_mask, histories, k, tic)
         confidences: list[list[float]] = []
         draft = self.head.draft_round(
             tokens,
@@ -665,7 +781,8 @@ class PEagleCandidateGenerator:
         self.stats.drafter_seconds += drafter_seconds
         self._confidences = confidences
         if self.tree_nodes and drafts.shape[1] > 0:
-            return self._tree_candidates(draft, confidences, histories, max_drafts, drafter_seconds)
+            trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
+            return self._tree_candidates(trees, confidences, drafter_seconds, draft.forward_calls)
         if self.policy == "cost" and drafts.shape[1] > 0:
             gains, calibrated = self._chain_gains(confidences)
             keep = self._choose(
@@ -690,16 +807,10 @@ class PEagleCandidateGenerator:
         return drafts, scores
 
     def _tree_candidates(
-        self,
-        draft: Any,
-        confidences: list[list[float]],
-        histories: list[torch.LongTensor],
-        max_drafts: int,
-        drafter_seconds: float,
+        self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float, passes: int
     ) -> tuple[list[DraftTree], None] | tuple[torch.LongTensor, None]:
         """The round's trees, all of one size (padded), or a plain step when the rule verifies no node."""
-        trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
-        n = self._size_trees(trees, confidences, drafter_seconds, draft.forward_calls - 1)
+        n = self._size_trees(trees, confidences, drafter_seconds, passes - 1)
         if n == 0:
             if self.policy == "cost":
                 self.stats.declined_rounds += 1
@@ -753,6 +864,62 @@ class PEagleCandidateGenerator:
         stats.target_batch_passes += 1
         stats.generated_tokens += sum(accepted) + rows
         stats.total_seconds = time.perf_counter() - self._start
+
+
+FRONTIER_WIDTH = 8
+"""Nodes an autoregressive head's tree expands per level (one drafter pass over all of them, EAGLE-2's top-k)."""
+
+
+class _Pool:
+    """One row's candidates while an autoregressive head's tree is expanded: per entry its token, parent (pool
+    index, -1 the root), acceptance probability given the parent, path value, chain flag, depth (0-based) and
+    the hidden state of the drafter slot whose logits proposed it (what the entry's own slot is fed)."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.probs: list[float] = []
+        self.values: list[float] = []
+        self.chain: list[bool] = []
+        self.depths: list[int] = []
+        self.source: list[torch.Tensor] = []
+        self._chain_conf: dict[int, float] = {}
+
+    def add_children(self, parent, tokens, head_probs, source, depth, calibration, correction) -> None:
+        top = min(1.0, calibrated_probability(calibration, depth, head_probs[0]) * correction.factor(depth))
+        base = 1.0 if parent < 0 else self.values[parent]
+        on_chain = parent < 0 or self.chain[parent]
+        if on_chain:
+            self._chain_conf[depth] = float(head_probs[0])
+        for i, (token, p) in enumerate(zip(tokens, sibling_probabilities(top, head_probs))):
+            self.tokens.append(int(token))
+            self.parents.append(parent)
+            self.probs.append(p)
+            self.values.append(base * p)
+            self.chain.append(on_chain and i == 0)
+            self.depths.append(depth)
+            self.source.append(source)
+
+    def chain_confidence(self, depth: int) -> float:
+        """The head's probability of the chain's draft at `depth` (what a chain-only round would verify)."""
+        return self._chain_conf.get(depth, 0.0)
+
+    def frontier(self, depth: int, width: int) -> list[int]:
+        """The best `width` entries of 0-based depth `depth - 1` by value, the chain's entry always among them."""
+        level = [i for i, d in enumerate(self.depths) if d == depth - 1]
+        level.sort(key=lambda i: -self.values[i])
+        chosen = level[:width]
+        chain = [i for i in level if self.chain[i]]
+        if chain and chain[0] not in chosen:
+            chosen = chosen[: width - 1] + chain
+        return chosen
+
+    def ancestors(self, node: int) -> set[int]:
+        out = set()
+        while node >= 0:
+            out.add(node)
+            node = self.parents[node]
+        return out
 
 
 def _leading(flags: list[bool], nodes: list[int]) -> int:

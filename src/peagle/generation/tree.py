@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -111,19 +112,19 @@ def grow_tree(
     lookup_probs: Sequence[float] = (),
     chain_parents_only: bool = False,
 ) -> DraftTree:
-    """Grow a draft tree best-first by path probability, up to `budget` nodes.
+    """Grow a draft tree best-first by path probability from per-depth candidates, up to `budget` nodes.
 
     Args:
         candidates: per depth d (0 = the first draft), `[(token, probability), ...]` with the round's drafted token
             first (it extends the head's chain); probabilities are acceptance probabilities given the parent was
-            accepted.
+            accepted.  Any depth-d candidate may hang under any depth-(d-1) node (a P-EAGLE round's depths do
+            not depend on each other's tokens).
         budget: the most nodes.
         lookup: a prompt-lookup branch: one token per depth from depth 0, a path from the root.
         lookup_probs: `[len(lookup)]` acceptance probability of each lookup token (given the one before was
             accepted).  A lookup token equal to a head candidate under the same parent is one node, with the
             larger probability.
-        chain_parents_only: the per-depth candidates are only valid after the head's chain (an autoregressive
-            head drafted depth d from the chain's tokens): only chain nodes get head children.
+        chain_parents_only: only chain nodes get head children (candidates drafted after the chain's tokens).
 
     Returns:
         [`DraftTree`] with at most `budget` nodes, depth at most `max(len(candidates), len(lookup))`.
@@ -132,31 +133,85 @@ def grow_tree(
     >>> t.tokens, t.parents, [round(v, 2) for v in t.values]
     ([5, 6, 7, 7], [-1, -1, 0, 1], [0.6, 0.3, 0.3, 0.15])
     """
+
+    def head_children(on_chain: Any, depth: int) -> list[tuple[int, float, bool, Any]]:
+        if depth >= len(candidates) or not (on_chain or not chain_parents_only):
+            return []
+        return [
+            (t, p, bool(on_chain) and i == 0, bool(on_chain) and i == 0)
+            for i, (t, p) in enumerate(candidates[depth])
+        ]
+
+    return _best_first(budget, head_children, True, lookup, lookup_probs)
+
+
+def grow_tree_from_pool(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    probs: Sequence[float],
+    chain: Sequence[bool],
+    budget: int,
+    lookup: Sequence[int] = (),
+    lookup_probs: Sequence[float] = (),
+) -> DraftTree:
+    """Select a draft tree best-first by path probability from an explicit pool of candidates (EAGLE-2's
+    expansion: each drafter pass gives the children of the frontier nodes it was fed), plus a lookup branch.
+
+    Args:
+        tokens, parents, probs, chain: per pool entry, its token, the pool index of its parent (-1: the root), its
+            acceptance probability given the parent was accepted, and whether it is on the head's chain.
+        budget, lookup, lookup_probs: as in [`grow_tree`].
+
+    >>> t = grow_tree_from_pool([5, 6, 7], [-1, -1, 0], [0.6, 0.3, 0.9], [True, False, True], budget=2)
+    >>> t.tokens, t.parents
+    ([5, 7], [-1, 0])
+    """
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(int(p), []).append(i)
+
+    def head_children(key: Any, depth: int) -> list[tuple[int, float, bool, Any]]:
+        if key is None:  # a node only the lookup branch proposed: the head drafted nothing under it
+            return []
+        return [(int(tokens[i]), float(probs[i]), bool(chain[i]), i) for i in kids.get(key, [])]
+
+    return _best_first(budget, head_children, -1, lookup, lookup_probs)
+
+
+def _best_first(
+    budget: int,
+    head_children: Callable[[Any, int], list[tuple[int, float, bool, Any]]],
+    root_key: Any,
+    lookup: Sequence[int],
+    lookup_probs: Sequence[float],
+) -> DraftTree:
+    """The growth both tree builders share: a heap of candidate children keyed by path probability; popping a
+    node adds it and pushes its children (`head_children(key, depth) -> [(token, p, chain, child_key)]`, merged
+    with the lookup branch's token while the node is on that branch)."""
     tree = DraftTree()
     if budget <= 0:
         return tree
-    heap: list[tuple[float, int, int, int, int, bool, bool]] = []
+    heap: list[tuple[float, int, int, int, int, bool, bool, Any]] = []
     counter = 0
 
-    def push_children(parent: int, depth: int, value: float, on_chain: bool, on_lookup: bool) -> None:
+    def push_children(parent: int, depth: int, value: float, key: Any, on_lookup: bool) -> None:
         nonlocal counter
         options: dict[int, list] = {}
-        if depth < len(candidates) and (on_chain or not chain_parents_only):
-            for i, (token, p) in enumerate(candidates[depth]):
-                if p > 0 and token not in options:
-                    options[token] = [float(p), on_chain and i == 0, False]
+        for token, p, chain, child_key in head_children(key, depth):
+            if p > 0 and token not in options:
+                options[token] = [float(p), chain, False, child_key]
         if on_lookup and depth < len(lookup):
             token, p = int(lookup[depth]), float(lookup_probs[depth])
-            entry = options.setdefault(token, [0.0, False, False])
+            entry = options.setdefault(token, [0.0, False, False, None])
             entry[0] = max(entry[0], p)
             entry[2] = True
-        for token, (p, chain, look) in options.items():
+        for token, (p, chain, look, child_key) in options.items():
             counter += 1
-            heapq.heappush(heap, (-value * p, counter, parent, depth + 1, token, chain, look))
+            heapq.heappush(heap, (-value * p, counter, parent, depth + 1, token, chain, look, child_key))
 
-    push_children(-1, 0, 1.0, True, True)
+    push_children(-1, 0, 1.0, root_key, True)
     while heap and len(tree) < budget:
-        neg, _, parent, depth, token, chain, look = heapq.heappop(heap)
+        neg, _, parent, depth, token, chain, look, key = heapq.heappop(heap)
         index = len(tree)
         tree.tokens.append(token)
         tree.parents.append(parent)
@@ -164,7 +219,7 @@ def grow_tree(
         tree.values.append(-neg)
         tree.chain.append(chain)
         tree.lookup.append(look)
-        push_children(index, depth, -neg, chain, look)
+        push_children(index, depth, -neg, key, look)
     return tree
 
 
@@ -317,6 +372,7 @@ __all__ = [
     "children",
     "greedy_path",
     "grow_tree",
+    "grow_tree_from_pool",
     "prompt_lookup",
     "sample_path",
     "sibling_probabilities",
