@@ -177,14 +177,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if any(m.startswith("vllm") for m in methods):
         results = _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks)
-    _record_run(results, args, head_dtype)
-    js, png = write_results(results, args.out)
-    print(format_table(results["summary"]))
-    print(f"\nwrote {js} and {png}")
-    lossless = all(s["lossless"] for s in results["summary"])
-    if not lossless:
-        print("WARNING: some speculative outputs differ from plain greedy (see 'lossless' column)")
-    return 0 if lossless else 1
+    return _finish(results, args, head_dtype, write_results, format_table, "plain greedy (see 'lossless')")
 
 
 def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
@@ -199,7 +192,6 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
         run_batch_benchmark,
         write_batch_results,
     )
-    from ..evaluation.timing import machine_description
 
     sizes = _ints(args.batch_sizes, "batch-sizes")
     mixed = [p for group in itertools.zip_longest(*prompts.values()) for p in group if p is not None]
@@ -216,18 +208,14 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
     results = run_batch_benchmark(
         target, mixed, heads, sizes, args.max_new_tokens, pad_token_id=pad, eos_token_ids=eos
     )
-    results["machine"] = machine_description()
-    results["head_dtype"] = str(head_dtype).removeprefix("torch.")
-    results["command"] = (
-        f"peagle bench --batch-sizes {args.batch_sizes} --limit {args.limit} --max-new-tokens {args.max_new_tokens}"
+    return _finish(
+        results,
+        args,
+        head_dtype,
+        write_batch_results,
+        format_batch_table,
+        "plain batched greedy (see '= plain batched')",
     )
-    js, png = write_batch_results(results, args.out)
-    print(format_batch_table(results["summary"]))
-    print(f"\nwrote {js} and {png}")
-    lossless = all(s["lossless"] for s in results["summary"])
-    if not lossless:
-        print("WARNING: some speculative rows differ from plain batched greedy (see '= plain batched')")
-    return 0 if lossless else 1
 
 
 def _record_run(results: dict, args: argparse.Namespace, head_dtype) -> None:
@@ -241,6 +229,19 @@ def _record_run(results: dict, args: argparse.Namespace, head_dtype) -> None:
         for k, v in vars(args).items()
         if k not in ("func", "command") and v is not None
     )
+
+
+def _finish(results: dict, args: argparse.Namespace, head_dtype, write, table, reference: str) -> int:
+    """Record the run, write the JSON and the plot, print the table; exit status 1 unless every output equals
+    `reference`."""
+    _record_run(results, args, head_dtype)
+    js, png = write(results, args.out)
+    print(table(results["summary"]))
+    print(f"\nwrote {js} and {png}")
+    lossless = all(s["lossless"] for s in results["summary"])
+    if not lossless:
+        print(f"WARNING: some speculative outputs differ from {reference}")
+    return 0 if lossless else 1
 
 
 def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
@@ -272,14 +273,9 @@ def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
         max_new_tokens=args.max_new_tokens,
         speed=args.speed,
     )
-    _record_run(results, args, head_dtype)
-    js, png = write_tree_results(results, args.out)
-    print(format_tree_table(results["summary"]))
-    print(f"\nwrote {js} and {png}")
-    lossless = all(s["lossless"] for s in results["summary"])
-    if not lossless:
-        print("WARNING: some speculative outputs differ from plain greedy (see '= greedy')")
-    return 0 if lossless else 1
+    return _finish(
+        results, args, head_dtype, write_tree_results, format_tree_table, "plain greedy (see '= greedy')"
+    )
 
 
 def _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks):

@@ -11,6 +11,10 @@ cache gets *holes*: the slots of rejected drafts stay in the cache, masked out o
 each row's position ids count only its real tokens.  The slots no row kept are cropped; when holes pile up, both
 caches are compacted (each row's real slots gathered to the right, holes becoming left padding).  Finished rows
 leave the batch.  docs/DESIGN.md section 10 draws the cache after a ragged round.
+
+A round may verify a draft *tree* instead of a chain ([`_Decoder.tree_round`], docs/DESIGN.md section 11): the
+nodes are laid out flat after the bonus token with a tree attention mask and depth positions, each row keeps
+its accepted path, and only that path stays in the target's cache.
 """
 
 from __future__ import annotations

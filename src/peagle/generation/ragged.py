@@ -32,16 +32,7 @@ def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTe
 def compact_cache(cache: Cache, index: torch.LongTensor) -> None:
     """Gather every layer's keys and values along the sequence axis: slot j of row b becomes old slot
     `index[b, j]`.  Dynamic (full-attention) layers only."""
-    for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer) or type(layer) is not DynamicLayer:
-            raise TypeError(f"cannot compact a {type(layer).__name__} cache layer")
-        if not layer.is_initialized or layer.keys.numel() == 0:
-            continue
-        gather = index.to(layer.keys.device)[:, None, :, None]
-        layer.keys = layer.keys.gather(2, gather.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1]))
-        layer.values = layer.values.gather(
-            2, gather.expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
-        )
+    keep_tail(cache, index, None, "compact")
 
 
 def worth_compacting(mask: torch.Tensor) -> bool:
@@ -65,22 +56,22 @@ def batch_refusal(cache: Cache) -> str | None:
     return None
 
 
-def keep_tail(cache: Cache, index: torch.LongTensor, width: int) -> None:
-    """Of the last `width` slots of every layer, keep `index (B, L)` per row (slot j of the new tail is old tail
-    slot `index[b, j]`) and drop the rest: a verified draft tree leaves only its accepted path in the cache.
-    Dynamic (full-attention) layers only."""
+def keep_tail(cache: Cache, index: torch.LongTensor, width: int | None, what: str = "keep a path in") -> None:
+    """Of the last `width` slots of every layer (None: all of them), keep `index (B, L)` per row (slot j of the
+    new tail is old tail slot `index[b, j]`) and drop the rest: a verified draft tree leaves only its accepted
+    path in the cache, and compaction gathers each row's valid slots.  Dynamic (full-attention) layers only."""
     keep = index.shape[1]
     for layer in cache.layers:
         if not isinstance(layer, DynamicLayer) or type(layer) is not DynamicLayer:
-            raise TypeError(f"cannot keep a path in a {type(layer).__name__} cache layer")
+            raise TypeError(f"cannot {what} a {type(layer).__name__} cache layer")
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue
         gather = index.to(layer.keys.device)[:, None, :, None]
         for name in ("keys", "values"):
             full = getattr(layer, name)
-            tail = full[:, :, -width:]
-            picked = tail.gather(2, gather.expand(-1, full.shape[1], keep, full.shape[-1]))
-            setattr(layer, name, torch.cat([full[:, :, :-width], picked], dim=2))
+            cut = full.shape[2] - (full.shape[2] if width is None else width)
+            picked = full[:, :, cut:].gather(2, gather.expand(-1, full.shape[1], keep, full.shape[-1]))
+            setattr(layer, name, torch.cat([full[:, :, :cut], picked], dim=2))
 
 
 def tree_refusal(model, cache: Cache) -> str | None:
