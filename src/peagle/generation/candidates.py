@@ -30,19 +30,17 @@ from .rule import (
     AcceptanceCorrection,
     best_batch_rate,
     calibrated_probabilities,
-    calibrated_probability,
     choose_batch_tree_size,
 )
 from .stats import PEagleGenerationStats
 from .tree import (
-    CANDIDATES_PER_DEPTH,
     DraftTree,
     LookupEstimate,
     grow_tree,
     grow_tree_from_pool,
     prompt_lookup,
-    sibling_probabilities,
 )
+from .tree_drafting import expand_autoregressive_tree, parallel_candidates
 
 logger = logging.get_logger(__name__)
 
@@ -510,42 +508,14 @@ class PEagleCandidateGenerator:
         return n
 
     # ------------------------------------------------------------------ trees
-    def _candidates(self, draft: Any, confidences: list[list[float]]) -> list[list[list[tuple[int, float]]]]:
-        """Per row and depth, the tree's candidates `[(token, acceptance probability), ...]`: the token the round
-        drafted first, then the head's other top tokens (from the processed scores when there are any)."""
-        if draft.scores is not None:
-            probs = draft.scores.float().softmax(dim=-1)
-            head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
-        else:
-            probs = draft.logits.float().softmax(dim=-1)
-            head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
-            ids = self.head.draft_to_target(ids)
-        ids, head_p, drafted = ids.tolist(), head_p.tolist(), draft.tokens.tolist()
-        out = []
-        for b, column in enumerate(zip(*confidences, strict=True)):
-            corrected = self._correction.apply(calibrated_probabilities(self.calibration, list(column)))
-            row = []
-            for d, chosen in enumerate(drafted[b]):
-                tokens, hp = list(ids[b][d]), list(head_p[b][d])
-                if chosen in tokens:
-                    i = tokens.index(chosen)
-                    tokens.insert(0, tokens.pop(i))
-                    hp.insert(0, hp.pop(i))
-                else:  # a sampled draft outside the top tokens
-                    tokens, hp = [chosen] + tokens[:-1], [column[d]] + hp[:-1]
-                row.append(list(zip(tokens, sibling_probabilities(corrected[d], hp))))
-            out.append(row)
-        return out
-
     def _grow_trees(
         self, draft: Any, confidences: list[list[float]], histories: list[torch.LongTensor], max_drafts: int
     ) -> list[DraftTree]:
         """One tree per row from the round's per-depth candidates plus its prompt-lookup branch."""
         trees = []
-        for b, cands in enumerate(self._candidates(draft, confidences)):
-            lookup = (
-                prompt_lookup(histories[b], min(self.lookup_tokens, max_drafts)) if self.lookup_tokens else []
-            )
+        per_row = parallel_candidates(draft, confidences, self.head, self.calibration, self._correction)
+        for b, cands in enumerate(per_row):
+            lookup = self._lookup_branch(histories[b], max_drafts)
             trees.append(
                 grow_tree(
                     cands,
@@ -557,7 +527,6 @@ class PEagleCandidateGenerator:
             )
         return trees
 
-    @torch.no_grad()
     def _expand_tree(
         self,
         tokens: torch.LongTensor,
@@ -569,93 +538,24 @@ class PEagleCandidateGenerator:
         depth_limit: int,
         tic: float,
     ) -> tuple[list[DraftTree], None] | tuple[torch.LongTensor, None]:
-        """An autoregressive (EAGLE-3-style) head's tree, grown level by level as EAGLE-2 does: one drafter pass
-        over the new real slots gives the first depth's candidates; each further pass feeds the level's best
-        [`FRONTIER_WIDTH`] nodes (the chain's node always among them), each seeing the real slots and its own
-        ancestors, and gives their children.  The tree is then picked best-first from all candidates."""
-        head, rows, device = self.head, self.rows, self.device
-        positions = starts.to(device)[:, None] + torch.arange(tokens.shape[1], device=device)
-        out = head(
-            input_ids=tokens,
-            target_hidden_states=feats,
-            position_ids=positions,
-            cache=self.cache,
-            attention_mask=mask,
-            parallel_mask=torch.zeros_like(tokens, dtype=torch.bool),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        real = torch.cat([self.cache_mask, new_mask], dim=1).bool()
-        root = positions[:, -1]
-        pools = [_Pool() for _ in range(rows)]
-        frontier = [[-1] for _ in range(rows)]  # pool index of the node each fed slot stands for (-1: root)
-        logits, hidden = out.logits[:, -1:].float(), out.last_hidden_state[:, -1:]
-        spec: list[list[int]] = [[] for _ in range(rows)]  # pool index held by each speculative cache slot
-        confidences: list[list[float]] = []
-        passes = 1
-        for depth in range(depth_limit):
-            probs = logits.softmax(dim=-1)
-            top_p, top_i = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
-            ids = self.head.draft_to_target(top_i).tolist()
-            top_p = top_p.tolist()
-            confidences.append([0.0] * rows)
-            for b in range(rows):
-                for f, parent in enumerate(frontier[b]):
-                    pools[b].add_children(
-                        parent,
-                        ids[b][f],
-                        top_p[b][f],
-                        hidden[b, f],
-                        depth,
-                        self.calibration,
-                        self._correction,
-                    )
-                confidences[depth][b] = pools[b].chain_confidence(depth)
-            if depth == depth_limit - 1:
-                break
-            frontier = [pool.frontier(depth + 1, FRONTIER_WIDTH) for pool in pools]
-            width = min(len(f) for f in frontier)
-            frontier = [f[:width] for f in frontier]
-            ids_in = torch.tensor(
-                [[pools[b].tokens[i] for i in frontier[b]] for b in range(rows)], device=device
-            )
-            hid_in = torch.stack(
-                [torch.stack([pools[b].source[i] for i in frontier[b]]) for b in range(rows)]
-            )
-            pos = root[:, None] + depth + 1
-            tree_part = torch.zeros(rows, width, len(spec[0]) + width, dtype=torch.bool)
-            for b in range(rows):
-                for f, node in enumerate(frontier[b]):
-                    above = pools[b].ancestors(node)
-                    for j, held in enumerate(spec[b]):
-                        tree_part[b, f, j] = held in above
-                    tree_part[b, f, len(spec[b]) + f] = True
-            full = torch.cat([real[:, None, :].expand(-1, width, -1), tree_part.to(device)], dim=-1)[:, None]
-            out = head(
-                input_ids=ids_in,
-                projected_hidden_states=hid_in,
-                position_ids=pos.expand(-1, width),
-                cache=self.cache,
-                attention_mask=full,
-                parallel_mask=torch.zeros_like(ids_in, dtype=torch.bool),
-                use_cache=True,
-            )
-            for b in range(rows):
-                spec[b].extend(frontier[b])
-            logits, hidden = out.logits.float(), out.last_hidden_state
-            passes += 1
-        self._speculative_slots = len(spec[0])
-        self.cache_mask = torch.cat([self.cache_mask, new_mask, new_mask.new_ones(rows, len(spec[0]))], dim=1)
+        """An autoregressive head's round with trees: EAGLE-2's level-by-level expansion
+        ([`tree_drafting.expand_autoregressive_tree`]), then each row's tree picked best-first from its
+        candidates plus its prompt-lookup branch."""
+        real = torch.cat([self.cache_mask, new_mask], dim=1)
+        pays = self._one_more_pass_pays if self.policy == "cost" else None
+        pools, confidences, passes, speculative = expand_autoregressive_tree(
+            self.head, self.cache, real, tokens, feats, starts, mask, depth_limit, self.calibration,
+            self._correction, pays,
+        )  # fmt: skip
+        self._speculative_slots = speculative
+        self.cache_mask = torch.cat([real, real.new_ones(self.rows, speculative)], dim=1)
         self.stats.drafter_forward_calls += passes
         drafter_seconds = time.perf_counter() - tic
         self.stats.drafter_seconds += drafter_seconds
         self._confidences = confidences
         trees = []
         for b, pool in enumerate(pools):
-            history = histories[b][0]
-            lookup = (
-                prompt_lookup(history, min(self.lookup_tokens, depth_limit)) if self.lookup_tokens else []
-            )
+            lookup = self._lookup_branch(histories[b][0], depth_limit)
             trees.append(
                 grow_tree_from_pool(
                     pool.tokens,
@@ -665,9 +565,12 @@ class PEagleCandidateGenerator:
                     self.tree_nodes,
                     lookup,
                     self._lookup.probabilities(len(lookup)),
-                )
+                )  # fmt: skip
             )
         return self._tree_candidates(trees, confidences, drafter_seconds, passes)
+
+    def _lookup_branch(self, history: torch.LongTensor, max_drafts: int) -> list[int]:
+        return prompt_lookup(history, min(self.lookup_tokens, max_drafts)) if self.lookup_tokens else []
 
     def _size_trees(
         self,
@@ -864,62 +767,6 @@ class PEagleCandidateGenerator:
         stats.target_batch_passes += 1
         stats.generated_tokens += sum(accepted) + rows
         stats.total_seconds = time.perf_counter() - self._start
-
-
-FRONTIER_WIDTH = 8
-"""Nodes an autoregressive head's tree expands per level (one drafter pass over all of them, EAGLE-2's top-k)."""
-
-
-class _Pool:
-    """One row's candidates while an autoregressive head's tree is expanded: per entry its token, parent (pool
-    index, -1 the root), acceptance probability given the parent, path value, chain flag, depth (0-based) and
-    the hidden state of the drafter slot whose logits proposed it (what the entry's own slot is fed)."""
-
-    def __init__(self):
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-        self.probs: list[float] = []
-        self.values: list[float] = []
-        self.chain: list[bool] = []
-        self.depths: list[int] = []
-        self.source: list[torch.Tensor] = []
-        self._chain_conf: dict[int, float] = {}
-
-    def add_children(self, parent, tokens, head_probs, source, depth, calibration, correction) -> None:
-        top = min(1.0, calibrated_probability(calibration, depth, head_probs[0]) * correction.factor(depth))
-        base = 1.0 if parent < 0 else self.values[parent]
-        on_chain = parent < 0 or self.chain[parent]
-        if on_chain:
-            self._chain_conf[depth] = float(head_probs[0])
-        for i, (token, p) in enumerate(zip(tokens, sibling_probabilities(top, head_probs))):
-            self.tokens.append(int(token))
-            self.parents.append(parent)
-            self.probs.append(p)
-            self.values.append(base * p)
-            self.chain.append(on_chain and i == 0)
-            self.depths.append(depth)
-            self.source.append(source)
-
-    def chain_confidence(self, depth: int) -> float:
-        """The head's probability of the chain's draft at `depth` (what a chain-only round would verify)."""
-        return self._chain_conf.get(depth, 0.0)
-
-    def frontier(self, depth: int, width: int) -> list[int]:
-        """The best `width` entries of 0-based depth `depth - 1` by value, the chain's entry always among them."""
-        level = [i for i, d in enumerate(self.depths) if d == depth - 1]
-        level.sort(key=lambda i: -self.values[i])
-        chosen = level[:width]
-        chain = [i for i in level if self.chain[i]]
-        if chain and chain[0] not in chosen:
-            chosen = chosen[: width - 1] + chain
-        return chosen
-
-    def ancestors(self, node: int) -> set[int]:
-        out = set()
-        while node >= 0:
-            out.add(node)
-            node = self.parents[node]
-        return out
 
 
 def _leading(flags: list[bool], nodes: list[int]) -> int:
