@@ -213,7 +213,7 @@ def test_demo_refuses_k_out_of_range_before_loading(monkeypatch, capsys, k):
 def test_tree_benchmark_rows_summary_and_files(tmp_path):
     """`peagle bench --tree-sizes`: chains and trees of each budget for each head, with and without the lookup
     branch, prompt lookup alone and the default-rule rows, each checked against greedy; a table and a plot."""
-    from peagle.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
+    from peagle.evaluation.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
     from peagle.generation.cost import VerifyCostModel
 
     target = make_target(eos_token_id=None)

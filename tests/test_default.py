@@ -130,12 +130,12 @@ def test_load_target_takes_a_gguf_file(target_and_tokenizer, tmp_path, monkeypat
 def test_shipped_heads_draft_trees_losslessly(target_and_tokenizer, kind):
     """The shipped heads with 16-node trees every round, with and without the prompt-lookup branch, alone and in a
     batch of 3: every row is plain greedy's, and a tree passes more tokens per target pass than the chain."""
-    from peagle.bench_batch import left_pad
+    from peagle.evaluation.bench_batch import left_pad
 
     target, tok = target_and_tokenizer
     head = peagle.load_default_drafter(target, kind=kind)
     texts = ("Write a Python function that adds two numbers.", "Give me two tips for better sleep.", "Hi!")
-    rows = [chat_prompt_ids(tok, t) for t in texts]
+    rows = [chat_prompt_tensor(tok, t) for t in texts]
     ids, mask = left_pad(rows, tok.pad_token_id)
     kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=40, num_assistant_tokens=7)
     ref = target.generate(ids, **kw)
