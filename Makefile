@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast interop lint format demo bench bench-batch gpu-check clean
+.PHONY: install test test-fast interop lint format demo bench bench-tree bench-batch gpu-check clean
 
 install: $(STAMP)
 
@@ -43,9 +43,15 @@ format: install
 demo: install
 	$(BIN)/peagle demo
 
-# the README's results table (about 25 min on the 2-core CPU); `peagle bench` alone sweeps K=1..10 with 3 repeats
+# the K table of docs/benchmarks.md section 0 (about 25 min on the 2-core CPU); `peagle bench` alone sweeps K=1..10
 bench: install
 	$(BIN)/peagle bench --limit 16 --ks 3,7 --repeats 1 --max-new-tokens 128
+
+# the README's results table: the default rule with trees against plain greedy and the chain-only rule, on
+# held-out, MT-Bench and HumanEval prompts (about 20 min on the 2-core CPU; docs/benchmarks.md section 15.3)
+bench-tree: install
+	$(BIN)/peagle bench --tree-sizes 0 --lookups 0 --examples training_data/smollm2-135m-instruct/heldout --skip 48 \
+		--limit 5 --datasets mtbench,humaneval --max-new-tokens 128 --ks 7 --out bench_results/tree
 
 # plain batched greedy against the heads at B = 1, 2, 4, 8 (16 prompts, 128 tokens; over 40 min on an AVX2 machine)
 bench-batch: install

@@ -18,7 +18,7 @@ from transformers.generation.utils import GenerationMixin
 import peagle
 from helpers import LAYERS, Oracle, exact_distribution, greedy, make_head, make_target, prompt_ids
 from peagle import generation as gen
-from peagle.generation import hook as gen_hook
+from peagle.generation import checks as gen_checks
 
 
 @pytest.fixture(scope="module")
@@ -590,14 +590,14 @@ def test_unsupported_requests_raise(target):
 def test_version_guard(target, monkeypatch):
     head = make_head(target)
     monkeypatch.setattr(transformers, "__version__", "5.22.0")
-    gen_hook._integration_problem.cache_clear()
+    gen_checks._integration_problem.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"transformers 5\.22\.0 .*older than 5\.23"):
             target.generate(prompt_ids(81, 5), max_new_tokens=3, assistant_model=head)
     finally:
         monkeypatch.undo()
-        gen_hook._integration_problem.cache_clear()
-    assert gen_hook._integration_problem() is None
+        gen_checks._integration_problem.cache_clear()
+    assert gen_checks._integration_problem() is None
 
 
 def test_hook_is_idempotent_and_leaves_other_assistants_alone(target):

@@ -29,3 +29,23 @@ def test_collator_pads_right_and_truncates():
         PEagleDataCollator()([{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}])
     with pytest.raises(KeyError, match="loss_mask"):
         PEagleDataCollator()([{"input_ids": [1, 2, 3]}])
+
+
+def test_collator_says_how_much_max_length_cuts(caplog):
+    """An example longer than max_length is never cut silently: the warning names the count and the tokens lost."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    feats = [
+        {"input_ids": list(range(3, 13)), "loss_mask": [1] * 10},
+        {"input_ids": [5, 6], "loss_mask": [0, 1]},
+    ]
+    with caplog.at_level(logging.WARNING, logger="peagle.training.features"):
+        PEagleDataCollator(max_length=10)(feats)
+    assert not caplog.records  # nothing cut, nothing said
+    with caplog.at_level(logging.WARNING, logger="peagle.training.features"):
+        PEagleDataCollator(max_length=4)(feats)
+    text = caplog.text
+    assert "1 of 2 examples" in text and "max_length=4" in text and "6 of their 10 tokens" in text

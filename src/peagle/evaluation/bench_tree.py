@@ -154,6 +154,9 @@ def summarize_trees(runs: list[dict[str, Any]], plan: list[dict[str, Any]]) -> l
                     "lossless": all(r["lossless"] for r in rs),
                     "tokens_per_s": tokens / seconds if seconds else 0.0,
                     "speedup": base / seconds if seconds else None,
+                    "slowest_prompt": min(
+                        greedy[(dataset, r["prompt"])]["seconds"] / r["seconds"] for r in rs
+                    ),
                 }
             )
     return out
@@ -162,15 +165,15 @@ def summarize_trees(runs: list[dict[str, Any]], plan: list[dict[str, Any]]) -> l
 def format_tree_table(summary: list[dict[str, Any]]) -> str:
     """A Markdown table: tokens per target pass per row and set; speed only where it means something."""
     lines = [
-        "| set | row | tokens/target pass | = greedy | tok/s | speedup |",
-        "|---|---|---|---|---|---|",
+        "| set | row | tokens/target pass | = greedy | tok/s | speedup | slowest prompt |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         timed = s["kind"] in ("speed", "greedy")
         lines.append(
             f"| {s['dataset']} | {s['label']} | {s['tokens_per_target_pass']:.2f} | "
             f"{'yes' if s['lossless'] else 'NO'} | {s['tokens_per_s']:.1f} | "
-            + (f"{s['speedup']:.2f}x |" if timed else "- |")
+            + (f"{s['speedup']:.2f}x | {s['slowest_prompt']:.2f}x |" if timed else "- | - |")
         )
     return "\n".join(lines)
 

@@ -3,18 +3,15 @@
 - [`stats`]: [`PEagleGenerationStats`], the one statistics object (named metrics, mergeable);
 - [`candidates`]: [`PEagleCandidateGenerator`], one drafting round per verify pass through
   [`PEagleDrafter.draft_round`];
-- [`hook`]: the version-guarded dispatch hook `import peagle` installs;
-- [`cost`]: cost-aware drafting: the verify-cost model and the choice of how many drafts to verify;
+- [`decoding`]: the decoding loop for 1..N rows, chains or draft trees ([`tree`], [`tree_drafting`]);
+- [`hook`]: the version-guarded dispatch hook `import peagle` installs; [`checks`]: the request checks;
+- [`rule`], [`cost`]: cost-aware drafting: the pure rule and the measured verify-cost model;
 - [`calibration`]: per-depth calibration of the head's draft probabilities (`peagle calibrate`).
 """
 
 from .candidates import PEagleCandidateGenerator, resolve_confidence_threshold, resolve_num_speculative_tokens
-from .hook import (
-    MIN_TRANSFORMERS_VERSION,
-    check_generation_request,
-    install_generate_hook,
-    uninstall_generate_hook,
-)
+from .checks import MIN_TRANSFORMERS_VERSION, check_generation_request
+from .hook import install_generate_hook, uninstall_generate_hook
 from .stats import PEagleGenerationStats
 
 __all__ = [

@@ -24,6 +24,7 @@ from transformers.utils import logging
 
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
+from ..sizing.target_config import text_config
 from .cost import cost_model_for
 from .ragged import compact, worth_compacting
 from .rule import (
@@ -54,12 +55,6 @@ MAX_TREE_NODES = 256
 """The largest `draft_tree_size` accepted (verifying more per round is never worth it)."""
 DEFAULT_LOOKUP_TOKENS = 10
 """Prompt-lookup branch length when trees are on and `prompt_lookup_num_tokens` is not given."""
-
-
-def text_config(model_or_config: Any) -> Any:
-    """The text config of a model or config (multimodal configs nest it)."""
-    cfg = getattr(model_or_config, "config", model_or_config)
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def _given(generation_config: GenerationConfig, name: str) -> Any:
@@ -793,5 +788,4 @@ __all__ = [
     "resolve_num_speculative_tokens",
     "resolve_confidence_threshold",
     "resolve_tree_settings",
-    "text_config",
 ]

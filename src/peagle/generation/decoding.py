@@ -29,6 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculativ
 
 from ..modeling_peagle import PEagleDrafter, cache_kwarg, custom_attention_mask
 from .candidates import PEagleCandidateGenerator, grouped_processing
+from .checks import check_decoding_inputs
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
 from .tree import DraftTree, greedy_path, sample_path, tree_attention_mask
 
@@ -435,8 +436,6 @@ def peagle_decoding(
     `GenerateDecoderOnlyOutput` when `return_dict_in_generate` (scores, logits and hidden states per step;
     a row's entries after its end read -inf except 0 at `pad_token_id`, and zeros for hidden states).
     """
-    from .hook import check_decoding_inputs  # the request checks live together
-
     streamer = peagle_streamer if peagle_streamer is not None else streamer
     check_decoding_inputs(
         model, peagle_head, input_ids, generation_config, streamer, model_kwargs, _MANAGED_KWARGS

@@ -15,216 +15,20 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any
 
-import torch
 import transformers
-from packaging import version
-from transformers.generation import utils as generation_utils
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 from ..modeling_peagle import PEagleDrafter
-from .candidates import text_config
-
-MIN_TRANSFORMERS_VERSION = "5.23"
-"""Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
-SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.25"
-"""The range `pyproject.toml` declares: the releases whose generation internals the hook was checked against."""
-
-_HOOKED_METHODS = ("generate",)
-_GENERATE_PARAMETERS = {"custom_generate", "assistant_model", "streamer", "stopping_criteria"}
-
-
-# ---------------------------------------------------------------------------------------------- checks
-@functools.cache
-def _integration_problem() -> str | None:
-    """Why this transformers cannot run P-EAGLE drafting, or `None` when its internals are the expected ones."""
-    installed = version.parse(transformers.__version__)
-    if installed.release < version.parse(MIN_TRANSFORMERS_VERSION).release:
-        return (
-            f"transformers {transformers.__version__} is older than {MIN_TRANSFORMERS_VERSION}: its list-valued "
-            "`output_hidden_states` has no embeddings entry at index 0, so the aux layer ids would be off by one"
-        )
-    generate = getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate)
-    missing = _GENERATE_PARAMETERS - set(inspect.signature(generate).parameters)
-    if missing:
-        return f"GenerationMixin.generate lacks the parameters {sorted(missing)}"
-    if not callable(getattr(generation_utils, "_speculative_sampling", None)):
-        return "transformers.generation.utils has no `_speculative_sampling` (the accept/resample rule)"
-    return None
-
-
-def _raise_if_incompatible() -> None:
-    problem = _integration_problem()
-    if problem is not None:
-        raise RuntimeError(
-            f"peagle cannot draft inside generate() with transformers {transformers.__version__}: {problem}. "
-            f"Install transformers{SUPPORTED_TRANSFORMERS} (the versions peagle's generation hook was written for)."
-        )
-
-
-def check_generation_request(
-    target: Any,
-    head: PEagleDrafter,
-    generation_config: GenerationConfig,
-    batch_size: int | None = None,
-    generation_mode: Any = None,
-) -> None:
-    """Raise a `ValueError` naming what is supported when `target.generate(..., assistant_model=head)` cannot work.
-
-    Supported: a decoder-only target the head was built for (hidden size, vocabulary, layer count), any batch
-    size (left-padded), `num_beams=1`, greedy search or sampling (`num_return_sequences > 1` with sampling).
-    """
-    tc = text_config(target)
-    if getattr(tc, "is_encoder_decoder", False):
-        raise ValueError(
-            f"P-EAGLE drafting supports decoder-only targets; {type(target).__name__} is encoder-decoder."
-        )
-    num_beams = generation_config.num_beams or 1
-    if num_beams > 1:
-        raise ValueError(
-            f"P-EAGLE drafting supports greedy search and sampling with num_beams=1; got num_beams={num_beams}."
-        )
-    num_return = generation_config.num_return_sequences or 1
-    if num_return > 1 and not generation_config.do_sample:
-        raise ValueError(
-            f"num_return_sequences={num_return} needs do_sample=True (greedy decoding would return {num_return} "
-            "identical sequences per prompt)."
-        )
-    if getattr(generation_config, "penalty_alpha", None) or getattr(generation_config, "dola_layers", None):
-        raise ValueError(
-            "P-EAGLE drafting supports greedy search and sampling; penalty_alpha / dola_layers select another "
-            "decoding method."
-        )
-    conflicting = {
-        "prompt_lookup_num_tokens": getattr(generation_config, "prompt_lookup_num_tokens", None),
-        "assistant_early_exit": getattr(generation_config, "assistant_early_exit", None),
-        "speculation_type": getattr(generation_config, "speculation_type", None),
-        "use_mtp": getattr(generation_config, "use_mtp", None) or None,
-        "assistant_ensemble_weight": getattr(generation_config, "assistant_ensemble_weight", None),
-    }
-    conflicting = {k: v for k, v in conflicting.items() if v is not None}
-    if conflicting:
-        raise ValueError(
-            f"a P-EAGLE assistant_model drafts on its own; unset {conflicting} in the generation config (expected "
-            "None). Prompt lookup joins the head's draft trees when prompt_lookup_num_tokens is passed to "
-            "generate() itself."
-        )
-    if generation_config.stop_strings:
-        raise ValueError(
-            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: they would be checked once per "
-            "verified block, so a stop string ending inside accepted drafts would not stop generation where "
-            "plain decoding stops. Drop assistant_model, or stop on eos_token_id instead."
-        )
-    guidance = getattr(generation_config, "guidance_scale", None)
-    if guidance is not None and guidance != 1:
-        raise ValueError(
-            f"guidance_scale={guidance} (classifier-free guidance) is not supported with a P-EAGLE assistant_model: "
-            "its processor runs an unconditional forward of its own per step, which a verify pass of several "
-            "tokens cannot reproduce, so the output would differ from plain generate(). Drop assistant_model."
-        )
-    if generation_config.use_cache is False:
-        raise ValueError(
-            "use_cache=False is not supported with a P-EAGLE assistant_model: verification rolls the target's "
-            "cache back after rejected drafts. Drop use_cache=False (the output is the same)."
-        )
-    if generation_config.output_attentions:
-        raise ValueError(
-            "output_attentions=True is not supported with a P-EAGLE assistant_model (verify passes hold several "
-            "tokens per step). Drop output_attentions, or generate without the head."
-        )
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"generate() got a batch of {batch_size} prompts; expected at least one.")
-    head.check_target(tc)
-
-
-# ---------------------------------------------------------------------------------------------- the hook
-DEFAULT_STOPPING_CRITERIA = ("MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria")
-"""Stopping criteria a speculative round honours exactly (length and EOS are checked token by token per row;
-a time limit has no exact answer anyway)."""
-
-
-def check_user_request(kwargs: dict[str, Any]) -> frozenset[str]:
-    """Refuse the generate() arguments outside the generation config that a speculative round cannot honour
-    exactly (custom stopping criteria, a filled cache, an unmerged adapter, embeddings instead of ids), naming
-    them; return which of K and the confidence cut the user gave (so a value equal to transformers' default
-    still counts as given)."""
-    custom = [
-        type(c).__name__
-        for c in (kwargs.get("stopping_criteria") or [])
-        if type(c).__name__ not in DEFAULT_STOPPING_CRITERIA
-    ]
-    if custom:
-        raise ValueError(
-            f"custom stopping_criteria {custom} cannot be honoured exactly with a P-EAGLE assistant_model: they would "
-            "run once per verified block, not after every token as in plain decoding. Supported: max_new_tokens/"
-            "max_length, eos_token_id and max_time."
-        )
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise ValueError(
-            "A cache (past_key_values) from an earlier call cannot be used with a P-EAGLE assistant_model: the head has no "
-            "target features for the cached prefix. Pass the whole sequence as input_ids without the cache."
-        )
-    if kwargs.get("custom_generate") is not None:
-        raise ValueError(
-            "custom_generate cannot be combined with a P-EAGLE assistant_model: the head runs peagle's own decoding "
-            "loop (which generate() reaches through custom_generate)."
-        )
-    if kwargs.get("inputs_embeds") is not None:
-        raise ValueError(
-            "inputs_embeds is not supported with a P-EAGLE assistant_model: the head drafts from token ids. Pass "
-            "input_ids instead."
-        )
-    return frozenset(
-        name for name in ("num_assistant_tokens", "assistant_confidence_threshold") if name in kwargs
-    )
-
-
-def check_assistant(assistant: Any) -> None:
-    """Refuse heads wrapped or placed where the loop cannot run them, with the fix."""
-    base = getattr(assistant, "get_base_model", None)
-    if base is not None and not isinstance(assistant, PEagleDrafter) and isinstance(base(), PEagleDrafter):
-        raise ValueError(
-            f"assistant_model is a {type(assistant).__name__} around a P-EAGLE head (an unmerged LoRA adapter); "
-            "call `assistant_model.merge_and_unload()` and pass the merged head."
-        )
-    if isinstance(assistant, PEagleDrafter):
-        devices = {p.device.type for p in assistant.parameters()}
-        if "meta" in devices:
-            raise ValueError(
-                "the P-EAGLE head has parameters on the meta device (loaded without weights); load it with "
-                "weights (e.g. from_pretrained without device_map='meta') before generate()."
-            )
-
-
-def check_decoding_inputs(
-    target: Any,
-    head: PEagleDrafter,
-    input_ids: torch.LongTensor,
-    generation_config: GenerationConfig,
-    streamer: Any,
-    model_kwargs: dict[str, Any],
-    managed: set[str],
-) -> None:
-    """The checks peagle's loop runs once generate() has prepared the request (before any forward pass)."""
-    _raise_if_incompatible()
-    batch = int(input_ids.shape[0])
-    check_generation_request(target, head, generation_config, batch_size=batch)
-    if input_ids.shape[1] == 0:
-        raise ValueError("generate() got an empty prompt (input_ids of length 0); give at least one token.")
-    if streamer is not None and batch > 1:
-        raise ValueError(
-            f"streamer supports a single sequence; got a batch of {batch} prompts (as in transformers). Drop the "
-            "streamer or call generate() once per prompt."
-        )
-    unknown = sorted(k for k, v in model_kwargs.items() if k not in managed and v is not None)
-    if unknown:
-        raise ValueError(
-            f"generate() options {unknown} are not supported with a P-EAGLE assistant_model (peagle's loop passes "
-            f"only {sorted(managed)} to the target). Drop them or generate without the head."
-        )
+from .checks import (
+    SUPPORTED_TRANSFORMERS,
+    _raise_if_incompatible,
+    check_assistant,
+    check_generation_request,
+    check_user_request,
+)
+from .decoding import peagle_decoding
 
 
 def _wrap_generate(original: Callable) -> Callable:
@@ -252,8 +56,6 @@ def _wrap_generate(original: Callable) -> Callable:
         # peagle's own options: the tree budget, and prompt lookup as a branch of the head's trees
         tree_size = extra.pop("draft_tree_size", None)
         lookup_tokens = extra.pop("prompt_lookup_num_tokens", None)
-        from .decoding import peagle_decoding
-
         return original(
             self,
             **arguments,
@@ -299,9 +101,4 @@ def uninstall_generate_hook() -> None:
         GenerationMixin.generate = current.__wrapped__
 
 
-__all__ = [
-    "check_generation_request",
-    "install_generate_hook",
-    "uninstall_generate_hook",
-    "MIN_TRANSFORMERS_VERSION",
-]
+__all__ = ["install_generate_hook", "uninstall_generate_hook"]

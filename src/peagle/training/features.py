@@ -25,13 +25,25 @@ from .shards import load_examples, save_examples
 logger = logging.get_logger(__name__)
 
 
+def _warn_truncation(lengths: list[int], max_length: int) -> None:
+    """Say how much of a batch `max_length` cuts: a user who meant to train on long examples must know."""
+    long = [n for n in lengths if n > max_length]
+    if long:
+        logger.warning(
+            f"{len(long)} of {len(lengths)} examples in this batch are longer than max_length={max_length} and are "
+            f"cut to it: {sum(long) - max_length * len(long)} of their {sum(long)} tokens are not trained on "
+            f"(longest {max(long)}). Raise `max_length` (and `sequence_partitions` for memory) to train on them."
+        )
+
+
 @dataclass
 class PEagleDataCollator:
     """Pad examples into a batch (right padding).
 
     Args:
         pad_token_id: id written into padding (masked out by `attention_mask` anyway).
-        max_length: truncate longer examples to their first `max_length` tokens.
+        max_length: truncate longer examples to their first `max_length` tokens, with a warning that says how
+            many tokens each batch loses.
 
     Each feature needs `input_ids` and `loss_mask` (same length); cached features may add `target_hidden_states`
     `(T, 3 * H_t)` and `target_last_hidden` `(T, H_t)`.  Returns `input_ids`, `attention_mask`, `loss_mask` as
@@ -56,6 +68,7 @@ class PEagleDataCollator:
                 )
             masks.append(m)
         if self.max_length is not None:
+            _warn_truncation([x.numel() for x in ids], self.max_length)
             ids = [x[: self.max_length] for x in ids]
             masks = [m[: self.max_length] for m in masks]
         length = max(x.numel() for x in ids)
