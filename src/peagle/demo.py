@@ -161,10 +161,11 @@ def print_totals(
         f"{tps['default']:.1f} tok/s, speedup {tps['default'] / tps['plain']:.2f}x | K={k} every round "
         f"{tps['fixed']:.1f} tok/s, speedup {tps['fixed'] / tps['plain']:.2f}x"
     )
-    hist = ", ".join(f"{j}:{n}" for j, n in enumerate(total.chosen_k_histogram) if n)
+    chains = ", ".join(f"{j}:{n}" for j, n in enumerate(total.chosen_k_histogram) if n)
+    trees = ", ".join(f"{j}:{n}" for j, n in enumerate(total.tree_size_histogram) if n)
     print(
-        f"default rule: tokens per target pass {total.tokens_per_target_pass:.2f}, drafts verified per round "
-        f"{{{hist}}}, drafter skipped in {total.skipped_drafter_rounds} steps"
+        f"default rule: tokens per target pass {total.tokens_per_target_pass:.2f}, rounds by tree nodes verified "
+        f"{{{trees}}} (chains by drafts {{{chains}}}), drafter skipped in {total.skipped_drafter_rounds} steps"
     )
     print(
         f"(CPU threads: {torch.get_num_threads()}; target {dtype}, head {head_dtype}; greedy; {max_new_tokens} new tokens max)"
