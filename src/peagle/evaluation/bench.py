@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ..generation.stats import PEagleGenerationStats
 from ..integrations.vllm.process import VLLM_PYTHON_ENV, VLLM_RUNNER, vllm_environ
+from .results import save_figure, write_json_and_plot
 from .timing import timed_generate
 
 METHODS = ("greedy", "peagle", "eagle3", "pld")
@@ -271,20 +272,12 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
             ax.set_xlabel("K (draft tokens per round)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     """Write `bench.json` and `bench.png` into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    js = out / "bench.json"
-    js.write_text(json.dumps(results, indent=2))
-    return js, plot(results["summary"], out / "bench.png")
+    return write_json_and_plot(results, out_dir, "bench", plot)
 
 
 def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> None:

@@ -11,7 +11,6 @@ same batches, the slowest batch's speedup, tokens per target pass per row, and b
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.stats import PEagleGenerationStats
+from .results import save_figure, write_json_and_plot
 
 BATCH_METHODS = ("greedy", "peagle-auto", "peagle", "eagle3-auto")
 """Plain batched greedy; the P-EAGLE head with its default rule; the same head verifying all K drafts every
@@ -224,20 +224,12 @@ def plot_batches(summary: list[dict[str, Any]], path: str | Path) -> Path:
         ax.set_title(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_batch_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     """Write `bench_batch.json` and `bench_batch.png` into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    js = out / "bench_batch.json"
-    js.write_text(json.dumps(results, indent=2))
-    return js, plot_batches(results["summary"], out / "bench_batch.png")
+    return write_json_and_plot(results, out_dir, "bench_batch", plot_batches)
 
 
 __all__ = [

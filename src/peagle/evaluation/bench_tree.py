@@ -17,7 +17,6 @@ Acceptance does not depend on the machine; speed does (say which CPU a figure co
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.stats import PEagleGenerationStats
+from .results import save_figure, write_json_and_plot
 from .timing import timed_generate
 
 
@@ -214,20 +214,12 @@ def plot_trees(summary: list[dict[str, Any]], path: str | Path) -> Path:
         ax.set_title(dataset)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_tree_results(results: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     """Write `bench_tree.json` and `bench_tree.png` into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    js = out / "bench_tree.json"
-    js.write_text(json.dumps(results, indent=2))
-    return js, plot_trees(results["summary"], out / "bench_tree.png")
+    return write_json_and_plot(results, out_dir, "bench_tree", plot_trees)
 
 
 __all__ = [
