@@ -308,8 +308,8 @@ class _Decoder:
         out, feats = self._forward(inputs, self.next_pos[:, None] + depths, mask, width)
         raw = out.logits[:, -width:].float()
         scores = raw.clone()
-        paths_to = [[_path_to(t, slot) for slot in range(width)] for t in trees]
         if len(self.processors) > 0:  # each slot sees its own path as history
+            paths_to = [[_path_to(t, slot) for slot in range(width)] for t in trees]
             for i in range(width):
                 hist = [
                     torch.cat(
