@@ -31,6 +31,7 @@ from .rule import (
     AcceptanceCorrection,
     best_batch_rate,
     calibrated_probabilities,
+    chain_gains,
     choose_batch_tree_size,
 )
 from .stats import PEagleGenerationStats
@@ -413,13 +414,15 @@ class PEagleCandidateGenerator:
             return not self._one_more_pass_pays(confidences)
         return False
 
+    def _calibrated(self, confidences: list[list[float]]) -> list[list[float]]:
+        """Per row, the head's calibrated acceptance probabilities of its drafts, before this generation's
+        correction (what the correction learns from).  `confidences[depth][row]`."""
+        return [calibrated_probabilities(self.calibration, list(c)) for c in zip(*confidences, strict=True)]
+
     def _row_probabilities(self, confidences: list[list[float]]) -> list[list[float]]:
         """Per row, the acceptance probabilities of its drafts: the head's calibration, corrected by the rounds
         this generation verified so far."""
-        return [
-            self._correction.apply(calibrated_probabilities(self.calibration, list(column)))
-            for column in zip(*confidences, strict=True)
-        ]
+        return [self._correction.apply(row) for row in self._calibrated(confidences)]
 
     def _one_more_pass_pays(self, confidences: list[list[float]]) -> bool:
         """Autoregressive heads under the cost rule: whether drafting one more token can raise the expected rate,
@@ -448,22 +451,6 @@ class PEagleCandidateGenerator:
         self._last_num_drafts = 0
         self._returned_at = time.perf_counter() if self.policy == "cost" else None
         return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
-
-    def _chain_gains(self, confidences: list[list[float]]) -> tuple[list[list[float]], list[list[float]]]:
-        """Per row, `(gains, calibrated)` of the round's chain: the expected tokens each further draft adds (the
-        running products of the corrected probabilities) and the uncorrected calibrated probabilities (what the
-        correction learns from).  `confidences[depth][row]`."""
-        calibrated = [
-            calibrated_probabilities(self.calibration, list(c)) for c in zip(*confidences, strict=True)
-        ]
-        gains = []
-        for row in calibrated:
-            run, gain = 1.0, []
-            for p in self._correction.apply(row):
-                run *= p
-                gain.append(run)
-            gains.append(gain)
-        return gains, calibrated
 
     def _choose(
         self,
@@ -577,10 +564,9 @@ class PEagleCandidateGenerator:
         """How many nodes every row's tree verifies: the cost rule's choice, the full budget (no threshold), or
         the nodes whose path probability reaches the confidence threshold in some row."""
         if self.policy == "cost":
-            _, calibrated = self._chain_gains(confidences)
             return self._choose(
                 [t.gains() for t in trees],
-                calibrated,
+                self._calibrated(confidences),
                 drafter_seconds,
                 steps,
                 self.stats.tree_size_histogram,
@@ -682,9 +668,13 @@ class PEagleCandidateGenerator:
             trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
             return self._tree_candidates(trees, confidences, drafter_seconds, draft.forward_calls)
         if self.policy == "cost" and drafts.shape[1] > 0:
-            gains, calibrated = self._chain_gains(confidences)
+            calibrated = self._calibrated(confidences)
             keep = self._choose(
-                gains, calibrated, drafter_seconds, draft.forward_calls - 1, self.stats.chosen_k_histogram
+                [chain_gains(self._correction.apply(row)) for row in calibrated],
+                calibrated,
+                drafter_seconds,
+                draft.forward_calls - 1,
+                self.stats.chosen_k_histogram,
             )
             drafts = drafts[:, :keep]
             scores = scores[:, :keep] if scores is not None else None

@@ -26,11 +26,21 @@ def expected_tokens(probs: Sequence[float], k: int) -> float:
     >>> expected_tokens([0.5, 0.5], 2)
     1.75
     """
-    total, run = 1.0, 1.0
-    for p in probs[:k]:
+    return 1.0 + sum(chain_gains(probs[:k]))
+
+
+def chain_gains(probs: Sequence[float]) -> list[float]:
+    """The expected tokens each further draft of a chain adds: the running products `p_1, p_1 p_2, ...` (a
+    draft counts only if every draft before it was accepted).
+
+    >>> chain_gains([0.5, 0.5, 1.0])
+    [0.5, 0.25, 0.25]
+    """
+    run, gains = 1.0, []
+    for p in probs:
         run *= float(p)
-        total += run
-    return total
+        gains.append(run)
+    return gains
 
 
 def choose_num_drafts(
@@ -66,14 +76,7 @@ def choose_batch_num_drafts(
     >>> choose_batch_num_drafts([[0.9, 0.9], [0.1, 0.1]], [1.0, 1.3, 1.9])
     1
     """
-    gains = []
-    for row in rows:
-        run, gain = 1.0, []
-        for p in row:
-            run *= float(p)
-            gain.append(run)
-        gains.append(gain)
-    return choose_batch_tree_size(gains, verify_seconds, drafter_seconds)
+    return choose_batch_tree_size([chain_gains(row) for row in rows], verify_seconds, drafter_seconds)
 
 
 def choose_batch_tree_size(
@@ -203,6 +206,7 @@ __all__ = [
     "best_rate",
     "calibrated_probabilities",
     "calibrated_probability",
+    "chain_gains",
     "choose_batch_num_drafts",
     "choose_batch_tree_size",
     "choose_num_drafts",
