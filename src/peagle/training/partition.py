@@ -1,19 +1,22 @@
-"""Sequence partitioning (P-EAGLE paper, Algorithm 1, with causal completion).
+"""Sequence partitioning (P-EAGLE paper, Algorithm 1), with the depth-0 stream shared as keys and values.
 
 One long example has elements ``(a, d)`` (anchor, depth; see `masks.py`).  Partitioning splits the anchor range
-``[0, n)`` at boundaries ``0 = B_0 <= B_1 <= ... <= B_S = n`` into S segments and gives every element one
-*owning* segment:
+``[0, n)`` at boundaries ``0 = B_0 <= B_1 <= ... <= B_S = n`` into S segments; segment s owns every element whose
+anchor lies in ``[B_s, B_{s+1})``, its depth-0 element and the whole chain ``(a, 1), (a, 2), ...`` above it.
 
-- a depth-0 element ``(a, 0)`` belongs to the segment holding position ``a``;
-- a depth-1 element ``(a, 1)`` belongs to the segment holding its own position ``a + 1`` (clamped to ``n - 1``);
-- a depth-g element, g >= 2, belongs to the segment of its depth g-1 element, so whole chains
-  ``(a, 1), (a, 2), ...`` follow their anchor + 1.
+An owned element attends to its own chain (same segment) and to the depth-0 elements up to its anchor: those
+of its own segment, and those of earlier segments, its *prefix*.  The paper's causal completion recomputes the
+prefix in every segment's forward pass, so a segment's pass is as long as the depth-0 stream before its end
+and the work of a step grows with S.  peagle passes the prefix as keys and values instead (the drafter's cache,
+one entry per layer), computed once per step by a forward pass over the depth-0 stream without gradients.  The
+segments then run backward in reverse order: each backward pass also returns the gradient of the prefix keys
+and values it read, which is added to the gradient the owning segment's keys and values receive when its turn
+comes.  The sum of the per-segment losses (each divided by the global supervised count) has the gradient of
+the unpartitioned pass, up to float rounding; a segment's pass holds its own elements, and its attention mask
+spans its elements times the depth-0 stream before its end (see `PEagleTrainer.training_step`).
 
-Causal completion: segment s also carries every depth-0 element before its end ``B_{s+1}`` as key/value
-context, recomputed in that segment's forward pass but without loss.  Every element an owned element attends to
-(depth-0 elements up to its anchor, its own chain) is then inside the same forward pass, so the segment's
-activations equal those of the unpartitioned pass, and the sum of the per-segment losses (each divided by the
-global supervised count) has exactly the unpartitioned gradient.
+The paper moves a chain to the segment of its anchor + 1; with the prefix passed as keys and values a chain can
+stay with its anchor, which lets EAGLE-3's training-time test read its anchor's output in the same pass.
 """
 
 from __future__ import annotations
@@ -29,32 +32,19 @@ class Segment:
 
     Attributes:
         index: s.
-        start, end: the anchor range ``[B_s, B_{s+1})`` the segment owns.
-        elements: `(E_s,)` int64 indices into the example's element list (its depth-major order): the depth-0
-            context elements and the owned elements, in element-list order.
-        owned: `(E_s,)` bool, True for the elements this segment owns (computes the loss of).
+        start, end: the anchor range ``[B_s, B_{s+1})`` the segment owns; the depth-0 elements of anchors below
+            `start` are its prefix (keys and values only).
+        elements: `(E_s,)` int64 indices into the example's element list (its depth-major order) of the elements
+            the segment owns, in element-list order.
     """
 
     index: int
     start: int
     end: int
     elements: torch.Tensor
-    owned: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.elements.numel())
-
-
-def element_positions(anchor: torch.Tensor, depth: torch.Tensor, num_anchors: int) -> torch.Tensor:
-    """The position that decides an element's segment: ``a`` at depth 0, ``min(a + 1, n - 1)`` for a chain.
-
-    Example:
-
-    >>> element_positions(torch.tensor([0, 4, 0, 4]), torch.tensor([0, 0, 1, 2]), num_anchors=5).tolist()
-    [0, 4, 1, 4]
-    """
-    chain_pos = torch.clamp(anchor + 1, max=max(num_anchors - 1, 0))
-    return torch.where(depth == 0, anchor, chain_pos)
 
 
 def partition_boundaries(
@@ -62,51 +52,33 @@ def partition_boundaries(
 ) -> list[int]:
     """Segment boundaries ``[B_0 = 0, ..., B_S = n]`` (length S + 1, non-decreasing).
 
-    With ``balance=False`` the anchor range is cut into equal parts.  With ``balance=True`` (default) the
-    boundaries minimise the largest segment, counted in forward-pass elements (depth-0 elements up to the end
-    plus owned chain elements): later segments carry more depth-0 context, so they get fewer anchors.  Trailing
-    segments may be empty when the example is short.
+    With ``balance=False`` the anchor range is cut into equal parts.  With ``balance=True`` (default) each
+    segment owns about the same number of elements: COD keeps fewer deep elements where the response is short
+    or absent (a prompt), so equal anchor ranges can hold very different passes.  Trailing segments may be
+    empty when the example is short.
 
-    Example (6 anchors, depths 0 and 1 all kept, 2 segments):
+    Example (6 anchors; depth 1 kept at the last 3 only, 2 segments):
 
-    >>> a = torch.arange(6).repeat(2); d = torch.arange(2).repeat_interleave(6)
-    >>> partition_boundaries(a, d, 6, 2, balance=False)
+    >>> a = torch.tensor([0, 1, 2, 3, 4, 5, 3, 4, 5]); d = torch.tensor([0] * 6 + [1] * 3)
+    >>> partition_boundaries(a, d, 6, 2, balance=False)  # passes of 3 and 6 elements
     [0, 3, 6]
-    >>> partition_boundaries(a, d, 6, 2)  # passes of 5 + 4 and 6 + 2 elements instead of 3 + 2 and 6 + 4
-    [0, 5, 6]
+    >>> partition_boundaries(a, d, 6, 2)  # passes of 5 and 4 elements
+    [0, 4, 6]
     """
     if num_segments < 1:
         raise ValueError(f"num_segments is {num_segments}; expected >= 1.")
     n = int(num_anchors)
     if not balance or n == 0:
         return [round(s * n / num_segments) for s in range(num_segments + 1)]
-    pos = element_positions(anchor, depth, n)[depth > 0]
-    chains_at = torch.bincount(pos, minlength=n)[:n] if pos.numel() else torch.zeros(n, dtype=torch.long)
-    cum = torch.cat(
-        [torch.zeros(1, dtype=torch.long), chains_at.cumsum(0)]
-    )  # cum[e] = chain elements at p < e
-    f = torch.arange(n + 1) + cum  # cost(b, e) = f[e] - cum[b]
-
-    def greedy(limit: int) -> list[int] | None:
-        bounds, b = [0], 0
-        while b < n:
-            e = int(torch.searchsorted(f, torch.tensor(limit + int(cum[b])), right=True)) - 1
-            if e <= b or len(bounds) > num_segments:
-                return None
-            bounds.append(e)
-            b = e
-        return bounds if len(bounds) <= num_segments + 1 else None
-
-    lo, hi = 1, int(f[-1])
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if greedy(mid) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    bounds = greedy(lo)
-    assert bounds is not None
-    return bounds + [n] * (num_segments + 1 - len(bounds))
+    per_anchor = torch.bincount(anchor.cpu(), minlength=n)[:n].double()
+    cum = per_anchor.cumsum(0)  # cum[a] = elements of anchors <= a
+    total = float(cum[-1])
+    goals = torch.tensor([total * s / num_segments for s in range(1, num_segments)], dtype=torch.float64)
+    cuts = (torch.searchsorted(cum, goals, right=False) + 1).clamp(max=n).tolist()
+    bounds = [0]
+    for c in cuts:
+        bounds.append(max(int(c), bounds[-1]))
+    return bounds + [n]
 
 
 def partition_plan(
@@ -117,7 +89,7 @@ def partition_plan(
     boundaries: list[int] | None = None,
     balance: bool = True,
 ) -> list[Segment]:
-    """Split one example's elements into S segments (Algorithm 1 with causal completion).
+    """Split one example's elements into S segments by anchor.
 
     Args:
         anchor, depth: `(E,)` coordinates of the example's elements (e.g. from `PEagleMaskTemplate.coordinates`);
@@ -134,10 +106,8 @@ def partition_plan(
 
     >>> a = torch.arange(4).repeat(2); d = torch.arange(2).repeat_interleave(4)
     >>> s0, s1 = partition_plan(a, d, 4, 2, balance=False)
-    >>> s0.elements.tolist(), s0.owned.tolist()   # anchors 0-1 and the chain of anchor 0 (its depth 1 is at 1)
-    ([0, 1, 4], [True, True, True])
-    >>> s1.elements.tolist(), s1.owned.tolist()   # context (0,0) (1,0); owns (2,0) (3,0) and chains of 1, 2, 3
-    ([0, 1, 2, 3, 5, 6, 7], [False, False, True, True, True, True, True])
+    >>> s0.elements.tolist(), s1.elements.tolist()  # s1 reads (0,0) and (1,0) as its prefix
+    ([0, 1, 4, 5], [2, 3, 6, 7])
     """
     anchor = anchor.cpu()
     depth = depth.cpu()
@@ -149,15 +119,11 @@ def partition_plan(
         )
     if any(b > c for b, c in zip(boundaries[:-1], boundaries[1:])):
         raise ValueError(f"boundaries {boundaries} must be non-decreasing.")
-    pos = element_positions(anchor, depth, num_anchors)
-    owner = torch.searchsorted(torch.tensor(boundaries[1:]), pos, right=True).clamp(max=num_segments - 1)
-    segments = []
-    for s in range(num_segments):
-        end = boundaries[s + 1]
-        member = (owner == s) | ((depth == 0) & (anchor < end))
-        idx = member.nonzero().flatten()
-        segments.append(Segment(s, boundaries[s], end, idx, owner[idx] == s))
-    return segments
+    owner = torch.searchsorted(torch.tensor(boundaries[1:]), anchor, right=True).clamp(max=num_segments - 1)
+    return [
+        Segment(s, boundaries[s], boundaries[s + 1], (owner == s).nonzero().flatten())
+        for s in range(num_segments)
+    ]
 
 
-__all__ = ["Segment", "element_positions", "partition_boundaries", "partition_plan"]
+__all__ = ["Segment", "partition_boundaries", "partition_plan"]

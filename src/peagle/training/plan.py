@@ -142,19 +142,16 @@ class SegmentRows:
 
 
 def segment_rows(plans: list[ExamplePlan], s: int, depth: int | None = None) -> SegmentRows:
-    """The elements of segment `s` of every plan (one row per example, `(B, E)`), only depth `depth` if given.
+    """The elements segment `s` owns in every plan (one row per example, `(B, E)`), only depth `depth` if given.
 
-    Context-only elements (owned by another segment) and unsupervised ones come first, the supervised owned
-    elements last; rows are padded in between (`valid` False).
+    Unsupervised elements come first, the supervised ones last; rows are padded in between (`valid` False).
     """
     parts = []
     for plan in plans:
-        seg = plan.segments[s]
-        idx, owned = seg.elements, seg.owned
+        idx = plan.segments[s].elements
         if depth is not None:
-            sel = plan.depth[idx] == depth
-            idx, owned = idx[sel], owned[sel]
-        sup = owned & plan.supervised[idx]
+            idx = idx[plan.depth[idx] == depth]
+        sup = plan.supervised[idx]
         parts.append((idx[~sup], idx[sup], plan))
     u_max = max(p[0].numel() for p in parts)
     s_max = max(p[1].numel() for p in parts)
@@ -173,6 +170,16 @@ def segment_rows(plans: list[ExamplePlan], s: int, depth: int | None = None) -> 
             valid[b, cols] = True
             sup[b, cols] = is_sup
     return SegmentRows(anchor, dep, valid, sup, s_max)
+
+
+def prefix_rows(plans: list[ExamplePlan], s: int, device=None) -> SegmentRows:
+    """The prefix of segment `s` as key rows: the depth-0 elements of anchors ``0 .. P-1`` (P the longest prefix in
+    the batch), valid below each example's own segment start."""
+    length = max(p.segments[s].start for p in plans)
+    starts = torch.tensor([p.segments[s].start for p in plans], device=device)
+    anchor = torch.arange(length, device=device).expand(len(plans), -1)
+    valid = anchor < starts[:, None]
+    return SegmentRows(anchor, torch.zeros_like(anchor), valid, torch.zeros_like(valid), 0)
 
 
 def parallel_drafter_inputs(
@@ -214,5 +221,6 @@ __all__ = [
     "cod_seed",
     "SegmentRows",
     "segment_rows",
+    "prefix_rows",
     "parallel_drafter_inputs",
 ]

@@ -22,6 +22,7 @@ step d of an unroll whose slot ``(a, d)`` reads token ``x_{a+d+1}`` and the draf
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -40,7 +41,16 @@ from .features import PEagleDataCollator, capture_features
 from .losses import TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
 from .optimizer import freeze_except, split_lr_groups
-from .plan import ExamplePlan, SegmentRows, cod_seed, parallel_drafter_inputs, plan_example, segment_rows
+from .plan import (
+    ExamplePlan,
+    SegmentRows,
+    cod_seed,
+    parallel_drafter_inputs,
+    plan_example,
+    prefix_rows,
+    segment_rows,
+)
+from .prefix import PrefixKV
 
 logger = logging.get_logger(__name__)
 
@@ -341,24 +351,70 @@ class PEagleTrainer(Trainer):
         )
         return loss, stats
 
-    def _parallel_segment(self, model, inputs, plans, aux, target, s: int, rows: SegmentRows):
+    def _prefix_cache(self, plans, s: int, prefix: PrefixKV | None, backward: bool, device):
+        """The cache a segment starts from (its prefix's keys and values; gradient leaves when it runs backward), the
+        key rows of that prefix, its length, and the call that collects the leaves' gradient after backward."""
+        if prefix is None:
+            return None, [], 0, None
+        past = max(p.segments[s].start for p in plans)
+        cache, leaves = prefix.cache(past, leaves=backward)
+        collect = functools.partial(prefix.collect, leaves) if leaves else None
+        return cache, [prefix_rows(plans, s, device)], past, collect
+
+    def _prefix_pass(self, model, inputs, plans, aux, s: int, prefix: PrefixKV) -> None:
+        """Forward the depth-0 elements of segment `s` after its prefix, without gradients, and store their keys
+        and values for the segments after it."""
+        ids = inputs["input_ids"]
+        rows = segment_rows(plans, s, depth=0).to(ids.device)
+        if rows.width == 0:
+            return
+        cache, key_rows, past, _ = self._prefix_cache(plans, s, prefix, False, ids.device)
+        model(
+            **parallel_drafter_inputs(
+                ids, aux, rows.anchor, rows.depth, rows.valid, self._head().config.mask_token_id
+            ),
+            attention_mask=self._attention(rows, key_rows + [rows]),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        prefix.record(cache, past, rows)
+
+    def _after_forward(self, prefix, cache, past: int, rows: SegmentRows, backward: bool):
+        """Store a forward pass's depth-0 keys and values (in order), or the surrogate that sends them the gradient
+        of later segments (in reverse order)."""
+        if prefix is None:
+            return None
+        if backward:
+            return prefix.surrogate(cache, past, rows)
+        prefix.record(cache, past, rows)
+        return None
+
+    def _parallel_segment(
+        self, model, inputs, plans, aux, target, s: int, rows: SegmentRows, prefix, backward
+    ):
         ids = inputs["input_ids"]
         rows = rows.to(ids.device)
+        cache, key_rows, past, collect = self._prefix_cache(plans, s, prefix, backward, ids.device)
         out = model(
             **parallel_drafter_inputs(
                 ids, aux, rows.anchor, rows.depth, rows.valid, self._head().config.mask_token_id
             ),
-            attention_mask=self._attention(rows),
-            use_cache=False,
+            attention_mask=self._attention(rows, key_rows + [rows] if key_rows else None),
+            cache=cache,
+            use_cache=cache is not None,
             logits_to_keep=max(rows.keep, 1),
         )
+        surrogate = self._after_forward(prefix, cache, past, rows, backward)
         if rows.keep == 0:  # keeps DDP's reducer fed when a process has nothing to learn from
-            return out.logits.sum() * 0.0, None
-        return self._loss_from_logits(out.logits, rows, target)
+            return out.logits.sum() * 0.0, None, surrogate, collect
+        return (*self._loss_from_logits(out.logits, rows, target), surrogate, collect)
 
-    def _autoregressive_segment(self, model, inputs, plans, aux, target, s: int, rows: SegmentRows):
+    def _autoregressive_segment(
+        self, model, inputs, plans, aux, target, s: int, rows: SegmentRows, prefix, backward
+    ):
         """EAGLE-3 training-time test over one segment: step d forwards the depth-d elements with a KV cache
-        holding steps 0..d-1 (kept in the autograd graph)."""
+        holding the prefix and steps 0..d-1 (kept in the autograd graph)."""
         ids = inputs["input_ids"]
         device = ids.device
         head = self._head()
@@ -367,8 +423,10 @@ class PEagleTrainer(Trainer):
         decay = self.args.ttt_decay ** torch.arange(
             self.num_parallel_positions, device=device, dtype=torch.float32
         )
-        cache = DynamicCache(config=head.config)
-        loss = None
+        cache, key_rows, past, collect = self._prefix_cache(plans, s, prefix, backward, device)
+        if cache is None:
+            cache = DynamicCache(config=head.config)
+        loss = surrogate = None
         correct = torch.zeros(self.num_parallel_positions, dtype=torch.long)
         total = torch.zeros(self.num_parallel_positions, dtype=torch.long)
         prev_hidden, lut = None, None
@@ -390,13 +448,15 @@ class PEagleTrainer(Trainer):
                 out = model(
                     input_ids=tok,
                     position_ids=rows.anchor + rows.depth,
-                    attention_mask=self._attention(rows, steps[: i + 1]),
+                    attention_mask=self._attention(rows, key_rows + steps[: i + 1]),
                     parallel_mask=torch.zeros_like(rows.valid),
                     cache=cache,
                     use_cache=True,
                     logits_to_keep=max(rows.keep, 1),
                     **kwargs,
                 )
+            if i == 0:
+                surrogate = self._after_forward(prefix, cache, past, rows, backward)
             prev_hidden = out.last_hidden_state
             lut = torch.full((ids.shape[0], ids.shape[1] + 1), -1, dtype=torch.long, device=device)
             cols = torch.arange(rows.width, device=device).expand_as(rows.anchor)
@@ -408,11 +468,19 @@ class PEagleTrainer(Trainer):
             else:
                 step_loss = out.logits.sum() * 0.0
             loss = step_loss if loss is None else loss + step_loss
-        return loss, (correct, total)
+        return loss, (correct, total), surrogate, collect
 
-    def _segments(self, model, inputs: dict, plans: list[ExamplePlan]):
-        """Yield `(is_last, loss_sum, stats)` per segment that has something to learn; the forward pass runs
-        lazily so the caller can wrap it in `no_sync`."""
+    def _segments(self, model, inputs: dict, plans: list[ExamplePlan], backward: bool = False):
+        """Yield `(is_last, run)` per segment pass; `run()` runs it lazily (so the caller can wrap it in `no_sync`)
+        and returns `(loss_sum, stats, surrogate, collect)`.
+
+        Segments run up to the last one with a supervised element.  Without `backward` they run in order, each
+        storing its depth-0 keys and values for the next ([`PrefixKV`]).  With `backward`, one pass without
+        gradients first stores every prefix, then the segments run in reverse order: the caller backpropagates
+        `loss_sum * scale + surrogate` (the surrogate carries the gradient later segments sent to this
+        segment's keys and values), then calls `collect(loss_scale)` (when not None), which adds the gradient of
+        the prefix this segment read to the store.
+        """
         aux, last = self._features(inputs)
         if "target_hidden_states" in inputs and not bool(
             torch.isfinite(aux).all() and torch.isfinite(last).all()
@@ -425,21 +493,32 @@ class PEagleTrainer(Trainer):
             )
         target = self._target_distribution(last)
         num_segments = len(plans[0].segments)
-        todo = []
-        for s in range(num_segments):
-            rows = segment_rows(plans, s)
-            if rows.keep > 0:
-                todo.append((s, rows))
-        if not todo:  # nothing supervised on this process: one zero-weight pass over the largest segment
-            s = max(range(num_segments), key=lambda j: sum(len(p.segments[j]) for p in plans))
-            if sum(len(p.segments[s]) for p in plans) == 0:
+        rows = [segment_rows(plans, s) for s in range(num_segments)]
+        supervised = [s for s in range(num_segments) if rows[s].keep > 0]
+        run = self._autoregressive_segment if self.autoregressive else self._parallel_segment
+        if (
+            not supervised
+        ):  # nothing supervised on this process: one zero-weight pass over the largest segment
+            s = max(range(num_segments), key=lambda j: rows[j].width)
+            if rows[s].width == 0:
                 raise ValueError(
                     f"a batch has no training elements: examples need >= 3 tokens, got {[p.length for p in plans]}."
                 )
-            todo = [(s, segment_rows(plans, s))]
-        run = self._autoregressive_segment if self.autoregressive else self._parallel_segment
-        for j, (s, rows) in enumerate(todo):
-            yield j == len(todo) - 1, lambda s=s, rows=rows: run(model, inputs, plans, aux, target, s, rows)
+            yield True, lambda: run(model, inputs, plans, aux, target, s, rows[s], None, backward)
+            return
+        end = max(supervised) + 1
+        prefix = PrefixKV(self._head().config, max(p.num_anchors for p in plans)) if end > 1 else None
+        order = list(range(end))
+        if backward and prefix is not None:
+            with torch.no_grad(), self.compute_loss_context_manager():
+                for s in range(end - 1):
+                    self._prefix_pass(model, inputs, plans, aux, s, prefix)
+            order.reverse()
+        for j, s in enumerate(order):
+            yield (
+                j == len(order) - 1,
+                lambda s=s: run(model, inputs, plans, aux, target, s, rows[s], prefix, backward),
+            )
 
     def _record(self, split: str, stats) -> None:
         if stats is not None:
@@ -468,13 +547,16 @@ class PEagleTrainer(Trainer):
         denom = float(num_items_in_batch) if num_items_in_batch is not None else 1.0
         scale = self.accelerator.num_processes / max(denom, 1.0)
         total = torch.zeros((), device=self.args.device)
-        for is_last, run in self._segments(model, inputs, plans):
+        scaler = getattr(self.accelerator, "scaler", None)
+        for is_last, run in self._segments(model, inputs, plans, backward=True):
             sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(model)
             with sync:
                 with self.compute_loss_context_manager():
-                    loss_sum, stats = run()
+                    loss_sum, stats, surrogate, collect = run()
                 loss = loss_sum * scale
-                self.accelerator.backward(loss)
+                self.accelerator.backward(loss if surrogate is None else loss + surrogate)
+            if collect is not None:  # the prefix this segment read: its gradient goes to the segments before
+                collect(float(scaler.get_scale()) if scaler is not None else 1.0)
             total += loss.detach()
             self._record("train", stats)
         self._stats["train"]["items"] += sum(p.num_supervised for p in plans)
@@ -521,7 +603,7 @@ class PEagleTrainer(Trainer):
         loss = torch.zeros((), device=self.args.device)
         split = "train" if model.training else "eval"
         for _, run in self._segments(model, inputs, plans):
-            loss_sum, stats = run()
+            loss_sum, stats, _, _ = run()
             loss = loss + loss_sum
             if split == "eval":
                 self._record(split, stats)
