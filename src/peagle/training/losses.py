@@ -48,6 +48,8 @@ class TargetDistribution:
         finite: whether every target logit was finite (check it before learning from it).
         argmax_is_global: `(B, T)` bool, the draft-vocabulary argmax is also the argmax over the target's whole
             vocabulary (set by [`TargetDistribution.mark_global_argmax`]; None until then).
+        offset: the position of the first row: built from a window ``[offset, offset + T)`` of a longer example,
+            position p is row ``p - offset`` (positions passed to [`loss`] and [`at`] are the example's).
     """
 
     argmax: torch.Tensor
@@ -55,6 +57,11 @@ class TargetDistribution:
     neg_entropy: torch.Tensor | None
     finite: bool
     argmax_is_global: torch.Tensor | None = None
+    offset: int = 0
+
+    def at(self, table: torch.Tensor, batch_idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """`table[batch_idx, pos]` for a `(B, T, ...)` table of this distribution, at the example's positions."""
+        return table[batch_idx, pos - self.offset]
 
     def mark_global_argmax(
         self, last_hidden: torch.Tensor, lm_weight: torch.Tensor, draft_to_target: torch.Tensor, softcap=None
@@ -119,12 +126,12 @@ class TargetDistribution:
             the target's argmax.
         """
         draft = draft_logits.float()
-        target_ids = self.argmax[batch_idx, pos]
+        target_ids = self.at(self.argmax, batch_idx, pos)
         if (
             self.probs is not None
         ):  # KL = cross-entropy with the target's probabilities - the target's entropy
-            per = F.cross_entropy(draft, self.probs[batch_idx, pos], reduction="none")
-            per = per + self.neg_entropy[batch_idx, pos]
+            per = F.cross_entropy(draft, self.at(self.probs, batch_idx, pos), reduction="none")
+            per = per + self.at(self.neg_entropy, batch_idx, pos)
         else:
             per = F.cross_entropy(draft, target_ids, reduction="none")
         if weights is not None:

@@ -306,11 +306,16 @@ class PEagleTrainer(Trainer):
         return peagle_attention_mask(rows.anchor, rows.depth, rows.valid, pad_self=True, **keys)[:, None]
 
     # ----------------------------------------------------------------------------------------- losses
-    def _target_distribution(self, last_hidden: torch.Tensor) -> TargetDistribution:
-        """The target's distribution over the draft vocabulary at every position of the micro-batch, once: the
-        K_train elements that predict the same position share it.  Inside [`evaluate_acceptance`] (while
-        `_recording_acceptance()`), it also marks where the target's argmax over its whole vocabulary lies in the draft
-        vocabulary: greedy verification accepts a draft only there."""
+    def _target_distribution(self, last_hidden: torch.Tensor, plans, s: int) -> TargetDistribution:
+        """The target's distribution over the draft vocabulary at the positions segment `s` learns from (the window
+        from its first anchor + 1 to its last anchor + K_train), once per segment: the elements that predict the
+        same position share it, and a long example never holds its whole `(T, V_draft)` table at once.  Inside
+        [`evaluate_acceptance`] (while `_recording_acceptance()`), it also marks where the target's argmax over its
+        whole vocabulary lies in the draft vocabulary: greedy verification accepts a draft only there."""
+        lo = min(p.segments[s].start for p in plans) + 1
+        hi = min(last_hidden.shape[1], max(p.segments[s].end for p in plans) + self.num_parallel_positions)
+        lo = min(lo, hi)
+        last_hidden = last_hidden[:, lo:hi]
         softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
         target = TargetDistribution.from_hidden(
             last_hidden, self._draft_lm_weight(), softcap, self.args.loss_type
@@ -325,6 +330,7 @@ class PEagleTrainer(Trainer):
             ids = head.draft_vocab_ids
             lm = self.target_model.get_output_embeddings().weight.detach()
             target.mark_global_argmax(last_hidden, lm, ids, softcap)
+        target.offset = lo
         return target
 
     def _recording_acceptance(self) -> bool:
@@ -342,7 +348,7 @@ class PEagleTrainer(Trainer):
         weights = None if weights_by_depth is None else weights_by_depth[depth]
         loss, correct = target.loss(draft, batch_idx, pos, weights)
         if self._recording_acceptance():
-            accepted = correct & target.argmax_is_global[batch_idx, pos]
+            accepted = correct & target.at(target.argmax_is_global, batch_idx, pos)
             self._acceptance_records.append(torch.stack([batch_idx, anchor, depth, accepted.long()], 1).cpu())
         k = self.num_parallel_positions
         stats = (
@@ -390,9 +396,7 @@ class PEagleTrainer(Trainer):
         prefix.record(cache, past, rows)
         return None
 
-    def _parallel_segment(
-        self, model, inputs, plans, aux, target, s: int, rows: SegmentRows, prefix, backward
-    ):
+    def _parallel_segment(self, model, inputs, plans, aux, last, s: int, rows: SegmentRows, prefix, backward):
         ids = inputs["input_ids"]
         rows = rows.to(ids.device)
         cache, key_rows, past, collect = self._prefix_cache(plans, s, prefix, backward, ids.device)
@@ -408,10 +412,11 @@ class PEagleTrainer(Trainer):
         surrogate = self._after_forward(prefix, cache, past, rows, backward)
         if rows.keep == 0:  # keeps DDP's reducer fed when a process has nothing to learn from
             return out.logits.sum() * 0.0, None, surrogate, collect
+        target = self._target_distribution(last, plans, s)
         return (*self._loss_from_logits(out.logits, rows, target), surrogate, collect)
 
     def _autoregressive_segment(
-        self, model, inputs, plans, aux, target, s: int, rows: SegmentRows, prefix, backward
+        self, model, inputs, plans, aux, last, s: int, rows: SegmentRows, prefix, backward
     ):
         """EAGLE-3 training-time test over one segment: step d forwards the depth-d elements with a KV cache
         holding the prefix and steps 0..d-1 (kept in the autograd graph)."""
@@ -426,6 +431,7 @@ class PEagleTrainer(Trainer):
         cache, key_rows, past, collect = self._prefix_cache(plans, s, prefix, backward, device)
         if cache is None:
             cache = DynamicCache(config=head.config)
+        target = self._target_distribution(last, plans, s) if rows.keep > 0 else None
         loss = surrogate = None
         correct = torch.zeros(self.num_parallel_positions, dtype=torch.long)
         total = torch.zeros(self.num_parallel_positions, dtype=torch.long)
@@ -491,7 +497,6 @@ class PEagleTrainer(Trainer):
                 f"{self.state.global_step}): its dtype cannot hold this target's activations. Delete it and build it "
                 "again (FeatureCache.build picks bfloat16 when float16 overflows), or train without --feature-cache."
             )
-        target = self._target_distribution(last)
         num_segments = len(plans[0].segments)
         rows = [segment_rows(plans, s) for s in range(num_segments)]
         supervised = [s for s in range(num_segments) if rows[s].keep > 0]
@@ -504,7 +509,7 @@ class PEagleTrainer(Trainer):
                 raise ValueError(
                     f"a batch has no training elements: examples need >= 3 tokens, got {[p.length for p in plans]}."
                 )
-            yield True, lambda: run(model, inputs, plans, aux, target, s, rows[s], None, backward)
+            yield True, lambda: run(model, inputs, plans, aux, last, s, rows[s], None, backward)
             return
         end = max(supervised) + 1
         prefix = PrefixKV(self._head().config, max(p.num_anchors for p in plans)) if end > 1 else None
@@ -517,7 +522,7 @@ class PEagleTrainer(Trainer):
         for j, s in enumerate(order):
             yield (
                 j == len(order) - 1,
-                lambda s=s: run(model, inputs, plans, aux, target, s, rows[s], prefix, backward),
+                lambda s=s: run(model, inputs, plans, aux, last, s, rows[s], prefix, backward),
             )
 
     def _record(self, split: str, stats) -> None:
