@@ -1,19 +1,43 @@
 """Benchmark sequence partitioning: peak memory and step time of one P-EAGLE training step vs sequence length.
 
-Each (length, partitions) point runs in a fresh process: one warm-up step, then `--repeats` timed steps of
-`PEagleTrainer.training_step` (forward + backward of every segment) on one example of that length, with target
-features supplied as a cache (so only the drafter's cost is measured).  Reported: the median step time, the time
-to plan the step (COD + partition, CPU), the peak memory the steps add above the memory held before them
-(GPU: `max_memory_allocated`; CPU: the process's peak RSS, reset after the warm-up, with glibc returning freed
-blocks to the OS), the number of training elements and the size of the largest pass.
+Each (length, partitions) point runs in a fresh process: one warm-up step (unless `--no-warmup`), then
+`--repeats` timed steps of `PEagleTrainer.training_step` (forward + backward of every segment) on one example
+of that length, with target features supplied as a cache (so only the drafter's cost is measured).  Reported:
+the median step time, the time to plan the step (COD + partition, CPU), the peak memory the steps add above
+the memory held before them (GPU: `max_memory_allocated`; CPU: the process's peak RSS, reset after the
+warm-up, with glibc returning freed blocks to the OS), the process's whole peak (GPU: `max_memory_reserved`;
+CPU: peak RSS), the number of training elements and the size of the largest pass.
 
-Writes `<out>/bench_partition.json` and `<out>/bench_partition.png`.
+The drafter is the shipped head's shape by default (`--head-config`, default
+`heads/src/peagle_heads/smollm2-135m-peagle/config.json`: width 576, 4 layers, 9 heads, 3 KV heads,
+intermediate 1536, draft vocabulary 8192 of 49152, K_train 8, frozen target embeddings); any flag overrides
+its field.
+
+Memory guard.  Lengths run shortest first.  Before a point, its peak memory and step time are predicted from
+the points already measured with the same S (the largest of: a least-squares quadratic in the length when >= 3
+points, the linear and the power-law (exponent <= 2) extrapolations of the last two, the last value; one
+point: its step's memory scaled by (L / L_1)^2, the rest by L / L_1).  The point is skipped when the predicted
+whole peak exceeds `--memory-limit` (default: 80% of MemAvailable at start on CPU, of the free GPU memory on
+GPU) or the predicted time of the point (warm-up + repeats steps) exceeds `--time-limit`; once skipped, every
+longer length of that S is skipped too.  Skipped points are rows `{"skipped": true, "reason",
+"predicted_peak_mib", "predicted_total_mib", "predicted_step_s"}` (`predicted_peak_mib` predicts the
+`peak_mem_mib` column; `predicted_total_mib` is what the limit is compared with). On CPU a point whose RSS
+still passes the limit is killed (an error row; longer lengths of its S are skipped).
+
+`--budget 4GB` adds one row per length (S column "auto") trained with `partition_memory_budget=4GB` instead of
+a fixed S, recording the S the trainer chose (`chosen_partitions`); with a peagle without that argument the
+row is an error row.
+
+Writes `<out>/bench_partition.json`, `<out>/bench_partition.png` (peak memory and step time vs length; skipped
+points hollow, at their predicted value) and `<out>/bench_partition.md` (the printed table: rows = lengths,
+columns = S, cells "MiB / s"), and prints the least-squares slope of memory vs length per S.
 
 Examples:
-    # CPU, the width of SmolLM2-135M (576), a 1-layer drafter
-    python benchmarks/bench_partition.py --lengths 512,1024,2048,4096 --partitions 1,2,4,8
-    # GPU, paper-like lengths
-    python benchmarks/bench_partition.py --lengths 1024,2048,4096,8192,16384 --partitions 1,2,4,8 --layers 2
+    # CPU, tiny lengths
+    python benchmarks/bench_partition.py --lengths 256,512 --partitions 1,2,4
+    # GPU, the long-context table up to 20K tokens
+    python benchmarks/bench_partition.py --lengths 2048,4096,8192,16384,20480 --partitions 1,4,8,16,32 \\
+        --budget 4GB --out results/partition
 """
 
 from __future__ import annotations
@@ -21,19 +45,242 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
+import queue as queue_module
 import statistics
 import time
+from pathlib import Path
+
+# the shipped head, in this repository
+HEAD_CONFIG_PATH = "heads/src/peagle_heads/smollm2-135m-peagle/config.json"
+DEFAULT_HEAD_CONFIG = Path(__file__).resolve().parents[1] / HEAD_CONFIG_PATH
+SHIPPED_HEAD = {  # the shipped head's fields, used when its config.json is not there
+    "hidden": 576,
+    "layers": 4,
+    "heads": 9,
+    "kv_heads": 3,
+    "head_dim": 64,
+    "intermediate": 1536,
+    "vocab": 49152,
+    "draft_vocab": 8192,
+    "k": 8,
+    "frozen_embeddings": True,
+}
+MIN_MAX_POSITIONS = 32768
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
+# ---------------------------------------------------------------------------------------------- head shape
+
+
+def read_head_config(path: str | os.PathLike | None) -> dict:
+    """The drafter's shape from a head's `config.json` (`SHIPPED_HEAD`'s keys); `SHIPPED_HEAD` if `path` is
+    None."""
+    if path is None:
+        return dict(SHIPPED_HEAD)
+    cfg = json.loads(Path(path).read_text())
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg.get("num_attention_heads", max(1, hidden // 64)))
+    return {
+        "hidden": hidden,
+        "layers": int(cfg["num_hidden_layers"]),
+        "heads": heads,
+        "kv_heads": int(cfg.get("num_key_value_heads", heads)),
+        "head_dim": int(cfg.get("head_dim") or hidden // heads),
+        "intermediate": int(cfg["intermediate_size"]),
+        "vocab": int(cfg["vocab_size"]),
+        "draft_vocab": int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
+        "k": int(cfg.get("num_parallel_positions", 8)),
+        "frozen_embeddings": bool(cfg.get("embed_from_target", True)),
+    }
+
+
+def model_shape(base: dict, overrides: dict) -> dict:
+    """`base` (from `read_head_config`) with the non-None `overrides`.  A width given without heads keeps the
+    base's head size and query/KV-head ratio (width 64 with the shipped head: 1 head, 1 KV head)."""
+    shape = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    if overrides.get("hidden") is not None and overrides.get("heads") is None:
+        shape["heads"] = max(1, shape["hidden"] // base["head_dim"])
+    if overrides.get("kv_heads") is None and (overrides.get("heads") or overrides.get("hidden")) is not None:
+        ratio = max(1, base["heads"] // max(1, base["kv_heads"]))
+        shape["kv_heads"] = max(1, shape["heads"] // ratio)
+    if shape["hidden"] % shape["heads"] or shape["heads"] % shape["kv_heads"]:
+        raise ValueError(
+            f"width {shape['hidden']}, {shape['heads']} heads and {shape['kv_heads']} KV heads: the heads "
+            "must divide the width and the KV heads the heads; pass --heads/--kv-heads."
+        )
+    shape["head_dim"] = shape["hidden"] // shape["heads"]
+    return shape
+
+
+# ------------------------------------------------------------------------------------ guard (pure functions)
+
+
+def extrapolate(points: list[tuple[float, float]], x: float, single_exponent: float = 2.0) -> float | None:
+    """A conservative prediction at `x` from `(length, value)` points measured at shorter lengths.
+
+    None without points; one point: scaled by ``(x / x_1)**single_exponent``; otherwise the largest of the
+    last value, the linear and the power-law (exponent at most 2) extrapolations of the last two points and,
+    with >= 3 points, a least-squares fit ``a + b*L + c*L**2``.
+    """
+    pts = sorted(dict(points).items())  # one value per length
+    if not pts:
+        return None
+    xl, yl = pts[-1]
+    if len(pts) == 1:
+        return yl * max(1.0, x / xl) ** single_exponent if yl > 0 else yl
+    x1, y1 = pts[-2]
+    candidates = [yl, yl + (yl - y1) / (xl - x1) * (x - xl)]
+    if y1 > 0 and yl > y1:
+        power = min(2.0, math.log(yl / y1) / math.log(xl / x1))
+        candidates.append(yl * (x / xl) ** power)
+    if len(pts) >= 3:
+        import numpy as np
+
+        xs = np.array([px for px, _ in pts], dtype=float)
+        ys = np.array([py for _, py in pts], dtype=float)
+        c, b, a = np.polyfit(xs, ys, 2)
+        candidates.append(float(a + b * x + c * x * x))
+    return max(candidates)
+
+
+def _is_measured(row: dict) -> bool:
+    return "peak_mem_mib" in row and "error" not in row and not row.get("skipped")
+
+
+def guard(
+    rows: list[dict],
+    length: int,
+    partitions: int | str,
+    *,
+    memory_limit_mib: float | None = None,
+    time_limit_s: float | None = None,
+    steps_per_point: int = 1,
+) -> dict | None:
+    """The skip row of point (`length`, `partitions`), or None to run it.
+
+    Predictions use the measured `rows` of the same `partitions` at shorter lengths (`extrapolate`): the whole
+    peak (the step's `peak_mem_mib` plus the memory held before it, `peak_total_mib - peak_mem_mib`, which one
+    point scales linearly; `peak_mem_mib` alone for rows without `peak_total_mib`) against `memory_limit_mib`,
+    and `steps_per_point` times the step time against `time_limit_s`.  A point is also skipped when a shorter
+    one of the same `partitions` was skipped, or failed for memory (row `reason` "memory").
+    """
+    same = sorted(
+        (r for r in rows if r["partitions"] == partitions and r["length"] < length), key=lambda r: r["length"]
+    )
+    measured = [r for r in same if _is_measured(r)]
+    peak = extrapolate([(r["length"], r["peak_mem_mib"]) for r in measured], length)
+    total = peak
+    if peak is not None and all("peak_total_mib" in r for r in measured):
+        # the whole peak = the memory held before the step (runtime, model, features: scaled linearly from one
+        # point) + the step's own (`peak`)
+        rest = [(r["length"], r["peak_total_mib"] - r["peak_mem_mib"]) for r in measured]
+        total = peak + extrapolate(rest, length, single_exponent=1.0)
+    step = extrapolate([(r["length"], r["step_s"]) for r in measured], length)
+    reason = None
+    earlier = next((r for r in same if r.get("reason") in ("memory", "time")), None)
+    if earlier is not None:
+        reason = earlier["reason"]
+        why = f"{'skipped' if earlier.get('skipped') else 'failed'} at {earlier['length']} tokens"
+    elif memory_limit_mib is not None and total is not None and total > memory_limit_mib:
+        reason, why = "memory", f"predicted peak {total:,.0f} MiB > limit {memory_limit_mib:,.0f} MiB"
+    elif time_limit_s is not None and step is not None and step * steps_per_point > time_limit_s:
+        reason = "time"
+        why = f"predicted {steps_per_point} x {step:,.1f} s > limit {time_limit_s:,.0f} s"
+    if reason is None:
+        return None
+    return {
+        "length": length,
+        "partitions": partitions,
+        "skipped": True,
+        "reason": reason,
+        "why": why,
+        "predicted_peak_mib": peak,
+        "predicted_total_mib": total,
+        "predicted_step_s": step,
+    }
+
+
+# ------------------------------------------------------------------------------- summaries (pure functions)
+
+
+def series_order(rows: list[dict]) -> list[int | str]:
+    """The S values of `rows`: the fixed ones ascending, then "auto"."""
+    values = {r["partitions"] for r in rows}
+    return sorted(v for v in values if not isinstance(v, str)) + sorted(
+        v for v in values if isinstance(v, str)
+    )
+
+
+def memory_slopes(rows: list[dict]) -> dict[str, float]:
+    """Least-squares slope of `peak_mem_mib` vs length per S (with >= 2 lengths), in MiB per 1,000 tokens."""
+    out = {}
+    for s in series_order(rows):
+        pts = [(r["length"], r["peak_mem_mib"]) for r in rows if r["partitions"] == s and _is_measured(r)]
+        if len({x for x, _ in pts}) < 2:
+            continue
+        mx = statistics.fmean(x for x, _ in pts)
+        my = statistics.fmean(y for _, y in pts)
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        out[str(s)] = 1000.0 * slope
+    return out
+
+
+def _mib(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.1f}"
+
+
+def _sec(v: float) -> str:
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:,.0f}"
+
+
+def format_cell(row: dict | None) -> str:
+    """A table cell: "MiB / s" ("... (S=k)" for "auto"), "(~N MiB, skipped)", "(~T s, skipped)", "failed"."""
+    if row is None:
+        return ""
+    if row.get("skipped"):
+        if row.get("reason") == "time" and row.get("predicted_step_s") is not None:
+            return f"(~{_sec(row['predicted_step_s'])} s, skipped)"
+        if row.get("predicted_peak_mib") is not None:
+            return f"(~{_mib(row['predicted_peak_mib'])} MiB, skipped)"
+        return "(skipped)"
+    if "error" in row:
+        return "failed"
+    cell = f"{_mib(row['peak_mem_mib'])} / {_sec(row['step_s'])}"
+    if row["partitions"] == "auto" and row.get("chosen_partitions") is not None:
+        cell += f" (S={row['chosen_partitions']})"
+    return cell
+
+
+def markdown_table(rows: list[dict], budget: str | None = None) -> str:
+    """Rows = lengths, columns = S (then "auto"), cells `format_cell`; the elements of the measured rows."""
+    series = series_order(rows)
+    lengths = sorted({r["length"] for r in rows})
+    names = [f"auto ({budget})" if s == "auto" and budget else f"S = {s}" for s in series]
+    lines = [
+        "| tokens | elements | " + " | ".join(names) + " |",
+        "|---:|---:|" + "---:|" * len(series),
+    ]
+    for length in lengths:
+        at = {r["partitions"]: r for r in rows if r["length"] == length}
+        elements = next((r["elements"] for r in at.values() if "elements" in r), None)
+        cells = [f"{length:,}", "" if elements is None else f"{elements:,}"]
+        cells += [format_cell(at.get(s)) for s in series]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------- one point (child)
+
+
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as fh:
         for line in fh:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
 
 
 def _reset_peak_rss() -> bool:
@@ -67,14 +314,23 @@ def _lm_head_only_class():
     return _LMHeadOnly
 
 
-def _measure(cfg: dict, length: int, partitions: int, queue) -> None:
+def _memory_error(text: str) -> bool:
+    text = text.lower()
+    return "out of memory" in text or "memoryerror" in text or "cannot allocate memory" in text
+
+
+def _measure(cfg: dict, length: int, partitions: int | str, queue) -> None:
     try:
         queue.put(_measure_inner(cfg, length, partitions))
     except Exception as exc:  # noqa: BLE001 - report any failure (e.g. out of memory) as a row
-        queue.put({"length": length, "partitions": partitions, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        row = {"length": length, "partitions": partitions, "error": error}
+        if _memory_error(error):
+            row["reason"] = "memory"
+        queue.put(row)
 
 
-def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
+def _measure_inner(cfg: dict, length: int, partitions: int | str) -> dict:
     import torch
     from transformers import LlamaConfig
 
@@ -84,15 +340,15 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
     torch.set_num_threads(cfg["threads"])
     device = torch.device(cfg["device"])
     hidden, vocab = cfg["hidden"], cfg["vocab"]
-    heads = max(1, hidden // 64)
     tcfg = LlamaConfig(
         hidden_size=hidden,
         intermediate_size=cfg["intermediate"],
         num_hidden_layers=8,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 3),
+        num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv_heads"],
+        head_dim=hidden // cfg["heads"],
         vocab_size=vocab,
-        max_position_embeddings=max(2 * length, 8192),
+        max_position_embeddings=cfg["max_positions"],
     )
     target = _LMHeadOnly(tcfg)  # features come from the "cache": only the target's lm_head rows are used
     dtype = getattr(torch, cfg["dtype"])
@@ -111,24 +367,39 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
         num_hidden_layers=cfg["layers"],
         draft_vocab_size=cfg["draft_vocab"],
         num_parallel_positions=cfg["k"],
-        max_position_embeddings=max(2 * length, 8192),
+        max_position_embeddings=cfg["max_positions"],
         embed_from_target=cfg["frozen_embeddings"],
         attn_implementation=cfg["attn"],
     ).to(device)
-    args = training_arguments(
-        os.path.join(cfg["out"], "tmp"),
-        use_cpu=device.type == "cpu",
-        sequence_partitions=partitions,
-        num_parallel_positions=cfg["k"],
-        cod_ratio=cfg["cod_ratio"],
-        cod_min_ratio=cfg["cod_min_ratio"],
-        max_length=length,
-        gradient_accumulation_steps=1,
-        bf16=cfg["dtype"] == "bfloat16",
-        optim="sgd",
-    )
+    if partitions == "auto":
+        chooser = {"partition_memory_budget": cfg["budget"]}
+    else:
+        chooser = {"sequence_partitions": partitions}
+    try:
+        args = training_arguments(
+            os.path.join(cfg["out"], "tmp"),
+            use_cpu=device.type == "cpu",
+            progress=False,
+            num_parallel_positions=cfg["k"],
+            cod_ratio=cfg["cod_ratio"],
+            cod_min_ratio=cfg["cod_min_ratio"],
+            max_length=length,
+            gradient_accumulation_steps=1,
+            bf16=cfg["dtype"] == "bfloat16",
+            optim="sgd",
+            **chooser,
+        )
+    except TypeError as exc:
+        if partitions != "auto":
+            raise
+        return {
+            "length": length,
+            "partitions": "auto",
+            "budget": cfg["budget"],
+            "error": f"partition_memory_budget is not supported by this peagle ({exc})"[:300],
+        }
     trainer = PEagleTrainer(
-        model=head, target_model=target, args=args, train_dataset=[{"input_ids": [0], "loss_mask": [0]}]
+        model=head, target_model=target, args=args, train_dataset=[{"input_ids": [0, 1], "loss_mask": [0, 1]}]
     )
     model = trainer.model
     batch = PEagleDataCollator()([example])
@@ -145,7 +416,8 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
         model.zero_grad(set_to_none=True)
         return t1 - t0, t2 - t1, float(loss), plans[0]
 
-    step()  # warm-up (kernel selection, allocator pools, lazy buffers)
+    if cfg["warmup"]:
+        step()  # warm-up (kernel selection, allocator pools, lazy buffers)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -164,9 +436,11 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
         step_times.append(s)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
+        total = torch.cuda.max_memory_reserved()
     else:
-        peak = _status_kib("VmHWM") * 1024 - base
-    return {
+        total = _status_kib("VmHWM") * 1024
+        peak = total - base
+    row = {
         "length": length,
         "partitions": partitions,
         "elements": int(plan.anchor.numel()),
@@ -175,134 +449,318 @@ def _measure_inner(cfg: dict, length: int, partitions: int) -> dict:
         "step_s": statistics.median(step_times),
         "plan_s": statistics.median(plan_times),
         "peak_mem_mib": peak / 2**20,
+        "peak_total_mib": total / 2**20,
         "loss": loss,
     }
+    if partitions == "auto":
+        row["budget"] = cfg["budget"]
+        row["chosen_partitions"] = len(plan.segments)
+    try:  # what the trainer's memory model (partition_memory_budget) predicts for this partition
+        from peagle.training.memory import StepMemoryModel
+
+        row["model_mib"] = StepMemoryModel(trainer._head().config, online=False).step([plan]) / 2**20
+    except ImportError:
+        pass
+    return row
 
 
-def plot(rows: list[dict], path: str, title: str) -> None:
+def _probe_gpu(queue) -> None:
+    import torch
+
+    queue.put({"free": torch.cuda.mem_get_info()[0], "name": torch.cuda.get_device_name()})
+
+
+def probe_gpu(ctx) -> dict:
+    """The current GPU's free memory (bytes) and name, asked in a child process (this one keeps no CUDA
+    context)."""
+    q = ctx.Queue()
+    proc = ctx.Process(target=_probe_gpu, args=(q,))
+    proc.start()
+    proc.join()
+    return q.get(timeout=10)
+
+
+def default_memory_limit_mib(device: str, gpu: dict | None = None) -> float:
+    """80% of MemAvailable (CPU) or of the GPU's free memory (`gpu`, from `probe_gpu`), in MiB."""
+    if device.startswith("cuda"):
+        return 0.8 * gpu["free"] / 2**20
+    return 0.8 * _meminfo_kib("MemAvailable") / 1024
+
+
+def _meminfo_kib(field: str) -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/meminfo has no {field}")
+
+
+def run_point(ctx, cfg: dict, length: int, partitions: int | str, rss_limit_mib: float | None) -> dict:
+    """Measure one point in a fresh process; on CPU, kill it when its RSS passes `rss_limit_mib`."""
+    q = ctx.Queue()
+    proc = ctx.Process(target=_measure, args=(cfg, length, partitions, q))
+    proc.start()
+    killed = None
+    while proc.is_alive():
+        proc.join(0.2)
+        if rss_limit_mib is not None and proc.is_alive():
+            try:
+                rss = _status_kib("VmRSS", proc.pid) / 1024
+            except (OSError, RuntimeError):
+                continue
+            if rss > rss_limit_mib:
+                proc.kill()
+                proc.join()
+                killed = rss
+    if killed is not None:
+        return {
+            "length": length,
+            "partitions": partitions,
+            "error": f"killed at {killed:,.0f} MiB RSS (over the memory limit {rss_limit_mib:,.0f} MiB)",
+            "reason": "memory",
+        }
+    try:
+        return q.get(timeout=10)
+    except queue_module.Empty:
+        row = {"length": length, "partitions": partitions, "error": f"exit {proc.exitcode}"}
+        if proc.exitcode == -9:  # SIGKILL: most likely the OOM killer
+            row["reason"] = "memory"
+        return row
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+
+def plot(rows: list[dict], path: str | os.PathLike, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for s in sorted({r["partitions"] for r in rows}):
-        pts = sorted(
-            (r for r in rows if r["partitions"] == s and "error" not in r), key=lambda r: r["length"]
-        )
-        if not pts:
-            continue
-        xs = [r["length"] for r in pts]
-        axes[0].plot(xs, [r["peak_mem_mib"] for r in pts], marker="o", label=f"S={s}")
-        axes[1].plot(xs, [r["step_s"] for r in pts], marker="o", label=f"S={s}")
+    from peagle.evaluation.results import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    panels = ((axes[0], "peak_mem_mib", "predicted_peak_mib"), (axes[1], "step_s", "predicted_step_s"))
+    labelled = []  # the axes with hollow markers
+    for s in series_order(rows):
+        mine = sorted((r for r in rows if r["partitions"] == s), key=lambda r: r["length"])
+        pts = [r for r in mine if _is_measured(r)]
+        budget = next((r["budget"] for r in mine if r.get("budget")), None)
+        label = f"S={s}" if s != "auto" else f"auto ({budget})" if budget else "auto"
+        color = None
+        for ax, key, predicted in panels:
+            (line,) = ax.plot(
+                [r["length"] for r in pts], [r[key] for r in pts], marker="o", label=label, color=color
+            )
+            color = line.get_color()
+            pred = [
+                (r["length"], r[predicted]) for r in mine if r.get("skipped") and r.get(predicted) is not None
+            ]
+            if pred:
+                ax.plot(
+                    [x for x, _ in pred], [y for _, y in pred], linestyle="none", marker="o", markersize=9,
+                    markerfacecolor="none", markeredgecolor=color,
+                )  # fmt: skip
+                labelled += [ax] if ax not in labelled else []
+        for r in pts:
+            if r.get("chosen_partitions") is not None:
+                axes[0].annotate(
+                    f"S={r['chosen_partitions']}", (r["length"], r["peak_mem_mib"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, -10),
+                )  # fmt: skip
+    for ax in labelled:  # one legend entry for the hollow markers of every S
+        ax.plot([], [], linestyle="none", marker="o", markersize=9, markerfacecolor="none", color="gray",
+                label="predicted, skipped")  # fmt: skip
     for ax, name in zip(axes, ("peak memory of a step (MiB)", "step time (s, median)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return save_figure(fig, path)
+
+
+def _print_row(row: dict) -> None:
+    s, length = row["partitions"], row["length"]
+    if row.get("skipped"):
+        pred = row.get("predicted_peak_mib")
+        print(
+            f"{length:>7} {s!s:>4}  skipped ({row['reason']}: {row['why']})"
+            + (f", predicted ~{pred:,.0f} MiB" if pred is not None else "")
+        )
+    elif "error" in row:
+        print(f"{length:>7} {s!s:>4}  failed: {row['error']}")
+    else:
+        chosen = f"  (chose S={row['chosen_partitions']})" if row.get("chosen_partitions") is not None else ""
+        print(
+            f"{length:>7} {s!s:>4} {row['elements']:>9} {row['largest_pass']:>8} {row['step_s']:>8.3f} "
+            f"{row['plan_s']:>7.3f} {row['peak_mem_mib']:>9.1f} {row['peak_total_mib']:>9.1f}{chosen}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lengths", default="512,1024,2048,4096")
+    ap.add_argument("--lengths", default="512,1024,2048,4096", help="run shortest first")
     ap.add_argument("--partitions", default="1,2,4,8")
-    ap.add_argument("--hidden", type=int, default=576, help="drafter/target width (SmolLM2-135M: 576)")
-    ap.add_argument("--intermediate", type=int, default=1536)
-    ap.add_argument("--layers", type=int, default=1, help="drafter layers")
-    ap.add_argument("--vocab", type=int, default=49152)
-    ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--num-parallel-positions", type=int, default=8, help="K_train")
+    ap.add_argument(
+        "--budget", default=None, help='also run each length with partition_memory_budget=BUDGET (e.g. "4GB")'
+    )
+    ap.add_argument(
+        "--head-config",
+        default=str(DEFAULT_HEAD_CONFIG),
+        help="a head's config.json giving the drafter's shape (default: the shipped SmolLM2-135M head)",
+    )
+    ap.add_argument("--hidden", type=int, default=None, help="drafter/target width (shipped head: 576)")
+    ap.add_argument("--heads", type=int, default=None, help="attention heads (default: width / head size)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (default: the head config's ratio)")
+    ap.add_argument("--intermediate", type=int, default=None, help="MLP width (shipped head: 1536)")
+    ap.add_argument("--layers", type=int, default=None, help="drafter layers (shipped head: 4)")
+    ap.add_argument("--vocab", type=int, default=None, help="target vocabulary (shipped head: 49152)")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="shipped head: 8192")
+    ap.add_argument("--num-parallel-positions", type=int, default=None, help="K_train (shipped head: 8)")
+    ap.add_argument(
+        "--frozen-embeddings",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="embed_from_target heads (no embedding-table gradient); shipped head: yes",
+    )
     ap.add_argument("--cod-ratio", type=float, default=0.7)
     ap.add_argument("--cod-min-ratio", type=float, default=0.2)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1, help="timed steps per point (the median is reported)")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up step (long lengths)")
+    ap.add_argument(
+        "--memory-limit",
+        type=float,
+        default=None,
+        help="MiB; skip points predicted to peak above it (default: 80%% of MemAvailable / free GPU memory)",
+    )
+    ap.add_argument(
+        "--time-limit", type=float, default=None, help="seconds; skip points predicted to take longer"
+    )
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument(
         "--dtype", default=None, choices=["float32", "bfloat16"], help="default: bf16 on GPU, fp32 on CPU"
     )
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention"])
-    ap.add_argument(
-        "--frozen-embeddings",
-        action="store_true",
-        help="embed_from_target heads (no embedding-table gradient)",
-    )
     ap.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     ap.add_argument("--out", default="bench_partition")
     args = ap.parse_args(argv)
 
     import torch
 
+    head_config = args.head_config if args.head_config and Path(args.head_config).is_file() else None
+    if args.head_config and head_config is None and args.head_config != str(DEFAULT_HEAD_CONFIG):
+        ap.error(f"--head-config {args.head_config}: no such file")
+    shape = model_shape(
+        read_head_config(head_config),
+        {
+            "hidden": args.hidden,
+            "heads": args.heads,
+            "kv_heads": args.kv_heads,
+            "intermediate": args.intermediate,
+            "layers": args.layers,
+            "vocab": args.vocab,
+            "draft_vocab": args.draft_vocab,
+            "k": args.num_parallel_positions,
+            "frozen_embeddings": args.frozen_embeddings,
+        },
+    )
+    lengths = sorted({int(x) for x in args.lengths.split(",")})
+    parts = [int(x) for x in args.partitions.split(",")]
+    series: list[int | str] = parts + (["auto"] if args.budget else [])
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = {
         "device": device,
         "dtype": args.dtype or ("bfloat16" if device == "cuda" else "float32"),
-        "hidden": args.hidden,
-        "intermediate": args.intermediate,
-        "layers": args.layers,
-        "vocab": args.vocab,
-        "draft_vocab": args.draft_vocab,
-        "k": args.num_parallel_positions,
+        "head_config": head_config,
+        **shape,
+        "max_positions": max(MIN_MAX_POSITIONS, 2 * max(lengths)),
         "cod_ratio": args.cod_ratio,
         "cod_min_ratio": args.cod_min_ratio,
         "repeats": args.repeats,
+        "warmup": not args.no_warmup,
+        "budget": args.budget,
         "attn": args.attn,
         "threads": args.threads,
-        "frozen_embeddings": args.frozen_embeddings,
         "out": args.out,
     }
     os.makedirs(args.out, exist_ok=True)
-    lengths = [int(x) for x in args.lengths.split(",")]
-    parts = [int(x) for x in args.partitions.split(",")]
     # glibc: serve every allocation above 64 KiB by mmap, so freed tensors leave the RSS and the peak RSS of a
     # step measures its live memory (the child processes inherit this at start)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "65536")
     ctx = mp.get_context("spawn")
-    rows = []
-    header = (
-        f"{'length':>7} {'S':>3} {'elements':>9} {'largest':>8} {'step s':>8} {'plan s':>7} {'peak MiB':>9}"
+    gpu = probe_gpu(ctx) if device.startswith("cuda") else None
+    memory_limit = (
+        args.memory_limit if args.memory_limit is not None else default_memory_limit_mib(device, gpu)
     )
-    print(header)
-    for length in lengths:
-        for s in parts:
-            queue = ctx.Queue()
-            proc = ctx.Process(target=_measure, args=(cfg, length, s, queue))
-            proc.start()
-            proc.join()
-            row = (
-                queue.get()
-                if not queue.empty()
-                else {"length": length, "partitions": s, "error": f"exit {proc.exitcode}"}
-            )
-            rows.append(row)
-            if "error" in row:
-                print(f"{length:>7} {s:>3}  failed: {row['error']}")
-            else:
-                print(
-                    f"{length:>7} {s:>3} {row['elements']:>9} {row['largest_pass']:>8} {row['step_s']:>8.3f} "
-                    f"{row['plan_s']:>7.3f} {row['peak_mem_mib']:>9.1f}"
-                )
+    cfg["memory_limit_mib"] = memory_limit
+    cfg["time_limit_s"] = args.time_limit
     meta = {
         "config": cfg,
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-        "memory_measure": "max_memory_allocated growth"
-        if device == "cuda"
-        else "peak RSS growth of the process",
+        "gpu": gpu["name"] if gpu else None,
+        "memory_measure": "max_memory_allocated growth (whole: max_memory_reserved)"
+        if gpu
+        else "peak RSS growth of the process (whole: peak RSS)",
     }
-    with open(os.path.join(args.out, "bench_partition.json"), "w") as fh:
-        json.dump({**meta, "rows": rows}, fh, indent=2)
-    title = (
-        f"P-EAGLE training step, {device} {cfg['dtype']}, width {args.hidden}, {args.layers} layer(s), "
-        f"K_train={args.num_parallel_positions}, COD r={args.cod_ratio}/{args.cod_min_ratio}, draft vocab {args.draft_vocab}"
-        + (", frozen embeddings" if args.frozen_embeddings else "")
+    partial = Path(args.out) / "bench_partition.json"  # rewritten after every point, then with the summary
+    steps_per_point = args.repeats + (0 if args.no_warmup else 1)
+    print(
+        f"memory limit {memory_limit:,.0f} MiB"
+        + (f", time limit {args.time_limit:,.0f} s per point" if args.time_limit else "")
     )
-    plot(rows, os.path.join(args.out, "bench_partition.png"), title)
-    print(f"wrote {args.out}/bench_partition.json and .png")
+    print(
+        f"{'length':>7} {'S':>4} {'elements':>9} {'largest':>8} {'step s':>8} {'plan s':>7} "
+        f"{'peak MiB':>9} {'whole MiB':>9}"
+    )
+    rows: list[dict] = []
+    for length in lengths:
+        for s in series:
+            row = guard(
+                rows,
+                length,
+                s,
+                memory_limit_mib=memory_limit,
+                time_limit_s=args.time_limit,
+                steps_per_point=steps_per_point,
+            )
+            if row is None:
+                row = run_point(ctx, cfg, length, s, memory_limit if device == "cpu" else None)
+            if s == "auto":
+                row.setdefault("budget", args.budget)
+            rows.append(row)
+            _print_row(row)
+            partial.write_text(json.dumps({**meta, "rows": rows}, indent=2))
+
+    slopes = memory_slopes(rows)
+    table = markdown_table(rows, args.budget)
+    title = (
+        f"P-EAGLE training step, {device} {cfg['dtype']}, width {shape['hidden']}, "
+        f"{shape['layers']} layer(s), "
+        f"{shape['heads']}/{shape['kv_heads']} heads, K_train={shape['k']}, COD r={args.cod_ratio}/"
+        f"{args.cod_min_ratio}, draft vocab {shape['draft_vocab']}"
+        + (", frozen embeddings" if shape["frozen_embeddings"] else ", trained embeddings")
+    )
+    slope_line = "memory slope (least squares, MiB per 1K tokens): " + (
+        ", ".join(f"S = {s}: {v:,.1f}" for s, v in slopes.items()) or "needs 2 lengths"
+    )
+    print()
+    print(table)
+    print()
+    print(slope_line)
+    results = {**meta, "summary": {"memory_slope_mib_per_1k_tokens": slopes}, "rows": rows}
+    from peagle.evaluation.results import write_json_and_plot
+
+    write_json_and_plot(results, args.out, "bench_partition", lambda _summary, path: plot(rows, path, title))
+    md = Path(args.out) / "bench_partition.md"
+    md.write_text(
+        f"{title}\n\nCells: peak memory added by the step (MiB) / step time (s); skipped points show their "
+        f"prediction (memory limit {memory_limit:,.0f} MiB).\n\n{table}\n\n{slope_line}\n"
+    )
+    print(f"wrote {args.out}/bench_partition.json, .png and .md")
     return 0
 
 

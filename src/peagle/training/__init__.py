@@ -3,8 +3,8 @@
 One module per concept (docs/DESIGN.md section 4 describes the method):
 
 - the method's pure functions: `cod` ([`cod_sample`], conditional drop), `masks` ([`peagle_attention_mask`] /
-  [`peagle_block_mask`], the attention rule), `partition` ([`partition_plan`], Algorithm 1 with causal
-  completion), `losses`, `plan` ([`plan_example`]: the elements of one example and the drafter inputs);
+  [`peagle_block_mask`], the attention rule), `partition` ([`partition_plan`], Algorithm 1, earlier
+  segments read as keys and values: `prefix`), `memory` ([`choose_num_segments`]: S from a byte budget), `losses`, `plan` ([`plan_example`]: the elements of one example and the drafter inputs);
 - data: `prompts` (chat formatting, prompt files and offline prompt sets, the MT-Bench/HumanEval guard),
   `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
   token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
@@ -36,6 +36,7 @@ _EXPORTS = {
     "cod": ["cod_counts", "cod_sample"],
     "masks": ["peagle_mask_rule", "peagle_attention_mask", "peagle_block_mask", "PEagleMaskTemplate"],
     "partition": ["Segment", "partition_boundaries", "partition_plan"],
+    "memory": ["StepMemoryModel", "choose_num_segments", "parse_bytes"],
     "losses": ["distillation_loss", "target_draft_logits"],
     "prompts": [
         "chat_prompt_ids",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .head_surgery import grow_draft_vocab, grow_layers, resize_draft_vocab  # noqa: F401
     from .losses import distillation_loss, target_draft_logits  # noqa: F401
     from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
+    from .memory import StepMemoryModel, choose_num_segments, parse_bytes  # noqa: F401
     from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
     from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
     from .prompts import (  # noqa: F401

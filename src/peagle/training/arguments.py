@@ -67,7 +67,11 @@ class PEagleTrainingArguments(TrainingArguments):
         num_parallel_positions: K_train, depths 0..K-1 per anchor (default: the head config's).
         cod_ratio: COD keep ratio r per depth (``r**d`` of the anchors at depth d).
         cod_min_ratio: floor r_min of the keep ratio.
-        sequence_partitions: S, forward/backward passes per example (same gradient for every S).
+        sequence_partitions: S, forward/backward passes per example (same gradient for every S); with
+            `partition_memory_budget`, the smallest S tried.
+        partition_memory_budget: a size (`"4GB"`, `"3.5GiB"`, bytes) the activations of one step must fit: each
+            micro-batch is split into the fewest segments whose estimated peak fits
+            ([`peagle.training.memory.StepMemoryModel`]; weights and optimiser state not counted).
         balance_partitions: choose segment boundaries that even out the passes' sizes.
         max_length: examples are truncated to this many tokens.
         loss_type: `"kl"` (against the target's distribution over the draft vocab) or `"ce"` (its argmax).
@@ -90,6 +94,12 @@ class PEagleTrainingArguments(TrainingArguments):
     cod_ratio: float = field(default=0.7, metadata={"help": "COD keep ratio r per depth."})
     cod_min_ratio: float = field(default=0.2, metadata={"help": "COD keep-ratio floor r_min."})
     sequence_partitions: int = field(default=1, metadata={"help": "Forward/backward passes per example."})
+    partition_memory_budget: str | None = field(
+        default=None,
+        metadata={
+            "help": "Choose S per micro-batch so a step's activations fit this size, e.g. 4GB or 3.5GiB."
+        },
+    )
     balance_partitions: bool = field(default=True, metadata={"help": "Balance segment sizes."})
     max_length: int = field(default=2048, metadata={"help": "Truncate examples to this many tokens."})
     loss_type: str = field(default="kl", metadata={"help": "'kl' or 'ce'."})
@@ -121,6 +131,10 @@ class PEagleTrainingArguments(TrainingArguments):
             raise ValueError(f"loss_type is {self.loss_type!r}; expected one of {LOSS_TYPES}.")
         if self.sequence_partitions < 1:
             raise ValueError(f"sequence_partitions is {self.sequence_partitions}; expected >= 1.")
+        if self.partition_memory_budget is not None:
+            from .memory import parse_bytes
+
+            parse_bytes(self.partition_memory_budget)
         k = self.num_parallel_positions
         if k is not None and not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(

@@ -40,6 +40,7 @@ from .callbacks import COUNTS_FILE, TrainingCountsCallback
 from .features import PEagleDataCollator, capture_features
 from .losses import TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
+from .memory import StepMemoryModel, choose_num_segments, parse_bytes
 from .optimizer import freeze_except, split_lr_groups
 from .plan import (
     ExamplePlan,
@@ -177,6 +178,7 @@ class PEagleTrainer(Trainer):
         if self.train_dataset is not None:
             check_examples(self.train_dataset, int(target_model.config.get_text_config().vocab_size))
         self._template = PEagleMaskTemplate(args.max_length, self.num_parallel_positions)
+        self._last_partition_choice: tuple[int, int] | None = None
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
         self._acceptance_records: list[torch.Tensor] | None = None  # set only inside evaluate_acceptance
@@ -245,7 +247,26 @@ class PEagleTrainer(Trainer):
                     balance=self.args.balance_partitions,
                 )
             )
+        if self.args.partition_memory_budget is not None:
+            self._fit_partitions(plans, online="target_hidden_states" not in batch)
         return plans
+
+    def _fit_partitions(self, plans: list[ExamplePlan], online: bool) -> None:
+        """Re-partition `plans` into the fewest segments whose step fits `partition_memory_budget`."""
+        budget = parse_bytes(self.args.partition_memory_budget)
+        model = StepMemoryModel(
+            self._head().config, self.target_model.config.get_text_config(), online=online
+        )
+        count, need = choose_num_segments(
+            plans, model, budget, self.args.sequence_partitions, self.args.balance_partitions
+        )
+        key = (max(p.length for p in plans), count)
+        if key != self._last_partition_choice:
+            logger.info(
+                f"partition_memory_budget {budget / 2**30:.2f} GiB: {len(plans)} x {key[0]} tokens in {count} "
+                f"segment(s), about {need / 2**30:.2f} GiB"
+            )
+            self._last_partition_choice = key
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
         """Fetch the micro-batches of one optimiser step, plan them, and count their supervised elements over
@@ -784,6 +805,8 @@ class PEagleTrainer(Trainer):
                     logs[f"{prefix}acc_d{d}"] = round(float(correct[d]) / float(total[d]), 4)
             if split == "train":
                 logs["supervised_elements"] = float(items[0])
+                if self._last_partition_choice is not None:  # S chosen from partition_memory_budget
+                    logs["sequence_partitions"] = float(self._last_partition_choice[1])
             self._stats[split] = self._zero_stats()
         super().log(logs, start_time)
 

@@ -1,0 +1,595 @@
+"""Long contexts: what the shipped P-EAGLE head does at inference as the context grows (issue #61).
+
+For each context length C of `--contexts` (0 = the short prompt alone) and each held-out prompt (`--skip`,
+`--limit`: examples of `--examples`, by default the repository's self-distilled held-out set, never MT-Bench or
+HumanEval), the input is a long context followed by that prompt: whole earlier held-out examples (system prompt,
+user turn and the target's own greedy response, each followed by the "\\n" the chat template writes after
+`<|im_end|>`), the ones just before the prompt's example going back (wrapping round to the end of the set, never
+the prompt's own example), as many as fit in C tokens, then the prompt part of the prompt's example (its tokens
+before the first `loss_mask` 1).  The context is therefore at most C tokens (whole examples only); its real length
+is reported.
+
+Measured at each context:
+
+1. Tokens per target pass: greedy `target.generate(ids, assistant_model=head, do_sample=False,
+   max_new_tokens=N)` with the head's default drafting rule (or K every round with `--num-assistant-tokens K`),
+   the head's `PEagleGenerationStats.tokens_per_target_pass` (new tokens / target forward passes, prefill
+   included) averaged over the prompts, its acceptance length (tokens per drafting round), and plain greedy
+   decoding of the same input, whose output every head run is checked against (a mismatch is reported, never
+   hidden).  Wall times of both runs are recorded too (speedup), on a busy machine they are noise.  Each head
+   run starts from the cost rule's calibrated curve (the in-memory curve, refined online by earlier runs, is
+   dropped first), so a context's result does not depend on the contexts run before it.
+2. The cost of one drafting round against context: on the first prompt's input (T tokens, the target's own
+   features of it), the drafter cache is filled with the context's T-1-R real slots in one round (its time is
+   `first round`, once), then one steady round (R = `--real-slots` new real slots + K-1 parallel slots over that
+   cache, `PEagleDrafter.draft_round`, greedy selection) and one target verify pass of K+1 tokens over the
+   target's T-token cache (aux hidden states requested, as decoding does) are timed, interleaved with a one-token
+   target step, `--repeats` times after a warm-up each; the medians and the draft/verify ratio are reported.
+
+The embedded target (SmolLM2-135M-Instruct) has `max_position_embeddings` 8192.  Where a context's positions
+(input + new tokens, or the timed cache + K + 1) exceed it, the target is a copy built from a copy of its config
+with `max_position_embeddings` raised to `--extend-positions` (default 32768) and the same weights: its RoPE is
+computed on the fly (rope_type default), so nothing else changes, but the target then runs PAST ITS TRAINED
+RANGE, and the table and JSON say so (`past_trained_range`).  The head (its config also says 8192) was trained on
+conversations of a few hundred tokens: every long context is beyond what it saw in training.
+
+Any failure (e.g. out of memory) is recorded in the JSON and printed, never hidden; the exit status is 1 when a
+run failed or an output differed from plain greedy.  Writes `<out>/long_context.json` and
+`<out>/long_context.png` (tokens per target pass against context; round costs against context).
+
+Examples:
+    # the measurement (CPU, on an otherwise idle machine): about an hour on one core of an AMD EPYC, most of it
+    # in the 16K context's seven target prefills (~5 min each: 2 per prompt and 1 for the round timing)
+    python benchmarks/bench_long_context.py --contexts 0,2048,4096,8192,16384
+    # a quick end-to-end check
+    OMP_NUM_THREADS=1 python benchmarks/bench_long_context.py --contexts 0,512 --limit 1 --max-new-tokens 8 \\
+        --repeats 1 --out /tmp/long_context
+    # K=7 every round instead of the default (cost-aware) rule, on a GPU
+    python benchmarks/bench_long_context.py --num-assistant-tokens 7 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from peagle import PEagleDrafter  # importing peagle installs the generate() hook (assistant_model=head)
+from peagle.configuration_peagle import default_aux_layer_ids
+from peagle.evaluation.results import save_figure, write_json_and_plot
+from peagle.evaluation.timing import machine_description, timed_generate
+from peagle.generation import PEagleGenerationStats
+from peagle.generation.cost import forget_cost_models
+from peagle.modeling_peagle import cache_kwarg
+
+DEFAULT_EXAMPLES = "training_data/smollm2-135m-instruct/heldout"
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def prompt_part(example: dict[str, Any]) -> list[int]:
+    """An example's prompt: its tokens before the first supervised one (`loss_mask` 1)."""
+    mask = list(example["loss_mask"])
+    cut = mask.index(1) if 1 in mask else len(mask)
+    return list(example["input_ids"])[:cut]
+
+
+def build_input(
+    examples: Sequence[dict[str, Any]], index: int, context: int, separator: Sequence[int] = ()
+) -> tuple[list[int], dict[str, Any]]:
+    """The input of prompt `index` at context `context`: whole other examples (each followed by `separator`), the
+    ones before `index` going back and wrapping round, as many as fit in `context` tokens, oldest first, then the
+    prompt part of example `index`.  Returns `(ids, info)`, info with the real context length and the examples
+    used."""
+    prompt = prompt_part(examples[index])
+    picked: list[int] = []
+    total = 0
+    for step in range(1, len(examples)):
+        j = (index - step) % len(examples)
+        size = len(examples[j]["input_ids"]) + len(separator)
+        if total + size > context:
+            break
+        picked.append(j)
+        total += size
+    picked.reverse()
+    ids: list[int] = []
+    for j in picked:
+        ids += list(examples[j]["input_ids"]) + list(separator)
+    info = {
+        "prompt_example": index,
+        "context_examples": picked,
+        "context_tokens": len(ids),
+        "prompt_tokens": len(prompt),
+    }
+    return ids + prompt, info
+
+
+# ------------------------------------------------------------------------------------------------ targets
+def text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def extended_copy(target, positions: int):
+    """A copy of `target` built from a copy of its config with `max_position_embeddings = positions` and the same
+    weights (its generation config copied too).  RoPE is computed on the fly, so the copy computes what the target
+    would; the positions beyond the original value are past its trained range."""
+    cfg = copy.deepcopy(target.config)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text.max_position_embeddings = int(positions)
+    param = next(target.parameters())
+    model = type(target)(cfg)
+    model.load_state_dict(target.state_dict())
+    model.generation_config = copy.deepcopy(target.generation_config)
+    return model.to(device=param.device, dtype=param.dtype).eval()
+
+
+# ------------------------------------------------------------------------------------------------ timing
+def _crop_to(cache, length: int) -> None:
+    """Drop a cache's slots after the first `length` (transformers crops by a negative count)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def time_round(
+    target, head, ids: Sequence[int], k: int, real_slots: int = 3, repeats: int = 5
+) -> dict[str, Any]:
+    """Milliseconds of one drafting round (R = `real_slots` new real slots + K-1 parallel slots) over a drafter
+    cache of the context's other real slots, of one target verify pass of K+1 tokens and of a one-token target step
+    over the target's cache of all of `ids`: medians of `repeats` interleaved runs after one warm-up each.  Also
+    the first round (the context into the drafter cache, one run) and the target's prefill (one run)."""
+    device = next(target.parameters()).device
+    dtype = next(head.parameters()).dtype
+    tc = text_config(target)
+    aux = list(
+        head.config.eagle_aux_hidden_state_layer_ids or default_aux_layer_ids(int(tc.num_hidden_layers))
+    )
+    n = len(ids)
+    if n - 1 - real_slots < 1:
+        raise ValueError(f"input of {n} tokens is too short for a round of {real_slots} real slots")
+    x = torch.tensor([list(ids)], dtype=torch.long, device=device)
+    cache = DynamicCache(config=tc)
+    _sync(device)
+    t0 = time.perf_counter()
+    out = target(
+        input_ids=x, use_cache=True, output_hidden_states=aux, logits_to_keep=1, **cache_kwarg(cache)
+    )
+    _sync(device)
+    prefill_s = time.perf_counter() - t0
+    feats = torch.cat([out.hidden_states[i] for i in aux], dim=-1).to(dtype)
+    del out
+    # drafter slot t: token x_{t+1} with the target's feature f_t, at position t
+    tokens, feats = x[:, 1:], feats[:, :-1]
+    cut = n - 1 - real_slots
+
+    def select(logits: torch.Tensor, depth: int):
+        return head.draft_to_target(logits.argmax(-1)), None, False
+
+    dcache = DynamicCache(config=head.config)
+    _sync(device)
+    t0 = time.perf_counter()
+    first = head.draft_round(tokens[:, :cut], feats[:, :cut], k, dcache, 0, select=select)
+    _sync(device)
+    first_s = time.perf_counter() - t0
+    _crop_to(dcache, cut)
+    del first
+    verify_ids = x[:, n - (k + 1) :]
+    step_ids = x[:, n - 1 :]
+
+    def draft():
+        head.draft_round(tokens[:, cut:], feats[:, cut:], k, dcache, cut, select=select)
+
+    def verify(new):
+        target(input_ids=new, use_cache=True, output_hidden_states=aux, **cache_kwarg(cache))
+
+    times: dict[str, list[float]] = {"draft": [], "verify": [], "step": []}
+    calls = {
+        "draft": (draft, lambda: _crop_to(dcache, cut)),
+        "verify": (lambda: verify(verify_ids), lambda: _crop_to(cache, n)),
+        "step": (lambda: verify(step_ids), lambda: _crop_to(cache, n)),
+    }
+    for rep in range(repeats + 1):  # the first run of each warms up
+        for name, (fn, reset) in calls.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+            reset()
+    draft_ms, verify_ms, step_ms = (1e3 * statistics.median(times[m]) for m in ("draft", "verify", "step"))
+    return {
+        "cache_tokens": n,
+        "drafter_cache_slots": cut,
+        "real_slots": real_slots,
+        "k": k,
+        "repeats": repeats,
+        "draft_round_ms": draft_ms,
+        "verify_ms": verify_ms,
+        "target_step_ms": step_ms,
+        "draft_verify_ratio": draft_ms / verify_ms if verify_ms else None,
+        "first_round_ms": 1e3 * first_s,
+        "target_prefill_ms": 1e3 * prefill_s,
+        "draft_round_ms_all": [1e3 * t for t in times["draft"]],
+        "verify_ms_all": [1e3 * t for t in times["verify"]],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def run_long_context(
+    target,
+    head,
+    examples: Sequence[dict[str, Any]],
+    contexts: Sequence[int],
+    prompt_indices: Sequence[int],
+    max_new_tokens: int = 64,
+    separator: Sequence[int] = (),
+    num_assistant_tokens: int | None = None,
+    repeats: int = 5,
+    real_slots: int = 3,
+    extend_positions: int = 32768,
+    timing: bool = True,
+    log=print,
+) -> dict[str, Any]:
+    """Run both measurements at every context (see the module docstring) and return the JSON-ready results:
+    `runs` (one per context and prompt), `timing` (one per context), `summary` (one per context) and `config`."""
+    trained = int(text_config(target).max_position_embeddings)
+    k = int(num_assistant_tokens or head.config.num_speculative_tokens)
+    gen_kwargs: dict[str, Any] = {}
+    if num_assistant_tokens:
+        gen_kwargs = {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+    device = next(target.parameters()).device
+    extended = None
+    runs: list[dict[str, Any]] = []
+    timings: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    # warm-up (and the cost rule's calibration, once) outside the measured runs
+    warm = torch.tensor([build_input(examples, prompt_indices[0], 0, separator)[0]], device=device)
+    timed_generate(target, warm, 4)
+    timed_generate(target, warm, 4, assistant=head, **gen_kwargs)
+    log(format_header())
+    for context in contexts:
+        inputs = [build_input(examples, i, context, separator) for i in prompt_indices]
+        needed = max(len(ids) + max_new_tokens + k + 1 for ids, _ in inputs)
+        past = needed > trained
+        model, positions, refused = target, trained, None
+        if past and needed > extend_positions:
+            refused = f"needs {needed} positions; --extend-positions is {extend_positions}"
+        elif past:
+            if extended is None:
+                extended = extended_copy(target, extend_positions)
+            model, positions = extended, extend_positions
+        rows = []
+        for (ids, info), index in zip(inputs, prompt_indices):
+            row: dict[str, Any] = {"context": context, **info, "input_tokens": len(ids)}
+            x = torch.tensor([ids], device=device)
+            try:
+                if refused:
+                    raise ValueError(refused)
+                forget_cost_models()  # every run starts from the calibrated curve, not one refined by earlier runs
+                plain = timed_generate(model, x, max_new_tokens)
+                run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
+                stats = run.stats
+                row.update(
+                    new_tokens=run.new_tokens,
+                    plain_new_tokens=plain.new_tokens,
+                    identical=run.output == plain.output,
+                    plain_target_passes=plain.target_calls,
+                    target_passes=run.target_calls,
+                    tokens_per_target_pass=stats.tokens_per_target_pass
+                    if stats
+                    else run.tokens_per_target_pass,
+                    plain_seconds=plain.seconds,
+                    seconds=run.seconds,
+                    drafter_seconds=run.drafter_seconds,
+                    stats=stats.to_dict() if stats else None,
+                    output=plain.output,
+                    **({} if run.output == plain.output else {"head_output": run.output}),
+                )
+            except Exception as exc:  # noqa: BLE001 - record any failure (e.g. out of memory) as the row's result
+                row["error"] = _error(exc)
+                log(f"context {context}, prompt {index}: failed: {row['error']}")
+            rows.append(row)
+        runs += rows
+        tim: dict[str, Any] = {"context": context}
+        if timing:
+            try:
+                if refused:
+                    raise ValueError(refused)
+                tim.update(time_round(model, head, inputs[0][0], k, real_slots, repeats))
+            except Exception as exc:  # noqa: BLE001
+                tim["error"] = _error(exc)
+                log(f"context {context}, round timing: failed: {tim['error']}")
+        timings.append(tim)
+        entry = summarize_context(context, rows, tim, past, positions, trained)
+        summary.append(entry)
+        log(format_row(entry))
+    return {
+        "runs": runs,
+        "timing": timings,
+        "summary": summary,
+        "config": {
+            "contexts": list(contexts),
+            "prompt_examples": list(prompt_indices),
+            "max_new_tokens": max_new_tokens,
+            "separator": list(separator),
+            "drafting_rule": f"K={k} every round" if num_assistant_tokens else "the head's default rule",
+            "k": k,
+            "real_slots": real_slots,
+            "repeats": repeats,
+            "target_max_position_embeddings": trained,
+            "extended_max_position_embeddings": extend_positions,
+            "head_max_position_embeddings": getattr(head.config, "max_position_embeddings", None),
+        },
+    }
+
+
+def summarize_context(
+    context: int,
+    rows: list[dict[str, Any]],
+    tim: dict[str, Any],
+    past: bool,
+    positions: int,
+    trained: int,
+) -> dict[str, Any]:
+    """One context's summary: means over its prompts, the pooled statistics, the round timing."""
+    ok = [r for r in rows if "error" not in r]
+    stats = [PEagleGenerationStats.from_dict(r["stats"]) for r in ok if r.get("stats")]
+    merged = PEagleGenerationStats.merge(stats) if stats else None
+    plain_s = sum(r["plain_seconds"] for r in ok)
+    head_s = sum(r["seconds"] for r in ok)
+    return {
+        "context": context,
+        "context_tokens_mean": statistics.mean(r["context_tokens"] for r in rows) if rows else 0,
+        "input_tokens_max": max((r["input_tokens"] for r in rows), default=0),
+        "prompts": len(rows),
+        "failed": len(rows) - len(ok),
+        "tokens_per_target_pass": statistics.mean(r["tokens_per_target_pass"] for r in ok) if ok else None,
+        "tokens_per_target_pass_per_prompt": [r["tokens_per_target_pass"] for r in ok],
+        "tokens_per_target_pass_pooled": merged.tokens_per_target_pass if merged else None,
+        "acceptance_length": merged.acceptance_length if merged else None,
+        "plain_tokens_per_target_pass": (
+            sum(r["plain_new_tokens"] for r in ok) / sum(r["plain_target_passes"] for r in ok) if ok else None
+        ),
+        "identical": all(r["identical"] for r in ok) if ok else None,
+        "speedup": (
+            (sum(r["new_tokens"] for r in ok) / head_s) / (sum(r["plain_new_tokens"] for r in ok) / plain_s)
+            if ok and head_s > 0 and plain_s > 0
+            else None
+        ),
+        "draft_round_ms": tim.get("draft_round_ms"),
+        "verify_ms": tim.get("verify_ms"),
+        "target_step_ms": tim.get("target_step_ms"),
+        "draft_verify_ratio": tim.get("draft_verify_ratio"),
+        "first_round_ms": tim.get("first_round_ms"),
+        "timing_cache_tokens": tim.get("cache_tokens"),
+        "timing_error": tim.get("error"),
+        "max_position_embeddings": positions,
+        "trained_max_position_embeddings": trained,
+        "past_trained_range": past,
+        "note": (
+            f"target runs past its trained range: max_position_embeddings raised from {trained} to {positions} "
+            "(RoPE computed on the fly, weights unchanged)"
+            if past
+            else None
+        ),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ output
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_header() -> str:
+    return (
+        f"{'context':>7} {'ctx tok':>7} {'prompts':>7} {'tok/pass':>8} {'acc.len':>7} {'identical':>9} "
+        f"{'draft ms':>8} {'verify ms':>9} {'ratio':>6} {'speedup':>7}  range"
+    )
+
+
+def format_row(s: dict[str, Any]) -> str:
+    ident = "-" if s["identical"] is None else ("yes" if s["identical"] else "NO")
+    failed = f" ({s['failed']} failed)" if s["failed"] else ""
+    rng = (
+        f"PAST TRAINED {s['trained_max_position_embeddings']} (run at {s['max_position_embeddings']})"
+        if s["past_trained_range"]
+        else "within trained"
+    )
+    return (
+        f"{s['context']:>7} {s['context_tokens_mean']:>7.0f} {s['prompts']:>7} "
+        f"{_num(s['tokens_per_target_pass'], '.2f'):>8} {_num(s['acceptance_length'], '.2f'):>7} {ident:>9} "
+        f"{_num(s['draft_round_ms'], '.1f'):>8} {_num(s['verify_ms'], '.1f'):>9} "
+        f"{_num(s['draft_verify_ratio'], '.2f'):>6} {_num(s['speedup'], '.2f'):>7}  {rng}{failed}"
+    )
+
+
+def format_table(summary: list[dict[str, Any]]) -> str:
+    return "\n".join([format_header(), *(format_row(s) for s in summary)])
+
+
+def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
+    """Tokens per target pass against context (left) and the round costs against context (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    pts = [s for s in summary if s["tokens_per_target_pass"] is not None]
+    if pts:
+        xs = [s["context_tokens_mean"] for s in pts]
+        left.plot(
+            xs, [s["tokens_per_target_pass"] for s in pts], marker="o", label="P-EAGLE (mean over prompts)"
+        )
+        for s in pts:
+            per = s["tokens_per_target_pass_per_prompt"]
+            left.scatter([s["context_tokens_mean"]] * len(per), per, color="C0", alpha=0.3, s=12)
+    left.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="plain greedy")
+    left.set_ylabel("new tokens per target pass")
+    timed = [s for s in summary if s["draft_round_ms"] is not None]
+    if timed:
+        xs = [s["timing_cache_tokens"] for s in timed]
+        right.plot(xs, [s["draft_round_ms"] for s in timed], marker="o", label="drafting round")
+        right.plot(xs, [s["verify_ms"] for s in timed], marker="s", label="target verify pass (K+1 tokens)")
+        right.plot(xs, [s["target_step_ms"] for s in timed], marker="^", label="target step (1 token)")
+        for s, x in zip(timed, xs):
+            right.annotate(f"{s['draft_verify_ratio']:.2f}", (x, s["draft_round_ms"]), fontsize=7,
+                           textcoords="offset points", xytext=(0, 6), ha="center")  # fmt: skip
+    right.set_ylabel("ms (median); labels: draft / verify")
+    for ax, x_key, y_key in (
+        (left, "context_tokens_mean", "tokens_per_target_pass"),
+        (right, "timing_cache_tokens", "verify_ms"),
+    ):
+        past = [s for s in summary if s["past_trained_range"] and s[y_key] is not None]
+        if past:
+            ax.scatter([s[x_key] for s in past], [s[y_key] for s in past], s=160, facecolors="none",
+                       edgecolors="red", label="target past its trained range")  # fmt: skip
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    left.set_xlabel("context tokens before the prompt (mean over prompts)")
+    right.set_xlabel("cache tokens (first prompt's context + prompt)")
+    left.set_title("tokens per target pass vs context", fontsize=9)
+    right.set_title("drafting round and verify pass cost vs context", fontsize=9)
+    return save_figure(fig, path)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--contexts", default="0,2048,4096,8192,16384", help="context lengths in tokens (0: none)"
+    )
+    ap.add_argument("--examples", default=DEFAULT_EXAMPLES, help="held-out self-distilled examples (shards)")
+    ap.add_argument(
+        "--skip", type=int, default=48, help="the first prompt's example (0-39 calibrate the head)"
+    )
+    ap.add_argument("--limit", type=int, default=3, help="prompts (examples --skip .. --skip + N - 1)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--num-assistant-tokens",
+        type=int,
+        default=None,
+        help="draft K every round (default: the head's default, cost-aware rule)",
+    )
+    ap.add_argument("--head", default=None, help="head folder (default: the shipped P-EAGLE head)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype")
+    ap.add_argument("--head-dtype", default=None, choices=["float32", "bfloat16"], help="default: --dtype")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats of each round cost (median kept)")
+    ap.add_argument("--real-slots", type=int, default=3, help="new real slots in a timed drafting round")
+    ap.add_argument("--extend-positions", type=int, default=32768,
+                    help="max_position_embeddings of the target copy used past its trained range")  # fmt: skip
+    ap.add_argument("--no-timing", action="store_true", help="skip the round-cost measurement")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--out", default="bench_results/long_context")
+    args = ap.parse_args(argv)
+
+    from peagle.targets import default_drafter_path, load_default_drafter, load_default_target
+    from peagle.training.prompts import check_not_evaluation
+    from peagle.training.shards import load_examples
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    dtype = getattr(torch, args.dtype)
+    head_dtype = getattr(torch, args.head_dtype) if args.head_dtype else dtype
+    target, tokenizer = load_default_target(dtype=dtype, device=args.device)
+    if args.head:
+        head = PEagleDrafter.from_pretrained(args.head, dtype=head_dtype).attach_target(target)
+        head = head.to(target.device).eval()
+    else:
+        head = load_default_drafter(target, dtype=head_dtype)
+    examples = load_examples(args.examples)
+    indices = list(range(args.skip, min(args.skip + args.limit, len(examples))))
+    if not indices:
+        raise SystemExit(f"no prompts: {args.examples} holds {len(examples)} examples, --skip {args.skip}.")
+    check_not_evaluation(
+        [prompt_part(examples[i]) for i in indices], tokenizer, source="long-context prompts"
+    )
+    used = sorted(
+        {j for i in indices for j in build_input(examples, i, max(contexts), ())[1]["context_examples"]}
+    )
+    check_not_evaluation([prompt_part(examples[j]) for j in used], tokenizer, source="long-context contexts")
+    separator = tokenizer("\n", add_special_tokens=False).input_ids
+    t0 = time.perf_counter()
+    results = run_long_context(
+        target,
+        head,
+        examples,
+        contexts,
+        indices,
+        max_new_tokens=args.max_new_tokens,
+        separator=separator,
+        num_assistant_tokens=args.num_assistant_tokens,
+        repeats=args.repeats,
+        real_slots=args.real_slots,
+        extend_positions=args.extend_positions,
+        timing=not args.no_timing,
+    )
+    results["config"].update(
+        examples=args.examples,
+        head=str(args.head or default_drafter_path("peagle")),
+        target=str(target.config._name_or_path),
+        dtype=args.dtype,
+        head_dtype=str(head_dtype).replace("torch.", ""),
+        device=args.device,
+    )
+    results["machine"] = {**machine_description(), "cpu_model": cpu_model()}
+    results["seconds"] = time.perf_counter() - t0
+    results["command"] = "python benchmarks/bench_long_context.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    js, png = write_json_and_plot(results, args.out, "long_context", plot)
+    summary = results["summary"]
+    bad = [s["context"] for s in summary if s["failed"] or s["timing_error"] or s["identical"] is False]
+    past = [s["context"] for s in summary if s["past_trained_range"]]
+    if past:
+        print(
+            f"contexts {past}: the target ran PAST ITS TRAINED RANGE (max_position_embeddings "
+            f"{results['config']['target_max_position_embeddings']} raised to {args.extend_positions})"
+        )
+    print(f"outputs identical to plain greedy: {all(s['identical'] is not False for s in summary)}; "
+          f"failures at contexts {bad or 'none'}; {results['seconds']:.0f} s")  # fmt: skip
+    print(f"wrote {js} and {png}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

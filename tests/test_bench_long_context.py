@@ -1,0 +1,100 @@
+"""benchmarks/bench_long_context.py on a tiny random target and head (behaviour only: nothing here is timed or
+compared by speed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+from helpers import make_head, make_target
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_long_context", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _examples(n: int = 10) -> list[dict[str, list[int]]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        size = 40 + 3 * i
+        ids = torch.randint(5, 120, (size,), generator=g).tolist()
+        out.append({"input_ids": ids, "loss_mask": [0] * 12 + [1] * (size - 12)})
+    return out
+
+
+def test_build_input_takes_whole_earlier_examples_then_the_prompt():
+    bench = _script()
+    examples = _examples()
+    ids, info = bench.build_input(examples, 3, 100, separator=[3])
+    # examples 2 (46 + 1 tokens) and 1 (43 + 1) fit in 100 tokens, example 0 (40 + 1) would not
+    assert info["context_examples"] == [1, 2] and info["context_tokens"] == 91 <= 100
+    assert (
+        ids == examples[1]["input_ids"] + [3] + examples[2]["input_ids"] + [3] + examples[3]["input_ids"][:12]
+    )
+    assert info["prompt_tokens"] == 12
+    # going back wraps round to the end of the set, never reaching the prompt's own example
+    _, info = bench.build_input(examples, 0, 10_000)
+    assert info["context_examples"] == list(range(1, 10))
+    ids, info = bench.build_input(examples, 5, 0)
+    assert ids == examples[5]["input_ids"][:12] and info["context_tokens"] == 0
+
+
+def test_extended_copy_computes_what_the_target_does():
+    bench = _script()
+    target = make_target()
+    longer = bench.extended_copy(target, 2048)
+    assert longer.config.max_position_embeddings == 2048 and target.config.max_position_embeddings == 512
+    x = torch.randint(5, 120, (1, 40))
+    with torch.no_grad():
+        assert torch.equal(target(x).logits, longer(x).logits)
+    assert longer.generation_config.eos_token_id == target.generation_config.eos_token_id
+
+
+def test_run_long_context_rows_summary_and_files(tmp_path):
+    bench = _script()
+    target = make_target()  # max_position_embeddings 512: the 600-token context runs past it
+    head = make_head(target)
+    lines: list[str] = []
+    res = bench.run_long_context(
+        target, head, _examples(16), [0, 100, 600], [6, 7], max_new_tokens=6, separator=[3],
+        repeats=1, extend_positions=2048, log=lines.append,
+    )  # fmt: skip
+    summary = res["summary"]
+    assert [s["context"] for s in summary] == [0, 100, 600]
+    assert [s["past_trained_range"] for s in summary] == [False, False, True]
+    assert summary[2]["max_position_embeddings"] == 2048 and summary[2]["note"]
+    assert all(s["identical"] and s["failed"] == 0 and s["timing_error"] is None for s in summary)
+    assert all(
+        s["tokens_per_target_pass"] >= 1.0 and s["plain_tokens_per_target_pass"] == 1.0 for s in summary
+    )
+    assert all(
+        s["draft_round_ms"] > 0 and s["verify_ms"] > 0 and s["draft_verify_ratio"] > 0 for s in summary
+    )
+    assert all(r["context_tokens"] <= r["context"] for r in res["runs"]) and len(res["runs"]) == 6
+    assert summary[2]["timing_cache_tokens"] > 512  # the timed cache is past the trained range too
+    assert "PAST TRAINED 512" in lines[-1] and "PAST" not in lines[1]
+    js, png = bench.write_json_and_plot(res, tmp_path, "long_context", bench.plot)
+    assert json.loads(js.read_text())["summary"][2]["past_trained_range"] and png.stat().st_size > 1000
+
+
+def test_a_context_past_the_extended_range_is_recorded_not_raised():
+    bench = _script()
+    target = make_target()
+    head = make_head(target)
+    res = bench.run_long_context(
+        target, head, _examples(16), [600], [6], max_new_tokens=4, repeats=1, extend_positions=520,
+        log=lambda line: None,
+    )  # fmt: skip
+    (s,) = res["summary"]
+    assert s["failed"] == 1 and s["tokens_per_target_pass"] is None and s["identical"] is None
+    assert "--extend-positions is 520" in res["runs"][0]["error"] and "520" in s["timing_error"]
+    assert "1 failed" in bench.format_row(s)
