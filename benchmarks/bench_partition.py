@@ -206,6 +206,17 @@ def guard(
 # ------------------------------------------------------------------------------- summaries (pure functions)
 
 
+def partitions_for(series: int | str, length: int) -> int:
+    """S of a fixed series (an int) or of a fixed segment length ("L/N": one segment per N tokens, rounded up).
+
+    >>> partitions_for(8, 4096), partitions_for("L/1024", 20480), partitions_for("L/1024", 1500)
+    (8, 20, 2)
+    """
+    if isinstance(series, str) and series.startswith("L/"):
+        return max(1, -(-length // int(series[2:])))
+    return int(series)
+
+
 def series_order(rows: list[dict]) -> list[int | str]:
     """The S values of `rows`: the fixed ones ascending, then "auto"."""
     values = {r["partitions"] for r in rows}
@@ -249,7 +260,7 @@ def format_cell(row: dict | None) -> str:
     if "error" in row:
         return "failed"
     cell = f"{_mib(row['peak_mem_mib'])} / {_sec(row['step_s'])}"
-    if row["partitions"] == "auto" and row.get("chosen_partitions") is not None:
+    if isinstance(row["partitions"], str) and row.get("chosen_partitions") is not None:
         cell += f" (S={row['chosen_partitions']})"
     return cell
 
@@ -374,7 +385,7 @@ def _measure_inner(cfg: dict, length: int, partitions: int | str) -> dict:
     if partitions == "auto":
         chooser = {"partition_memory_budget": cfg["budget"]}
     else:
-        chooser = {"sequence_partitions": partitions}
+        chooser = {"sequence_partitions": partitions_for(partitions, length)}
     try:
         args = training_arguments(
             os.path.join(cfg["out"], "tmp"),
@@ -454,6 +465,7 @@ def _measure_inner(cfg: dict, length: int, partitions: int | str) -> dict:
     }
     if partitions == "auto":
         row["budget"] = cfg["budget"]
+    if isinstance(partitions, str):
         row["chosen_partitions"] = len(plan.segments)
     try:  # what the trainer's memory model (partition_memory_budget) predicts for this partition
         from peagle.training.memory import StepMemoryModel
@@ -602,7 +614,13 @@ def _print_row(row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="512,1024,2048,4096", help="run shortest first")
-    ap.add_argument("--partitions", default="1,2,4,8")
+    ap.add_argument("--partitions", default="1,2,4,8", help="fixed S values ('' for none)")
+    ap.add_argument(
+        "--segment-tokens",
+        type=int,
+        default=None,
+        help="also a fixed segment length: S = length / N, rounded up (the series 'L/N')",
+    )
     ap.add_argument(
         "--budget", default=None, help='also run each length with partition_memory_budget=BUDGET (e.g. "4GB")'
     )
@@ -667,8 +685,9 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     lengths = sorted({int(x) for x in args.lengths.split(",")})
-    parts = [int(x) for x in args.partitions.split(",")]
-    series: list[int | str] = parts + (["auto"] if args.budget else [])
+    parts = [int(x) for x in args.partitions.split(",") if x.strip()]
+    series: list[int | str] = parts + ([f"L/{args.segment_tokens}"] if args.segment_tokens else [])
+    series += ["auto"] if args.budget else []
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = {
         "device": device,

@@ -13,6 +13,9 @@ Usage:
     python benchmarks/bench_training.py --examples ... --bf16 --cod-ratio 0.5 --num-parallel-positions 4  # the levers
     python benchmarks/bench_training.py --examples ... --bf16 --trainable-parameters '^(?!lm_head)'  # LM head frozen
     python benchmarks/bench_training.py --examples ... --bf16 --num-layers 4   # the shipped P-EAGLE head's depth
+    # one 20K-token step with S chosen from a 4 GB budget (examples/long_context/prepare.py makes the inputs)
+    python benchmarks/bench_training.py --examples long_run/examples.jsonl --target long_run/target \
+        --max-length 20480 --steps 1 --grad-accum 1 --limit 2 --num-layers 4 --partition-memory-budget 4GB
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 
 from peagle.configuration_peagle import DEFAULT_NUM_HIDDEN_LAYERS, DEFAULT_NUM_PARALLEL_POSITIONS
 from peagle.evaluation.timing import machine_description
-from peagle.targets import DEFAULT_TARGET_NAME, load_default_target
+from peagle.targets import DEFAULT_TARGET_NAME, load_target
 from peagle.training.arguments import PEagleTrainingArguments
 from peagle.training.recipe import build_head, training_arguments
 from peagle.training.shards import load_examples
@@ -98,13 +101,16 @@ def main() -> None:
         help="directory of a feature cache for the examples (built first if missing, timed separately): "
         "training then reads the target's features instead of running the target",
     )
+    ap.add_argument("--target", default="default", help="target: 'default' (SmolLM2) or a folder")
+    ap.add_argument("--sequence-partitions", type=int, default=1, help="S (the minimum, with a budget)")
+    ap.add_argument("--partition-memory-budget", default=None, help="choose S from this size, e.g. 4GB")
     ap.add_argument("--out", default="bench_results/training.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     examples = load_examples(args.examples)[: args.limit]
-    target, _ = load_default_target(dtype=torch.bfloat16 if args.bf16 else torch.float32)
+    target, _ = load_target(args.target, dtype=torch.bfloat16 if args.bf16 else torch.float32)
     head = build_head(
         target,
         examples,
@@ -144,12 +150,15 @@ def main() -> None:
             logging_steps=10_000,
             progress=False,
             trainable_parameters=args.trainable_parameters,
+            sequence_partitions=args.sequence_partitions,
+            partition_memory_budget=args.partition_memory_budget,
         )
         trainer = PEagleTrainer(
             model=head.attach_target(target), target_model=target, args=targs, train_dataset=dataset
         )
         trainer._features = timers.wrap("target features", trainer._features)
         trainer._attention = timers.wrap("attention mask", trainer._attention)
+        trainer._prefix_pass = timers.wrap("prefix keys/values (forward, no grad)", trainer._prefix_pass)
         trainer._loss_from_logits = timers.wrap("loss", trainer._loss_from_logits)
         trainer._target_distribution = timers.wrap("loss", trainer._target_distribution)
         trainer.accelerator.backward = timers.wrap("backward", trainer.accelerator.backward)

@@ -150,6 +150,18 @@ def test_series_order_and_memory_slopes():
     assert bp.memory_slopes(line) == {"2": pytest.approx(200.0)}  # MiB per 1,000 tokens
 
 
+def test_fixed_segment_length_series():
+    assert bp.partitions_for(8, 4096) == 8
+    assert [bp.partitions_for("L/1024", n) for n in (1000, 2048, 20480)] == [1, 2, 20]
+    rows = [
+        _row(2048, "L/1024", 500.0, chosen_partitions=2),
+        _row(4096, "L/1024", 900.0, chosen_partitions=4),
+    ]
+    table = bp.markdown_table(rows).splitlines()
+    assert table[0] == "| tokens | elements | S = L/1024 |"
+    assert table[3] == "| 4,096 |  | 900 / 1.00 (S=4) |"
+
+
 # ------------------------------------------------------------------------------------------ head shape
 
 

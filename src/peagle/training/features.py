@@ -32,7 +32,7 @@ def _warn_truncation(lengths: list[int], max_length: int) -> None:
         logger.warning(
             f"{len(long)} of {len(lengths)} examples in this batch are longer than max_length={max_length} and are "
             f"cut to it: {sum(long) - max_length * len(long)} of their {sum(long)} tokens are not trained on "
-            f"(longest {max(long)}). Raise `max_length` (and `sequence_partitions` for memory) to train on them."
+            f"(longest {max(long)}). Raise `max_length` (and set `partition_memory_budget` for memory) to train on them."
         )
 
 
