@@ -171,7 +171,12 @@ def guard(
         (r for r in rows if r["partitions"] == partitions and r["length"] < length), key=lambda r: r["length"]
     )
     measured = [r for r in same if _is_measured(r)]
-    peak = extrapolate([(r["length"], r["peak_mem_mib"]) for r in measured], length)
+    # "auto" rows change S with the length: their memory follows the budget, not a curve
+    peak = (
+        None
+        if partitions == "auto"
+        else extrapolate([(r["length"], r["peak_mem_mib"]) for r in measured], length)
+    )
     total = peak
     if peak is not None and all("peak_total_mib" in r for r in measured):
         # the whole peak = the memory held before the step (runtime, model, features: scaled linearly from one

@@ -150,6 +150,12 @@ def test_series_order_and_memory_slopes():
     assert bp.memory_slopes(line) == {"2": pytest.approx(200.0)}  # MiB per 1,000 tokens
 
 
+def test_guard_leaves_the_memory_of_auto_rows_to_the_budget():
+    rows = [_row(1000, "auto", 3000.0), _row(2000, "auto", 9000.0)]  # S changes with the length: no curve
+    assert bp.guard(rows, 4000, "auto", memory_limit_mib=10_000) is None
+    assert bp.guard([_row(1000, 1, 3000.0), _row(2000, 1, 9000.0)], 4000, 1, memory_limit_mib=10_000)["skipped"]
+
+
 def test_fixed_segment_length_series():
     assert bp.partitions_for(8, 4096) == 8
     assert [bp.partitions_for("L/1024", n) for n in (1000, 2048, 20480)] == [1, 2, 20]
