@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import platform
 import statistics
 import sys
 import time
@@ -478,18 +477,6 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # ------------------------------------------------------------------------------------------------ command line
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -571,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         head_dtype=str(head_dtype).replace("torch.", ""),
         device=args.device,
     )
-    results["machine"] = {**machine_description(), "cpu_model": cpu_model()}
+    results["machine"] = machine_description()
     results["seconds"] = time.perf_counter() - t0
     results["command"] = "python benchmarks/bench_long_context.py " + " ".join(
         sys.argv[1:] if argv is None else argv

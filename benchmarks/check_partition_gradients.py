@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 
 
@@ -30,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import LlamaConfig
 
+    from peagle.evaluation.timing import machine_description
     from peagle.training import PEagleDataCollator, PEagleTrainer, build_head, training_arguments
 
     class LMHeadOnly(torch.nn.Module):
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"partition_gradients_{n}.json")
-    meta = {"length": n, "layers": args.layers, "torch": torch.__version__, "machine": platform.processor()}
+    meta = {"length": n, "layers": args.layers, "machine": machine_description()}
     with open(path, "w") as fh:
         json.dump({**meta, "rows": rows}, fh, indent=2)
     print(f"wrote {path}")

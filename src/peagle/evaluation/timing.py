@@ -95,14 +95,41 @@ def timed_generate(
     )
 
 
+def cpu_model() -> tuple[str, str]:
+    """The CPU's model name and its widest vector extension ("amx", "avx512_bf16", "avx512", "avx2" or ""), from
+    /proc/cpuinfo; `platform`'s processor and "" where that file is missing."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                if flags and not name.startswith(platform.machine()):
+                    break
+    except OSError:
+        pass
+    isa = (
+        next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags), "")
+        .replace("amx_bf16", "amx")
+        .replace("avx512f", "avx512")
+    )
+    return name, isa
+
+
 def machine_description() -> dict[str, Any]:
-    """The machine a measurement ran on: Python, torch, CPU count and threads, processor, CUDA device."""
+    """The machine a measurement ran on: Python, torch, CPU count and threads, processor (model name and widest
+    vector extension), CUDA device."""
+    name, isa = cpu_model()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": name,
+        "cpu_vector_extension": isa,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
