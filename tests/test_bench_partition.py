@@ -153,7 +153,9 @@ def test_series_order_and_memory_slopes():
 def test_guard_leaves_the_memory_of_auto_rows_to_the_budget():
     rows = [_row(1000, "auto", 3000.0), _row(2000, "auto", 9000.0)]  # S changes with the length: no curve
     assert bp.guard(rows, 4000, "auto", memory_limit_mib=10_000) is None
-    assert bp.guard([_row(1000, 1, 3000.0), _row(2000, 1, 9000.0)], 4000, 1, memory_limit_mib=10_000)["skipped"]
+    assert bp.guard([_row(1000, 1, 3000.0), _row(2000, 1, 9000.0)], 4000, 1, memory_limit_mib=10_000)[
+        "skipped"
+    ]
 
 
 def test_fixed_segment_length_series():

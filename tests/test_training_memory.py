@@ -129,3 +129,16 @@ def test_trainer_chooses_s_from_the_budget_and_keeps_the_gradient(tmp_path, capl
 def test_budget_argument_is_checked_when_parsed(tmp_path):
     with pytest.raises(ValueError, match="not a size"):
         make_args(tmp_path, partition_memory_budget="lots")
+
+
+def test_gradient_checkpointing_is_refused_with_partitioning(tmp_path):
+    target = make_target()
+    head = make_head(target).float()
+    for kw in ({"sequence_partitions": 2}, {"partition_memory_budget": "1GB"}):
+        with pytest.raises(ValueError, match="gradient_checkpointing drops"):
+            PEagleTrainer(
+                model=head,
+                target_model=target,
+                args=make_args(tmp_path, gradient_checkpointing=True, **kw),
+                train_dataset=random_examples(2),
+            )

@@ -169,6 +169,14 @@ class PEagleTrainer(Trainer):
                 f"PEagleTrainer does not support DataParallel over {self.args.n_gpu} GPUs; launch one process per "
                 "GPU with `accelerate launch` or `torchrun` (DDP)."
             )
+        partitioned = args.sequence_partitions > 1 or args.partition_memory_budget is not None
+        if args.gradient_checkpointing and (partitioned or self.autoregressive):
+            raise ValueError(
+                "gradient_checkpointing drops the drafter's KV cache, which "
+                + ("EAGLE-3 training-time test" if self.autoregressive else "sequence partitioning")
+                + " reads (earlier segments' keys and values); train without it (partitioning is the memory lever:"
+                " sequence_partitions or partition_memory_budget)."
+            )
         if model.config._attn_implementation == "flex_attention" and self.args.device.type == "cpu":
             raise ValueError(
                 "the head uses flex_attention, which has no backward pass on the CPU in torch "
