@@ -590,6 +590,7 @@ def plot(rows: list[dict], path: str | os.PathLike, title: str) -> Path:
                 label="predicted, skipped")  # fmt: skip
     for ax, name in zip(axes, ("peak memory of a step (MiB)", "step time (s, median)")):
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")  # S = 1 grows quadratically: a linear axis flattens the other lines
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)

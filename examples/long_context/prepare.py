@@ -11,7 +11,7 @@
     python examples/long_context/prepare.py --out long_run --tokens 20480 --examples 4 --layers 6
     peagle train --target long_run/target --examples long_run/examples.jsonl --output_dir long_run/head \\
         --max_length 20480 --partition_memory_budget 4GB --max_steps 2 --save_steps 1 --logging_steps 1
-    peagle train ... --max_steps 3 --resume_from_checkpoint true   # the same command, resumed
+    peagle train ... --max_steps 3 --resume_from_checkpoint last   # the same command, resumed
 """
 
 from __future__ import annotations
