@@ -346,11 +346,13 @@ def _measure(cfg: dict, length: int, partitions: int | str, queue) -> None:
         queue.put(row)
 
 
-def _measure_inner(cfg: dict, length: int, partitions: int | str) -> dict:
+def _setup(cfg: dict, length: int):
+    """The target (its `lm_head` only), one example of `length` random tokens with cached random features, and
+    a fresh head of the configured shape: `(device, target, example, head)`."""
     import torch
     from transformers import LlamaConfig
 
-    from peagle.training import PEagleDataCollator, PEagleTrainer, build_head, training_arguments
+    from peagle.training import build_head
 
     _LMHeadOnly = _lm_head_only_class()
     torch.set_num_threads(cfg["threads"])
@@ -387,24 +389,41 @@ def _measure_inner(cfg: dict, length: int, partitions: int | str) -> dict:
         embed_from_target=cfg["frozen_embeddings"],
         attn_implementation=cfg["attn"],
     ).to(device)
+    return device, target, example, head
+
+
+def _arguments(cfg: dict, device, length: int, **chooser):
+    """The training arguments of one step at `length`, with `chooser` (`sequence_partitions` or
+    `partition_memory_budget`)."""
+    from peagle.training import training_arguments
+
+    return training_arguments(
+        os.path.join(cfg["out"], "tmp"),
+        use_cpu=device.type == "cpu",
+        progress=False,
+        num_parallel_positions=cfg["k"],
+        cod_ratio=cfg["cod_ratio"],
+        cod_min_ratio=cfg["cod_min_ratio"],
+        max_length=length,
+        gradient_accumulation_steps=1,
+        bf16=cfg["dtype"] == "bfloat16",
+        optim="sgd",
+        **chooser,
+    )
+
+
+def _measure_inner(cfg: dict, length: int, partitions: int | str) -> dict:
+    import torch
+
+    from peagle.training import PEagleDataCollator, PEagleTrainer
+
+    device, target, example, head = _setup(cfg, length)
     if partitions == "auto":
         chooser = {"partition_memory_budget": cfg["budget"]}
     else:
         chooser = {"sequence_partitions": partitions_for(partitions, length)}
     try:
-        args = training_arguments(
-            os.path.join(cfg["out"], "tmp"),
-            use_cpu=device.type == "cpu",
-            progress=False,
-            num_parallel_positions=cfg["k"],
-            cod_ratio=cfg["cod_ratio"],
-            cod_min_ratio=cfg["cod_min_ratio"],
-            max_length=length,
-            gradient_accumulation_steps=1,
-            bf16=cfg["dtype"] == "bfloat16",
-            optim="sgd",
-            **chooser,
-        )
+        args = _arguments(cfg, device, length, **chooser)
     except TypeError as exc:
         if partitions != "auto":
             raise
@@ -548,6 +567,44 @@ def run_point(ctx, cfg: dict, length: int, partitions: int | str, rss_limit_mib:
 # ------------------------------------------------------------------------------------------------ outputs
 
 
+def gradient_check(cfg: dict, length: int, partitions: list[int]) -> list[dict]:
+    """One step's gradient with each S in `partitions` (the same head, example and COD draw), each against the
+    first: ``||g_S - g_first|| / ||g_first||`` over every trainable parameter, with the step's seconds."""
+    from peagle.training import PEagleDataCollator, PEagleTrainer
+
+    device, target, example, head = _setup(cfg, length)
+    batch = PEagleDataCollator()([example])
+    rows, reference = [], None
+    for s in partitions:
+        args = _arguments(cfg, device, length, sequence_partitions=s)
+        trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=[example])
+        head.zero_grad(set_to_none=True)
+        plans = trainer.plan_batch(batch, step=0)
+        t0 = time.perf_counter()
+        trainer.training_step(
+            trainer.model, dict(batch, peagle_plans=plans), sum(p.num_supervised for p in plans)
+        )
+        seconds = time.perf_counter() - t0
+        grads = {k: p.grad.detach().clone() for k, p in head.named_parameters() if p.grad is not None}
+        reference = reference or (s, grads)
+        ref = reference[1]
+        num = sum(float(((grads[k] - ref[k]) ** 2).sum()) for k in ref) ** 0.5
+        den = sum(float((ref[k] ** 2).sum()) for k in ref) ** 0.5
+        rows.append(
+            {
+                "length": length,
+                "partitions": s,
+                "reference": reference[0],
+                "relative_difference": num / den,
+                "step_s": seconds,
+            }
+        )
+        print(
+            f"{length:>7} S={s:<3} against S={reference[0]:<3} relative difference {num / den:.3e}  {seconds:.1f} s"
+        )
+    return rows
+
+
 def plot(rows: list[dict], path: str | os.PathLike, title: str) -> Path:
     import matplotlib
 
@@ -668,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention"])
     ap.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument(
+        "--gradients",
+        action="store_true",
+        help="instead of the table: compare one step's gradient between the --partitions at each length",
+    )
     ap.add_argument("--out", default="bench_partition")
     args = ap.parse_args(argv)
 
@@ -711,6 +773,17 @@ def main(argv: list[str] | None = None) -> int:
         "out": args.out,
     }
     os.makedirs(args.out, exist_ok=True)
+    if args.gradients:
+        torch.set_num_threads(cfg["threads"])
+        grads = [row for length in lengths for row in gradient_check(cfg, length, [int(p) for p in parts])]
+        from peagle.evaluation.timing import machine_description
+
+        path = Path(args.out) / "partition_gradients.json"
+        path.write_text(
+            json.dumps({"config": cfg, "machine": machine_description(), "rows": grads}, indent=2)
+        )
+        print(f"wrote {path}")
+        return 0
     # glibc: serve every allocation above 64 KiB by mmap, so freed tensors leave the RSS and the peak RSS of a
     # step measures its live memory (the child processes inherit this at start)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")

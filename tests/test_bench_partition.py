@@ -202,6 +202,12 @@ def _tiny_cfg(out) -> dict:
     }  # fmt: skip
 
 
+def test_gradient_check_compares_partition_counts(tmp_path):
+    rows = bp.gradient_check(_tiny_cfg(tmp_path), 96, [1, 3])
+    assert [(r["partitions"], r["reference"]) for r in rows] == [(1, 1), (3, 1)]
+    assert rows[0]["relative_difference"] == 0.0 and 0.0 < rows[1]["relative_difference"] < 1e-5
+
+
 def test_one_point_in_process_and_the_budget_row(tmp_path):
     cfg = _tiny_cfg(tmp_path)
     row = bp._measure_inner(cfg, 64, 2)
