@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
+from peagle.generation import candidates as candidates_mod
 from peagle.generation import cost as cost_mod
 from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
 from peagle.generation.candidates import PEagleCandidateGenerator
@@ -236,18 +237,22 @@ def test_unwritable_cost_cache_warns_once_and_generation_goes_on(target, monkeyp
         cost_mod.forget_cost_models()
 
 
-def test_online_refinement_keeps_the_curve_shape():
-    model = VerifyCostModel([1.0, 1.5, 2.0], smoothing=0.5, source="calibrated")
-    model.observe_verify(1, 2.0)  # this machine is twice as slow as calibrated
-    assert model.cost(1) == pytest.approx(1.5)
-    assert model.cost(2) == pytest.approx(1.5 * 1.5) and model.cost(3) == pytest.approx(2.0 * 1.5)
-    model.observe_verify(2, 1.0)  # observed entries follow their own measurements only
-    assert model.cost(1) == pytest.approx(1.5) and model.observations == [1, 1, 0]
-    assert model.cost(2) == pytest.approx(1.625) and model.cost(3) == pytest.approx(3.0 * 1.625 / 2.25)
+def test_online_factors_correct_the_curve_and_fill_in_between():
+    """The measured curve stays as timed; per n, an online factor (a running mean in log space at first)
+    carries what the machine realises, and an n never observed takes its observed neighbours' factors."""
+    model = VerifyCostModel([1.0, 1.5, 2.0], smoothing=0.5, source="calibrated", context=256)
+    model.observe_verify(1, 2.0)  # this machine is twice as slow as calibrated: first sample, weight 1/2
+    assert model.factor(1) == pytest.approx(2**0.5) and model.verify_seconds == [1.0, 1.5, 2.0]
+    assert model.cost(2) == pytest.approx(1.5 * 2**0.5) and model.cost(3) == pytest.approx(2.0 * 2**0.5)
+    model.observe_verify(3, 1.0)  # n = 3 starts from its neighbour's factor and moves half-way to 0.5
+    assert model.factor(3) == pytest.approx(2**-0.25) and model.observations == [1, 0, 1]
+    assert model.factor(2) == pytest.approx(2**0.125)  # log-interpolated between n = 1 and n = 3
     assert model.cost(5) > model.cost(3)  # extrapolated
     with pytest.raises(ValueError, match="positive seconds"):
         VerifyCostModel([0.0])
     assert VerifyCostModel.from_dict(model.to_dict()) == model
+    model.reset_online()
+    assert model.cost(3) == 2.0
 
 
 @pytest.mark.parametrize(
@@ -280,7 +285,7 @@ def test_cost_model_refuses_values_a_cache_file_cannot_mean(change, words):
 def test_a_smoothing_of_one_follows_the_last_measurement():
     model = VerifyCostModel([1.0, 2.0], smoothing=1, source="calibrated")
     model.observe_verify(1, 3.0)
-    assert model.cost(1) == 3.0 and model.cost(2) > 0
+    assert model.cost(1) == pytest.approx(3.0) and model.cost(2) > 0
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -358,3 +363,182 @@ def test_correction_learns_the_acceptance_the_rounds_show():
     st = head.last_generation_stats
     assert st.rounds > 150 and st.declined_rounds + st.skipped_drafter_rounds == 0
     assert st.predicted_tokens / st.realised_tokens < 1.12, (st.predicted_tokens, st.realised_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- context and batch
+class FakeMachine:
+    """A machine where a target pass over n tokens per row after L cached tokens, for B rows, costs
+    `verify(n, L, B)` seconds and a drafter forward `drafter` seconds: forward hooks advance the clock the
+    generator reads (`candidates._clock`), so the cost rule sees these costs whatever the CPU does."""
+
+    def __init__(self, target, head, verify, drafter=0.01, on_pass=None):
+        self.now, self.verify, self.drafter, self.on_pass = 0.0, verify, drafter, on_pass
+        self.passes: list[int] = []  # tokens per row of every target pass
+        self.handles = [
+            target.register_forward_pre_hook(self._target, with_kwargs=True),
+            head.register_forward_pre_hook(self._draft),
+        ]
+
+    def _target(self, module, args, kwargs):
+        ids = kwargs["input_ids"]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        context = cache.get_seq_length() if cache is not None else 0
+        self.now += self.verify(ids.shape[1], context, ids.shape[0])
+        self.passes.append(ids.shape[1])
+        if self.on_pass is not None:
+            self.on_pass(len(self.passes))
+
+    def _draft(self, *_):
+        self.now += self.drafter
+
+    def clock(self) -> float:
+        return self.now
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def test_a_cost_that_grows_with_the_context_changes_the_choice(target):
+    """Verifying 9 tokens costs little after a short prompt and far more after a long one (as on a CPU): the same
+    always-right drafts are verified after a short prompt and not after a long one."""
+    model = VerifyCostModel(
+        [1.0] * 9,
+        context=16,
+        context_points=[{"context": 64, "n": [1, 2, 9], "seconds": [1.0, 6.0, 9.0], "drafter_seconds": 0.0}],
+    )
+    assert model.cost(9, 16) == 1.0 and model.cost(9, 40) == pytest.approx(5.0)
+    assert model.cost(9, 112) == pytest.approx(17.0)  # beyond the last point: along its last segment
+    assert model.cost(1, 112) == 1.0 and model.cost(5, 64) == pytest.approx(
+        6.0 + 3.0 * 3 / 7
+    )  # n interpolated at a point
+    head = _cost_head(target, model=model)
+    for length, drafts in [(8, True), (100, False)]:
+        ids = prompt_ids(21, length)
+        ref = greedy(target, ids, max_new_tokens=20)
+        oracle = Oracle(head, ref, p=1.0)
+        out = greedy(target, ids, max_new_tokens=20, assistant_model=head, num_assistant_tokens=8)
+        oracle.handle.remove()
+        assert torch.equal(out, ref)
+        st = head.last_generation_stats
+        assert (st.rounds > 0 and st.declined_rounds == 0) if drafts else st.rounds == 0, (length, st)
+
+
+def test_a_cost_that_grows_with_the_batch_changes_the_choice(target, monkeypatch, tmp_path):
+    """Each batch size has its own curve: where verifying drafts for 4 rows costs 20 plain steps, a batch of 4
+    verifies none of the drafts a single row verifies."""
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
+    cost_mod.forget_cost_models()
+
+    def truth(n, context, rows):
+        return 1.0 if rows == 1 or n == 1 else 20.0
+
+    def measured(target, head=None, max_tokens=11, batch_size=1, **kw):
+        curve = [truth(n, 256, batch_size) for n in range(1, max_tokens + 1)]
+        return VerifyCostModel(
+            curve, key=cost_mod.cost_model_key(target, head, batch_size), source="calibrated", context=256
+        )
+
+    monkeypatch.setattr(cost_mod, "measure_cost_model", measured)
+    head = _cost_head(target)
+    machine = FakeMachine(target, head, truth, drafter=0.0)
+    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    try:
+        ids = torch.cat([prompt_ids(30 + b, 8) for b in range(4)])
+        for rows, drafts in [(1, True), (4, False)]:
+            ref = greedy(target, ids[:rows], max_new_tokens=16)
+            oracle = Oracle(head, ref, p=1.0)
+            out = greedy(target, ids[:rows], max_new_tokens=16, assistant_model=head, num_assistant_tokens=4)
+            oracle.handle.remove()
+            assert torch.equal(out, ref)
+            st = head.last_generation_stats
+            assert st.batch_size == rows and (st.rounds > 0 if drafts else st.rounds == 0), (rows, st)
+            assert any(f"B={rows} " in k for k in st.seconds_by_context)
+        assert len(list(tmp_path.glob("*.json"))) == 2  # one curve per batch size, online figures included
+    finally:
+        machine.close()
+        cost_mod.forget_cost_models()
+
+
+def test_a_curve_timed_under_load_is_corrected_within_one_call(target, monkeypatch):
+    """The cached curve says a plain step costs as much as verifying 9 tokens (timed while another job ran); on
+    this (fake, idle) machine verifying n tokens costs 1 + (n - 1) / 2 plain steps and half the drafts are right.
+    Taken as cached, the curve makes the rule verify 9 tokens every round, at 2.5x the time of plain decoding;
+    within one call the online factors learn the real costs, and the call is no slower than plain decoding."""
+    truth = lambda n, context, rows: 1.0 + 0.5 * (n - 1)  # noqa: E731
+    model = VerifyCostModel([3.0] * 9, drafter_seconds=0.2, source="cache", context=256)
+    head = _cost_head(target, model=model)
+    machine = FakeMachine(target, head, truth, drafter=0.2)
+    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    try:
+        ids = prompt_ids(40, 8)
+        start = machine.now
+        ref = greedy(target, ids, max_new_tokens=200)
+        plain_seconds, start = machine.now - start, machine.now
+        oracle = Oracle(head, ref, p=0.5, seed=4)
+        out = greedy(
+            target, ids, max_new_tokens=200, assistant_model=head, num_assistant_tokens=8, draft_tree_size=0
+        )
+        head_seconds = machine.now - start
+        oracle.handle.remove()
+    finally:
+        machine.close()
+    assert torch.equal(out, ref)
+    assert model.verify_seconds == [3.0] * 9  # the timed curve stays; the factors correct it
+    seen = [n for n, count in enumerate(model.observations, 1) if count >= 3]
+    assert 1 in seen and all(model.cost(n) == pytest.approx(truth(n, 0, 1), rel=0.15) for n in seen)
+    assert head_seconds <= plain_seconds, (head_seconds, plain_seconds)
+
+
+def test_plain_steps_are_probed_when_the_rule_always_drafts(target, monkeypatch):
+    """Where every round drafts, a plain step is still measured now and then (its cost is what every round is
+    compared with): within the first passes while the curve has few plain-step observations."""
+    model = VerifyCostModel([1.0] * 9, source="cache", context=256)
+    head = _cost_head(target, model=model)
+    machine = FakeMachine(target, head, lambda n, context, rows: 1.0, drafter=0.0)
+    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    try:
+        ids = prompt_ids(42, 8)
+        ref = greedy(target, ids, max_new_tokens=40)
+        oracle = Oracle(head, ref, p=1.0)
+        out = greedy(target, ids, max_new_tokens=40, assistant_model=head, num_assistant_tokens=4)
+        oracle.handle.remove()
+    finally:
+        machine.close()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert st.probe_steps >= 1 and model.observations[0] >= 1 and st.rounds > 0
+
+
+def test_drafting_that_stops_paying_stops_and_comes_back(target, monkeypatch):
+    """The calibration promises 0.9 per draft; for the first 60 passes no draft is accepted, then every one is.
+    The rule goes by what rounds realise: it stops drafting within a few rounds and drafts again soon after the
+    drafts come right."""
+    truth = lambda n, context, rows: 1.0 + 0.1 * (n - 1)  # noqa: E731
+    head = _cost_head(
+        target, model=VerifyCostModel([truth(n, 0, 1) for n in range(1, 10)], drafter_seconds=0.1)
+    )
+    head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.9, 0.9]]}
+    ids = prompt_ids(41, 8)
+    ref = greedy(target, ids, max_new_tokens=160)
+    oracle = Oracle(head, ref, p=0.0, seed=5)
+
+    def switch(count):
+        if count == 60:
+            oracle.p = [1.0]
+
+    machine = FakeMachine(target, head, truth, drafter=0.1, on_pass=switch)
+    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    try:
+        out = greedy(
+            target, ids, max_new_tokens=160, assistant_model=head, num_assistant_tokens=8, draft_tree_size=0
+        )
+    finally:
+        machine.close()
+        oracle.handle.remove()
+    assert torch.equal(out, ref)
+    early, late = machine.passes[1:60], machine.passes[60:]
+    assert sum(n > 1 for n in early) <= 7, early  # wrong drafts: probes 1, 2, 4, 8, 16 steps apart
+    assert late[16:] and sum(n > 1 for n in late[16:]) >= len(late[16:]) // 2, late  # right again: drafting
+    st = head.last_generation_stats
+    assert st.skipped_drafter_rounds > 0 and st.accepted_tokens > 0

@@ -1,4 +1,5 @@
-"""`peagle calibrate`: fit a head's per-depth draft-probability calibration on held-out self-distilled text."""
+"""`peagle calibrate`: fit a head's per-depth draft-probability calibration on held-out self-distilled text, or
+(`--costs`) time this machine's verify-cost curves anew."""
 
 from __future__ import annotations
 
@@ -21,12 +22,32 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "calibrate",
         help="fit the head's draft-probability calibration (used by cost-aware drafting) on held-out prompts",
     )
-    p.add_argument("head", help="head folder in peagle's layout (its config.json is updated in place)")
+    p.add_argument(
+        "head",
+        help="head folder in peagle's layout (its config.json is updated in place); with --costs also 'default' "
+        "(the shipped head)",
+    )
     p.add_argument(
         "--examples",
-        required=True,
+        default=None,
         help="held-out self-distilled examples (a shard folder, or JSONL rows with input_ids/loss_mask): the "
-        "prompt part of each is generated from; never an evaluation set",
+        "prompt part of each is generated from; never an evaluation set (required unless --costs)",
+    )
+    p.add_argument(
+        "--costs",
+        action="store_true",
+        help="instead: time the cost rule's verify-cost curves of this target, head, dtype and thread count anew "
+        "(the reference curve and --contexts, at each of --batch-sizes) and replace the cached ones with their "
+        "online corrections; run it on an otherwise idle machine",
+    )
+    p.add_argument(
+        "--batch-sizes", default="1", help="with --costs: comma-separated batch sizes to time (default 1)"
+    )
+    p.add_argument(
+        "--contexts",
+        default="1024,2048,4096,8192",
+        help="with --costs: longer contexts to time (those beyond the target's range are skipped; others are "
+        "timed lazily when a call reaches them)",
     )
     add_target_argument(p)
     p.add_argument("--limit", type=positive_int, default=32, help="examples to use (default 32)")
@@ -41,11 +62,59 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise SystemExit(f"peagle calibrate: {flag} must be comma-separated integers >= 1, got {text!r}.")
+    return values
+
+
+def run_costs(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..generation.cost import cost_cache_path, recalibrate
+    from ..modeling_peagle import PEagleDrafter
+    from ..runtime import resolve_dtype
+    from ..targets import load_default_drafter, load_target
+
+    sizes = _int_list(args.batch_sizes, "--batch-sizes")
+    contexts = _int_list(args.contexts, "--contexts")
+    dtype = getattr(torch, args.dtype)
+    target, _ = load_target(args.target or "default", dtype=dtype)
+    head_dtype = resolve_dtype(args.head_dtype) or dtype
+    if args.head == "default":
+        head = load_default_drafter(target, dtype=head_dtype)
+    else:
+        head = PEagleDrafter.from_pretrained(args.head, dtype=head_dtype).attach_target(target)
+    head.eval()
+    k = args.num_speculative_tokens or head.config.num_speculative_tokens
+    from ..generation.candidates import AUTO_TREE_NODES
+
+    models = recalibrate(target, head, max(k, AUTO_TREE_NODES) + 1, sizes, contexts)
+    print(f"threads {torch.get_num_threads()}; seconds to verify n tokens per row after L tokens of context")
+    for rows, model in zip(sizes, models):
+        timed = [model.context] + [p["context"] for p in model.context_points]
+        for context in timed:
+            ns = [1, 2, k + 1, len(model.verify_seconds)]
+            cells = ", ".join(f"n={n}: {model.cost(n, context) * 1e3:.1f} ms" for n in ns)
+            print(f"B={rows} L={context}: {cells}; drafter round {model.drafter_cost(context) * 1e3:.1f} ms")
+        print(f"  written to {cost_cache_path(model.key)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..generation.calibration import calibrate_head_folder
     from ..runtime import resolve_dtype
+
+    if args.costs:
+        return run_costs(args)
+    if not args.examples:
+        raise SystemExit("peagle calibrate: --examples is required (or --costs to time the cost curves).")
 
     result = calibrate_head_folder(
         args.head,

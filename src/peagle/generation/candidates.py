@@ -25,7 +25,7 @@ from transformers.utils import logging
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
 from ..sizing.target_config import text_config
-from .cost import cost_model_for
+from .cost import cost_model_for, extend_to_context, persist_cost_model
 from .ragged import compact, worth_compacting
 from .rule import (
     AcceptanceCorrection,
@@ -46,10 +46,17 @@ from .tree_drafting import expand_autoregressive_tree, parallel_candidates
 
 logger = logging.get_logger(__name__)
 
-PAYS_SMOOTHING = 0.2
+_clock = time.perf_counter
+"""The generator's clock (the cost rule times the passes it observes with it; tests replace it)."""
+
+PAYS_SMOOTHING = 0.3
 """Weight of the newest drafting round in the running estimate of whether drafting pays (cost rule)."""
-MAX_SKIP = 8
-"""Most plain steps in a row without running the drafter (cost rule); each losing probe adds one."""
+MAX_SKIP = 16
+"""Most plain steps in a row without running the drafter (cost rule); each losing probe doubles the skip."""
+PROBE_FIRST, PROBE_EVERY, PROBE_MIN = 4, 64, 3
+"""Cost rule: a plain step is taken after `PROBE_FIRST` target passes without one while the curve has fewer
+than `PROBE_MIN` observed plain steps, and after `PROBE_EVERY` passes later on, so the plain step's cost (what
+every drafting round is compared with) is measured, not only modelled."""
 AUTO_TREE_NODES = 32
 """`draft_tree_size="auto"`: the most draft nodes the cost rule may verify per row and round."""
 MAX_TREE_NODES = 256
@@ -235,6 +242,7 @@ class PEagleCandidateGenerator:
         self.calibration = getattr(cfg, "draft_calibration", None)
         self.batch_size = int(batch_size)
         self.tree_nodes, self.lookup_tokens = resolve_tree_settings(tree_size, lookup_tokens, self.policy)
+        self.target = target
         self.cost = (
             cost_model_for(
                 target,
@@ -280,7 +288,10 @@ class PEagleCandidateGenerator:
         self._skip_len = 1  # the next skip's length (grows by one while drafting keeps losing)
         self._returned_at: float | None = None  # when the last candidates went to verification
         self._round: dict[str, Any] | None = None  # prediction of the round under verification
-        self._pays: float | None = None  # running ratio of drafting's expected rate to a plain step's
+        self._pays: float | None = None  # running ratio of drafting's realised rate to a plain step's
+        self._context = 0  # the target's context (tokens per row, padding included) at this round
+        self._verify_context = 0  # ... at the pass under verification
+        self._since_plain = 0  # target passes since the last plain step (cost rule's probes)
         self._confidences: list[
             list[float]
         ] = []  # [depth][row] the head's confidence in the last round's drafts
@@ -288,7 +299,7 @@ class PEagleCandidateGenerator:
         self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
         self._trees: list[DraftTree] | None = None  # the trees under verification
         self._paths: list[list[int]] | None = None  # their accepted paths (slots), once verified
-        self._start = time.perf_counter()
+        self._start = _clock()
         k = self.num_speculative_tokens
         self.stats = PEagleGenerationStats(
             drafting_mode=self.drafting_mode,
@@ -429,28 +440,68 @@ class PEagleCandidateGenerator:
         assuming each row's next draft is as likely to be accepted as its last one."""
         rows = self._row_probabilities(confidences)
         depth = len(confidences)
-        curve = self.cost.curve(depth + 2)
-        spent = self.cost.drafter_seconds + self.cost.drafter_step_seconds * (depth - 1)
+        curve = self.cost.curve(depth + 2, self._context)
+        spent = self.cost.drafter_cost(self.cache_mask.shape[1]) + self.cost.drafter_step_seconds * (
+            depth - 1
+        )
         # one more pass only raises the best rate if the rule would verify the extra draft as well
         more = best_batch_rate([r + r[-1:] for r in rows], curve, spent + self.cost.drafter_step_seconds)
         return more > best_batch_rate(rows, curve, spent)
 
     # ------------------------------------------------------------------ one round
     def _observe_verify(self, now: float) -> None:
-        """Cost rule: fold the timing of the verify pass that just ran into the cost model and the stats."""
+        """Cost rule: fold the timing of the target pass that just ran (a verify pass or a plain step) into the
+        cost model, and the round's predicted and measured seconds into the stats (per context bucket)."""
         if self._returned_at is None:
             return
         seconds = now - self._returned_at
-        self.cost.observe_verify(self._last_num_drafts + 1, seconds)
-        if self._round is not None:
-            self.stats.predicted_seconds += self._round["seconds"]
-            self.stats.measured_seconds += self._round["drafter_seconds"] + seconds
+        n, context, r = self._last_num_drafts + 1, self._verify_context, self._round
+        predicted = self.cost.cost(n, context) if r is None else r["rate_seconds"]
+        measured = seconds if r is None else seconds + r["drafter_seconds"]
+        self.cost.observe_verify(n, seconds, context)
+        if r is not None:
+            self.stats.predicted_seconds += r["seconds"]
+            self.stats.measured_seconds += measured
             self._round = None
+        self.stats.observe_pass(context, self.batch_size, predicted, measured)
+
+    def _returned(self, candidates: Any) -> None:
+        """Candidates go to verification now (cost rule: the pass is timed from here)."""
+        self._since_plain += 1
+        if self.policy == "cost":
+            self._verify_context = self._context
+            self._returned_at = _clock()
 
     def _plain_step(self) -> tuple[torch.LongTensor, None]:
         self._last_num_drafts = 0
-        self._returned_at = time.perf_counter() if self.policy == "cost" else None
+        self._since_plain = 0
+        self._round = None
+        self._verify_context = self._context
+        self._returned_at = _clock() if self.policy == "cost" else None
         return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
+
+    def _probe_due(self) -> bool:
+        """Whether this pass should be a plain step to measure one (cost rule, measured curves only)."""
+        if not self.cost.refined_online:
+            return False
+        few = self.cost.observations[0] < PROBE_MIN
+        return self._since_plain >= (PROBE_FIRST if few else PROBE_EVERY)
+
+    def _fold_pays(self, ratio: float) -> None:
+        """One round's drafting rate against a plain step's into the running estimate; while it is below 1 the
+        next rounds skip the drafter (1 plain step, then 2, 4, ... up to `MAX_SKIP` while probes keep losing)."""
+        self._pays = (
+            ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
+        )
+        if self._pays < 1.0:
+            self._skip_left, self._skip_len = self._skip_len, min(self._skip_len * 2, MAX_SKIP)
+        else:
+            self._skip_len = 1
+
+    def finish(self) -> None:
+        """The call ended: the cost curve's online figures go to its cache file."""
+        if self.cost is not None:
+            persist_cost_model(self.cost)
 
     def _choose(
         self,
@@ -465,28 +516,28 @@ class PEagleCandidateGenerator:
         the drafter.  `gains[row]`: the expected tokens each further draft adds ([`rule.choose_batch_tree_size`]);
         `chains[row]`: the uncorrected calibrated probabilities along the head's chain, of which
         `chain_nodes(n)` (default: n) are verified at size n."""
-        self.cost.observe_drafter(drafter_seconds, steps)
+        drafter_context = self.cache_mask.shape[1]
+        self.cost.observe_drafter(drafter_seconds, steps, drafter_context)
         width = min(len(g) for g in gains)
-        curve = self.cost.curve(width + 1)
-        n = choose_batch_tree_size(gains, curve, self.cost.drafter_seconds)
+        curve = self.cost.curve(width + 1, self._context)  # the costs at this round's context and batch size
+        drafter = self.cost.drafter_cost(drafter_context)
+        n = choose_batch_tree_size(gains, curve, drafter)
         predicted = sum(1.0 + sum(g[:n]) for g in gains)
         histogram[n] += 1
+        if n == 0:  # declined: the expected rate of drafting, drafter included, against a plain step's
+            self._round = None
+            self._fold_pays(predicted / len(gains) / (curve[0] + drafter) * curve[0])
+            return n
         verified = chain_nodes(n) if chain_nodes is not None else [n] * len(chains)
         self._round = {
             "calibrated": [c[:m] for c, m in zip(chains, verified)],  # the correction learns from these
             "tokens": predicted,
             "seconds": curve[n] + drafter_seconds,
+            "verify_seconds": curve[n],
             "drafter_seconds": drafter_seconds,
+            "rate_seconds": curve[n] + drafter,  # the round's modelled seconds, for whether drafting pays
+            "plain_seconds": curve[0],
         }
-        # does drafting pay at all? compare the round's expected rate (drafter included) with a plain step's
-        ratio = (predicted / len(gains) / (curve[n] + self.cost.drafter_seconds)) * curve[0]
-        self._pays = (
-            ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
-        )
-        if self._pays < 1.0:  # drafting is expected to lose: skip the drafter, longer while it keeps losing
-            self._skip_left, self._skip_len = self._skip_len, min(self._skip_len + 1, MAX_SKIP)
-        else:
-            self._skip_len = 1
         return n
 
     # ------------------------------------------------------------------ trees
@@ -532,7 +583,7 @@ class PEagleCandidateGenerator:
         self._speculative_slots = speculative
         self.cache_mask = torch.cat([real, real.new_ones(self.rows, speculative)], dim=1)
         self.stats.drafter_forward_calls += passes
-        drafter_seconds = time.perf_counter() - tic
+        drafter_seconds = _clock() - tic
         self.stats.drafter_seconds += drafter_seconds
         self._confidences = confidences
         trees = []
@@ -613,7 +664,7 @@ class PEagleCandidateGenerator:
             to pay.  `scores` are the processed target-vocabulary logits each draft was drawn from (None on the
             fast greedy path).
         """
-        tic = time.perf_counter()
+        tic = _clock()
         k = min(self.num_speculative_tokens, max_drafts)
         if is_first_iteration:
             out = self._plain_step()
@@ -621,11 +672,26 @@ class PEagleCandidateGenerator:
             return out
         if self.policy == "cost":
             self._observe_verify(tic)
+            self._context = max(h.shape[1] for h in histories)
+            spent = extend_to_context(
+                self.cost,
+                self.target,
+                self.head,
+                self._context,
+                len(self.cost.verify_seconds),
+                self.batch_size,
+            )
+            if spent:  # a longer context's costs were timed first (once per machine and context)
+                self.stats.cost_timing_seconds += spent
+                tic = _clock()
         if k < 1:
             return self._plain_step()
         if self.policy == "cost" and self._skip_left > 0:
             self._skip_left -= 1
             self.stats.skipped_drafter_rounds += 1
+            return self._plain_step()
+        if self.policy == "cost" and self._probe_due():
+            self.stats.probe_steps += 1
             return self._plain_step()
 
         if self._speculative_slots:  # drop last round's speculative slots
@@ -661,7 +727,7 @@ class PEagleCandidateGenerator:
         drafts, scores = draft.tokens, draft.scores
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        drafter_seconds = time.perf_counter() - tic
+        drafter_seconds = _clock() - tic
         self.stats.drafter_seconds += drafter_seconds
         self._confidences = confidences
         if self.tree_nodes and drafts.shape[1] > 0:
@@ -690,8 +756,7 @@ class PEagleCandidateGenerator:
             self.stats.truncated_rounds += self.rows
         for d in range(num):
             self.stats.drafted_per_depth[d] += self.rows
-        if self.policy == "cost":
-            self._returned_at = time.perf_counter()
+        self._returned(drafts)
         return drafts, scores
 
     def _tree_candidates(
@@ -711,8 +776,7 @@ class PEagleCandidateGenerator:
         for t in trees:
             for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
                 _bump(self.stats.drafted_per_depth, d - 1)
-        if self.policy == "cost":
-            self._returned_at = time.perf_counter()
+        self._returned(trees)
         return trees, None
 
     def update_candidate_strategy(self, accepted: list[int]) -> None:
@@ -746,12 +810,15 @@ class PEagleCandidateGenerator:
             if self._round is not None:
                 stats.predicted_tokens += self._round["tokens"]
                 stats.realised_tokens += sum(accepted) + rows
+                # does drafting pay? the tokens this round realised per row, at its modelled seconds, against a
+                # plain step's one token (the calibration's promise does not count here, the outcome does)
+                r = self._round
+                self._fold_pays((sum(accepted) + rows) / rows / r["rate_seconds"] * r["plain_seconds"])
         else:
             stats.plain_steps += rows
-            self._round = None
         stats.target_batch_passes += 1
         stats.generated_tokens += sum(accepted) + rows
-        stats.total_seconds = time.perf_counter() - self._start
+        stats.total_seconds = _clock() - self._start
 
 
 def _leading(flags: list[bool], nodes: list[int]) -> int:

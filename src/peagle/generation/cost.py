@@ -18,7 +18,8 @@ import os
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +41,51 @@ from .rule import (  # noqa: F401
 
 CACHE_SUBDIR = "cost"
 CALIBRATION_CONTEXT = 256
-"""Context length (tokens) the calibration times its verify passes at."""
+"""Context length (tokens) the calibration times its verify passes at (the reference context)."""
+MIN_CONTEXT_POINT = 1024
+"""The shortest longer context timed (each later one is the next power of two a call reaches)."""
+COST_MODEL_VERSION = 2
+"""Part of the cache key: curves of an earlier model (no context points, factors kept in memory only) are timed
+again."""
 
 
 # ---------------------------------------------------------------------------------------------- cost model
 @dataclass
 class VerifyCostModel:
-    """Seconds to verify n tokens (n = 1..N) with the target, plus the drafter's cost per round.
+    """Seconds to verify n tokens per row at a context of L tokens, and seconds of one drafter round at L.
+
+    The verify cost of n tokens after L tokens of context is modelled as
+
+        cost(n, L) = factor(n) * (base(n) + growth(n, L))
+
+    - `base(n)` (`verify_seconds`) is timed at every n at the reference context (`context`, 256 tokens);
+    - `growth(n, L)` comes from a few n timed at longer contexts (`context_points`, one per power of two,
+      timed lazily the first time a call reaches a longer context), interpolated in n and in L (linearly
+      from the reference, extended beyond the longest point along its last segment), never negative;
+    - `factor(n)` is learned online: every verify pass and plain step generation runs is compared with the
+      modelled seconds (a running mean that turns into an exponential moving average of weight `smoothing`,
+      in log space); an n never observed takes the factor of its observed neighbours (log-interpolated).
+      Factors persist with the curve, so a curve timed on a busy machine is corrected by the passes of
+      the next calls and stays corrected.
+    The drafter's round likewise: `drafter_seconds` at the reference context, growth from the context points,
+    one online factor.  A user's or a flat curve (`source` `"user"`, `"flat"`) is used as given: no online
+    factors, no lazy timing.
 
     Args:
-        verify_seconds: `[N]`, `verify_seconds[n - 1]` = seconds of a target pass over n new tokens (at the
-            calibration context; online updates fold in the real context).
+        verify_seconds: `[N]`, `verify_seconds[n - 1]` = seconds of a target pass over n new tokens per row at
+            the reference context.
         drafter_seconds: seconds of one drafter round (parallel: its one pass; autoregressive: the first pass).
         drafter_step_seconds: seconds of one more autoregressive drafter pass (one slot).
-        key: what the curve was measured for (target, device, dtype, threads); see [`cost_model_key`].
+        key: what the curve was measured for (target, device, dtype, threads, batch size); see
+            [`cost_model_key`].
         source: `"calibrated"`, `"cache"`, `"flat"` or `"user"`.
         observations: verify passes folded in online, per n.
-        smoothing: weight of a new observation in the running estimate.
+        smoothing: weight of a new observation in the running estimate, once it has enough of them.
+        context: the reference context of `verify_seconds` (None: the costs do not depend on the context).
+        context_points: longer contexts timed, each `{"context": L, "n": [...], "seconds": [...],
+            "drafter_seconds": s}` (seconds per n listed, and of a drafter round, after L tokens).
+        factors: `[N]` online factors (realised / modelled seconds) per n; 1.0 where not observed.
+        drafter_factor, drafter_observations: the same for the drafter's round.
     """
 
     verify_seconds: list[float]
@@ -66,17 +95,19 @@ class VerifyCostModel:
     source: str = "user"
     observations: list[int] = field(default_factory=list)
     smoothing: float = 0.1
+    context: int | None = None
+    context_points: list[dict[str, Any]] = field(default_factory=list)
+    factors: list[float] = field(default_factory=list)
+    drafter_factor: float = 1.0
+    drafter_observations: int = 0
 
     def __post_init__(self):
         # every field is checked, not coerced: a cache file may hold `true` as seconds or a smoothing of 5, which
         # would turn the curve negative once online updates fold in
-        def seconds(value: Any) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
         if (
             not isinstance(self.verify_seconds, (list, tuple))
             or not self.verify_seconds
-            or any(not seconds(s) or s <= 0 for s in self.verify_seconds)
+            or any(not _seconds(s) or s <= 0 for s in self.verify_seconds)
         ):
             raise ValueError(
                 f"verify_seconds must be positive seconds per n = 1..N, got {self.verify_seconds!r}."
@@ -84,20 +115,41 @@ class VerifyCostModel:
         self.verify_seconds = [float(s) for s in self.verify_seconds]
         for name in ("drafter_seconds", "drafter_step_seconds"):
             value = getattr(self, name)
-            if not seconds(value) or value < 0:
+            if not _seconds(value) or value < 0:
                 raise ValueError(f"{name} must be seconds >= 0, got {value!r}.")
-        if not seconds(self.smoothing) or not 0 < self.smoothing <= 1:
+        if not _seconds(self.smoothing) or not 0 < self.smoothing <= 1:
             raise ValueError(
                 f"smoothing must be a weight in (0, 1] (of a new observation), got {self.smoothing!r}."
             )
         if not isinstance(self.key, dict) or not isinstance(self.source, str):
             raise ValueError(f"key must be a dict and source a string, got {self.key!r} and {self.source!r}.")
-        if not isinstance(self.observations, (list, tuple)) or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in self.observations
-        ):
+        if not _counts(self.observations):
             raise ValueError(f"observations must be counts >= 0 per n, got {self.observations!r}.")
-        if len(self.observations) != len(self.verify_seconds):
-            self.observations = [0] * len(self.verify_seconds)
+        if self.context is not None and (
+            isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 1
+        ):
+            raise ValueError(f"context must be a number of tokens >= 1 or None, got {self.context!r}.")
+        if not isinstance(self.context_points, (list, tuple)):
+            raise ValueError(f"context_points must be a list, got {self.context_points!r}.")
+        self.context_points = sorted(
+            (_checked_point(p) for p in self.context_points), key=lambda p: p["context"]
+        )
+        if self.context_points and self.context is None:
+            raise ValueError("context_points need the reference `context` of verify_seconds.")
+        if not isinstance(self.factors, (list, tuple)) or any(
+            not _seconds(f) or f <= 0 for f in self.factors
+        ):
+            raise ValueError(f"factors must be positive ratios per n, got {self.factors!r}.")
+        if not _seconds(self.drafter_factor) or self.drafter_factor <= 0:
+            raise ValueError(f"drafter_factor must be a positive ratio, got {self.drafter_factor!r}.")
+        if not _counts([self.drafter_observations]):
+            raise ValueError(f"drafter_observations must be a count >= 0, got {self.drafter_observations!r}.")
+        n = len(self.verify_seconds)
+        if len(self.observations) != n or len(self.factors) != n:  # an older file, or a curve built by hand
+            self.observations = [0] * n
+            self.factors = [1.0] * n
+        self.observations = [int(c) for c in self.observations]
+        self.factors = [float(f) for f in self.factors]
 
     @classmethod
     def flat(
@@ -107,53 +159,144 @@ class VerifyCostModel:
         every draft whose chain has any chance, i.e. K almost every round."""
         return cls([seconds] * max_tokens, drafter_seconds=drafter_seconds, source="flat")
 
-    def cost(self, n: int) -> float:
-        """Seconds to verify n tokens (beyond the measured range: extrapolated linearly)."""
+    # ------------------------------------------------------------------ the modelled costs
+    def base(self, n: int) -> float:
+        """Seconds to verify n tokens at the reference context (beyond the timed range: extended linearly)."""
         if n <= len(self.verify_seconds):
             return self.verify_seconds[n - 1]
         last = self.verify_seconds[-1]
         step = max(last - self.verify_seconds[-2], 0.0) if len(self.verify_seconds) > 1 else 0.0
         return last + step * (n - len(self.verify_seconds))
 
-    def curve(self, max_tokens: int) -> list[float]:
-        """`[max_tokens]` seconds for n = 1..max_tokens."""
-        return [self.cost(n) for n in range(1, max_tokens + 1)]
+    def growth(self, n: int, context: int | None) -> float:
+        """Extra seconds of verifying n tokens after `context` tokens instead of the reference context (0
+        without context points, or at or below the reference)."""
+        if context is None or self.context is None or not self.context_points or context <= self.context:
+            return 0.0
+        knots = [(self.context, 0.0)] + [
+            (p["context"], _point_seconds(p, n) - self.base(n)) for p in self.context_points
+        ]
+        return max(_along(knots, context), 0.0)
+
+    def modelled(self, n: int, context: int | None = None) -> float:
+        """Seconds to verify n tokens after `context` tokens, before the online factor."""
+        return self.base(n) + self.growth(n, context)
+
+    def factor(self, n: int) -> float:
+        """The online factor of n (observed, else log-interpolated between the nearest observed n)."""
+        if n <= len(self.factors) and self.observations[n - 1] > 0:
+            return self.factors[n - 1]
+        seen = [i + 1 for i, c in enumerate(self.observations) if c > 0]
+        if not seen:
+            return 1.0
+        below = [m for m in seen if m < n]
+        above = [m for m in seen if m > n]
+        if not below or not above:
+            return self.factors[(below[-1] if below else above[0]) - 1]
+        lo, hi = below[-1], above[0]
+        t = (n - lo) / (hi - lo)
+        return math.exp((1 - t) * math.log(self.factors[lo - 1]) + t * math.log(self.factors[hi - 1]))
+
+    def cost(self, n: int, context: int | None = None) -> float:
+        """Seconds to verify n tokens per row after `context` tokens (None: at the reference context)."""
+        return self.factor(n) * self.modelled(n, context)
+
+    def curve(self, max_tokens: int, context: int | None = None) -> list[float]:
+        """`[max_tokens]` seconds for n = 1..max_tokens after `context` tokens, never decreasing in n."""
+        return monotone([self.cost(n, context) for n in range(1, max_tokens + 1)])
+
+    def drafter_cost(self, context: int | None = None) -> float:
+        """Seconds of one drafter round after `context` tokens in the drafter's cache."""
+        seconds = self.drafter_seconds
+        if (
+            context is not None
+            and self.context is not None
+            and self.context_points
+            and context > self.context
+        ):
+            knots = [(self.context, 0.0)] + [
+                (p["context"], p["drafter_seconds"] - self.drafter_seconds) for p in self.context_points
+            ]
+            seconds += max(_along(knots, context), 0.0)
+        return seconds * self.drafter_factor
 
     @property
     def refined_online(self) -> bool:
         """Measured curves follow the machine; a user's or a flat curve stays as given."""
         return self.source in ("calibrated", "cache")
 
-    def observe_verify(self, n: int, seconds: float) -> None:
-        """Fold in a measured verify pass over n tokens (an exponential moving average per n; entries not
-        observed yet move by the same ratio, so the curve keeps its calibrated shape)."""
+    # ------------------------------------------------------------------ online refinement
+    def _weight(self, count: int) -> float:
+        """A running mean over the first observations, then the exponential moving average."""
+        return max(self.smoothing, 1.0 / (count + 2))
+
+    def observe_verify(self, n: int, seconds: float, context: int | None = None) -> None:
+        """Fold in a measured verify pass over n tokens per row after `context` tokens: the factor of n moves
+        towards `seconds / modelled(n, context)`."""
         if not self.refined_online or not (seconds > 0 and math.isfinite(seconds)) or n < 1:
             return
         while n > len(self.verify_seconds):
-            self.verify_seconds.append(self.cost(len(self.verify_seconds) + 1))
+            self.verify_seconds.append(self.base(len(self.verify_seconds) + 1))
             self.observations.append(0)
-        old = self.verify_seconds[n - 1]
-        new = old + self.smoothing * (seconds - old)
-        ratio = new / old
-        self.verify_seconds[n - 1] = new
+            self.factors.append(1.0)
+        ratio = min(max(seconds / self.modelled(n, context), 0.05), 20.0)  # a suspended process is no sample
+        old = self.factor(n)  # an unobserved n starts from its neighbours' factor
+        w = self._weight(self.observations[n - 1])
+        self.factors[n - 1] = math.exp((1 - w) * math.log(old) + w * math.log(ratio))
         self.observations[n - 1] += 1
-        for i, count in enumerate(self.observations):
-            if count == 0:
-                self.verify_seconds[i] *= ratio
 
-    def observe_drafter(self, seconds: float, steps: int = 0) -> None:
-        """Fold in a measured drafter round (`steps` autoregressive passes after the first)."""
+    def observe_drafter(self, seconds: float, steps: int = 0, context: int | None = None) -> None:
+        """Fold in a measured drafter round (`steps` autoregressive passes after the first) after `context`
+        slots in the drafter's cache."""
         if not self.refined_online or not (seconds > 0 and math.isfinite(seconds)):
             return
         if steps and self.drafter_seconds > 0:
-            per_step = max(seconds - self.drafter_seconds, 0.0) / steps
+            per_step = max(seconds - self.drafter_cost(context), 0.0) / steps
             self.drafter_step_seconds += self.smoothing * (per_step - self.drafter_step_seconds)
             seconds -= per_step * steps
-        if self.drafter_seconds <= 0:
+        modelled = self.drafter_cost(context) / self.drafter_factor
+        if modelled <= 0:
             self.drafter_seconds = seconds
-        else:
-            self.drafter_seconds += self.smoothing * (seconds - self.drafter_seconds)
+            return
+        ratio = min(max(seconds / modelled, 0.05), 20.0)
+        w = self._weight(self.drafter_observations)
+        self.drafter_factor = math.exp((1 - w) * math.log(self.drafter_factor) + w * math.log(ratio))
+        self.drafter_observations += 1
 
+    def reset_online(self) -> None:
+        """Forget the online factors (after the curve is timed again)."""
+        self.observations = [0] * len(self.verify_seconds)
+        self.factors = [1.0] * len(self.verify_seconds)
+        self.drafter_factor, self.drafter_observations = 1.0, 0
+
+    # ------------------------------------------------------------------ context points
+    def timed_contexts(self) -> list[int]:
+        """The reference context and every timed context point."""
+        return ([self.context] if self.context else []) + [p["context"] for p in self.context_points]
+
+    def next_context_point(self, context: int, max_context: int | None = None) -> int | None:
+        """The context to time before deciding at `context`, or None: when `context` lies more than half
+        again beyond the longest timed context, the power of two at or above it (at least
+        [`MIN_CONTEXT_POINT`], at most `max_context`), so rounds interpolate between timed points."""
+        if not self.refined_online or not self.context:
+            return None
+        longest = max(self.timed_contexts())
+        if context <= longest * 3 // 2:
+            return None
+        point = max(MIN_CONTEXT_POINT, 1 << (int(context) - 1).bit_length())
+        if max_context is not None:
+            point = min(point, int(max_context))
+        return point if point > longest else None
+
+    def add_context_point(self, point: dict[str, Any]) -> None:
+        """Add (or replace) the timings of one context."""
+        point = _checked_point(point)
+        if self.context is None:
+            raise ValueError("context points need the reference `context` of verify_seconds.")
+        kept = [p for p in self.context_points if p["context"] != point["context"]]
+        self.context_points = sorted(kept + [point], key=lambda p: p["context"])
+
+    # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         return {
             "verify_seconds": list(self.verify_seconds),
@@ -163,25 +306,87 @@ class VerifyCostModel:
             "source": self.source,
             "observations": list(self.observations),
             "smoothing": self.smoothing,
+            "context": self.context,
+            "context_points": [dict(p) for p in self.context_points],
+            "factors": list(self.factors),
+            "drafter_factor": self.drafter_factor,
+            "drafter_observations": self.drafter_observations,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VerifyCostModel:
-        known = {
-            "verify_seconds",
-            "drafter_seconds",
-            "drafter_step_seconds",
-            "key",
-            "source",
-            "observations",
-            "smoothing",
-        }
+        known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(
                 f"unknown cost-model fields {sorted(unknown)}; expected some of {sorted(known)}."
             )
         return cls(**data)
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _counts(values: Any) -> bool:
+    return isinstance(values, (list, tuple)) and all(
+        isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in values
+    )
+
+
+def _checked_point(point: Any) -> dict[str, Any]:
+    """A context point as stored, checked: `{"context", "n", "seconds", "drafter_seconds"}`."""
+    if not isinstance(point, dict) or set(point) != {"context", "n", "seconds", "drafter_seconds"}:
+        raise ValueError(
+            f"a context point is {{'context', 'n', 'seconds', 'drafter_seconds'}}, got {point!r}."
+        )
+    ns, secs, ctx = point["n"], point["seconds"], point["context"]
+    if (
+        isinstance(ctx, bool)
+        or not isinstance(ctx, int)
+        or ctx < 1
+        or not _counts(ns)
+        or not ns
+        or list(ns) != sorted(set(ns))
+        or ns[0] < 1
+        or not isinstance(secs, (list, tuple))
+        or len(secs) != len(ns)
+        or any(not _seconds(s) or s <= 0 for s in secs)
+        or not _seconds(point["drafter_seconds"])
+        or point["drafter_seconds"] < 0
+    ):
+        raise ValueError(
+            f"a context point needs a context >= 1, increasing n >= 1 and positive seconds for each, got {point!r}."
+        )
+    return {
+        "context": int(ctx),
+        "n": [int(n) for n in ns],
+        "seconds": [float(s) for s in secs],
+        "drafter_seconds": float(point["drafter_seconds"]),
+    }
+
+
+def _point_seconds(point: dict[str, Any], n: int) -> float:
+    """A context point's seconds at n: linear between its timed n, flat beyond them."""
+    return _along(list(zip(point["n"], point["seconds"])), n, extend=False)
+
+
+def _along(knots: list[tuple[float, float]], x: float, extend: bool = True) -> float:
+    """The piecewise-linear function through `knots` (sorted by x) at `x`; beyond the last knot it continues
+    along the last segment (`extend`) or stays flat; before the first it stays flat.
+
+    >>> _along([(0, 0.0), (2, 1.0), (4, 3.0)], 3), _along([(0, 0.0), (2, 1.0), (4, 3.0)], 6)
+    (2.0, 5.0)
+    """
+    if x <= knots[0][0] or len(knots) == 1:
+        return knots[0][1]
+    for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if not extend:
+        return knots[-1][1]
+    (x0, y0), (x1, y1) = knots[-2], knots[-1]
+    return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
 
 
 # ---------------------------------------------------------------------------------------------- calibration runs
@@ -263,6 +468,7 @@ def cost_model_key(target: Any, head: Any = None, batch_size: int = 1) -> dict[s
         ]
     if batch_size > 1:
         key["batch_size"] = int(batch_size)
+    key["cost_model"] = COST_MODEL_VERSION
     return key
 
 
@@ -321,12 +527,133 @@ def measure_cost_model(
             cache.crop(-n)
         seconds.append(statistics.median(times[1:]))
     seconds = monotone(interpolate(points, seconds, max_tokens))
-    model = VerifyCostModel(seconds, key=cost_model_key(target, head, rows), source="calibrated")
+    model = VerifyCostModel(
+        seconds, key=cost_model_key(target, head, rows), source="calibrated", context=context
+    )
     if head is not None:
         model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
             head, target, max_tokens - 1, repeats, rows
         )
     return model
+
+
+def context_point_tokens(max_tokens: int) -> list[int]:
+    """The n a longer context times: 1 (a plain step), 2, 8 (a chain's round) and the longest, the rest
+    interpolated (the growth with the context is smooth in n beyond the plain step).
+
+    >>> context_point_tokens(33), context_point_tokens(4)
+    ([1, 2, 8, 33], [1, 2, 4])
+    """
+    return sorted({n for n in (1, 2, 8, max_tokens) if n <= max_tokens})
+
+
+def max_cost_context(target: Any, max_tokens: int) -> int | None:
+    """The longest context a curve is timed at: the target's position range less the tokens verified (None
+    when the config names no range)."""
+    text = target.config.get_text_config()
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    return max(1, int(positions) - max_tokens) if positions else None
+
+
+@torch.no_grad()
+def measure_context_point(
+    target: Any,
+    head: Any,
+    context: int,
+    max_tokens: int,
+    repeats: int = 2,
+    batch_size: int = 1,
+) -> dict[str, Any]:
+    """Time target passes over n tokens per row ([`context_point_tokens`]) and one drafter round after
+    `context` tokens: a context point of [`VerifyCostModel`].
+
+    No prefill of `context` tokens runs: a short real prefix is prefilled, and the cache's keys and values are
+    repeated to `context` slots (a pass costs the same whatever the cached values are), so the point takes a
+    few passes (about 1.5 s at 4,096 tokens for the 135M target at batch 1 on a 2-core CPU).  Raises
+    `NotImplementedError` for caches whose layers are not plain or sliding-window key/value tensors (the
+    curve then follows the context through its online factors only)."""
+    device = next(target.parameters()).device
+    text = target.config.get_text_config()
+    vocab = int(text.vocab_size)
+    rows = max(1, int(batch_size))
+    gen = torch.Generator().manual_seed(2)
+    cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    ns, seconds = context_point_tokens(max_tokens), []
+    for n in ns:
+        ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
+        mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
+        times = []
+        for _ in range(repeats + 1):  # the first pass of each shape warms up (it allocates; 2-3x slower)
+            sync()
+            t0 = time.perf_counter()
+            target(input_ids=ids, attention_mask=mask, use_cache=True, **cache_kwarg(cache))
+            sync()
+            times.append(time.perf_counter() - t0)
+            cache.crop(-n)
+        seconds.append(statistics.median(times[-repeats:]))
+    del cache
+    drafter = 0.0
+    if head is not None:
+        drafter = _time_drafter_at(head, target, max_tokens - 1, repeats, rows, context)
+    return {"context": int(context), "n": ns, "seconds": seconds, "drafter_seconds": drafter}
+
+
+def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: int, gen, device) -> Any:
+    """A DynamicCache that reads as `context` tokens long: a short prefix prefilled, then each layer's keys and
+    values repeated along the sequence (sliding-window layers: up to their window)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    prefix = min(32, context)
+    cache = DynamicCache(config=config)
+    ids = torch.randint(0, vocab, (rows, prefix), generator=gen).to(device)
+    model(input_ids=ids, use_cache=True, **cache_kwarg(cache))
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or layer.keys is None:
+            raise NotImplementedError(f"cannot lengthen a {type(layer).__name__} cache layer")
+        slots = context
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            slots = min(context, layer.sliding_window - 1)
+            layer.cumulative_length = context
+        reps = -(-slots // layer.keys.shape[-2])
+        layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+        layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+    return cache
+
+
+def _time_drafter_at(head: Any, target: Any, k: int, repeats: int, rows: int, context: int) -> float:
+    """Seconds of one drafting round (3 real slots + K-1 parallel ones, or one autoregressive pass) after
+    `context` slots in the drafter's cache."""
+    device = head.device
+    width = 3 * int(head.config.target_hidden_size)
+    dtype = next(head.parameters()).dtype
+    gen = torch.Generator().manual_seed(3)
+    if head.config.embed_from_target and head.embed_tokens is None:
+        head.attach_target(target)
+    vocab = int(head.config.vocab_size)
+    one_pass = (
+        head.config.drafting_mode == "autoregressive"
+    )  # its first pass; more passes: drafter_step_seconds
+    select = lambda logits, depth: (logits.argmax(-1), None, one_pass)  # noqa: E731
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=head.config)
+    ctx = torch.randint(0, vocab, (rows, 35), generator=gen).to(device)
+    feats = torch.randn(rows, 35, width, generator=gen).to(device, dtype)
+    head.draft_round(ctx[:, :32], feats[:, :32], 1, cache, 0, select=select)
+    if cache.get_seq_length() > 32:
+        cache.crop(-(cache.get_seq_length() - 32))
+    for layer in cache.layers:
+        reps = -(-context // layer.keys.shape[-2])
+        layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :context].contiguous()
+        layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :context].contiguous()
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        head.draft_round(ctx[:, 32:], feats[:, 32:], max(k, 1), cache, context, select=select)
+        times.append(time.perf_counter() - t0)
+        cache.crop(-(cache.get_seq_length() - context))
+    return statistics.median(times[1:])
 
 
 def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -> tuple[float, float]:
@@ -363,6 +690,8 @@ def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -
 
 
 _MODELS: dict[str, VerifyCostModel] = {}
+_UNTIMEABLE: set[tuple[str, int]] = set()
+"""(curve, context) pairs whose context point could not be timed in this process (not tried again)."""
 
 
 def cost_model_for(
@@ -370,7 +699,7 @@ def cost_model_for(
 ) -> VerifyCostModel:
     """The cost model of (target, head) at `batch_size` rows on this device/dtype/threads: from this process's
     memory, else the cache file, else measured now (and cached).  The returned object is shared, so online
-    refinements carry over between `generate()` calls."""
+    refinements carry over between `generate()` calls; [`persist_cost_model`] writes them back to the file."""
     override = getattr(head, "cost_model", None) if head is not None else None
     if override is not None:
         return override
@@ -388,17 +717,109 @@ def cost_model_for(
                 model.source = "cache"
         except (OSError, ValueError, TypeError):  # unreadable or malformed: measure again
             model = None
-        if model is not None and len(model.verify_seconds) < max_tokens:
+        if model is not None and (len(model.verify_seconds) < max_tokens or model.context is None):
             model = None
     if model is None:
         model = measure_cost_model(target, head, max_tokens=max_tokens, batch_size=batch_size)
-        if use_cache:
-            try:
-                save_cost_model(model, path)
-            except OSError as e:  # a cache is an optimisation: keep the curve in memory and go on
-                _warn_unwritable_once(path, e)
+    model.persist = use_cache  # type: ignore[attr-defined]  (where online figures and new points go)
+    persist_cost_model(model)
     _MODELS[name] = model
     return model
+
+
+def extend_to_context(
+    model: VerifyCostModel, target: Any, head: Any, context: int, max_tokens: int, batch_size: int = 1
+) -> float:
+    """Before a round after `context` tokens: time the context point the curve lacks for it
+    ([`VerifyCostModel.next_context_point`]), add it and persist the curve.  Returns the seconds spent (0.0
+    when nothing needed timing).  A point that cannot be timed (a cache kind that cannot be lengthened, or not
+    enough memory for a lengthened copy) is not tried again in this process; the online factors then carry
+    the context's cost."""
+    point = model.next_context_point(context, max_cost_context(target, max_tokens))
+    name = json.dumps(model.key, sort_keys=True)
+    if point is None or (name, point) in _UNTIMEABLE:
+        return 0.0
+    rows = max(1, int(batch_size))
+    if not _fits_in_memory(target, rows, point):
+        _UNTIMEABLE.add((name, point))
+        return 0.0
+    tic = time.perf_counter()
+    try:
+        timed = measure_context_point(
+            target, head, point, max(max_tokens, len(model.verify_seconds)), 2, rows
+        )
+    except (NotImplementedError, RuntimeError, ValueError) as e:  # RuntimeError: e.g. out of memory
+        _UNTIMEABLE.add((name, point))
+        warnings.warn(
+            f"peagle could not time its verify costs after {point} tokens of context ({e}); the cost rule "
+            "follows longer contexts through the passes it observes.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return 0.0
+    model.add_context_point(timed)
+    persist_cost_model(model)
+    return time.perf_counter() - tic
+
+
+def _fits_in_memory(target: Any, rows: int, context: int) -> bool:
+    """Whether a lengthened copy of the target's cache (`rows` x `context` tokens) takes at most a quarter of
+    the memory available now (CPU: the free physical memory; CUDA: the device's free memory)."""
+    text = target.config.get_text_config()
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
+    dim = getattr(text, "head_dim", None) or (
+        text.hidden_size // text.num_attention_heads if getattr(text, "num_attention_heads", None) else None
+    )
+    if not (layers and heads and dim):
+        return True
+    param = next(target.parameters())
+    need = 2 * layers * heads * dim * param.element_size() * rows * context
+    try:
+        if param.device.type == "cuda":
+            free = torch.cuda.mem_get_info(param.device)[0]
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return True
+    return need <= free // 4
+
+
+def persist_cost_model(model: VerifyCostModel) -> None:
+    """Write a measured curve, with its context points and online factors, to its cache file (when caching is
+    on for it); a failed write warns once and the curve stays in memory."""
+    if not model.refined_online or not getattr(model, "persist", False) or not model.key:
+        return
+    path = cost_cache_path(model.key)
+    try:
+        save_cost_model(model, path)
+    except OSError as e:  # a cache is an optimisation: keep the curve in memory and go on
+        _warn_unwritable_once(path, e)
+
+
+def recalibrate(
+    target: Any,
+    head: Any = None,
+    max_tokens: int = 11,
+    batch_sizes: Sequence[int] = (1,),
+    contexts: Sequence[int] = (),
+) -> list[VerifyCostModel]:
+    """Time the curves of `batch_sizes` anew on purpose (`peagle calibrate --costs`): the reference curve,
+    then a context point at each of `contexts`; the fresh curves replace the cached ones (their online
+    factors start over).  Run it on an otherwise idle machine."""
+    out = []
+    for rows in batch_sizes:
+        key = cost_model_key(target, head, rows)
+        model = measure_cost_model(target, head, max_tokens=max_tokens, batch_size=rows)
+        limit = max_cost_context(target, max_tokens)
+        for context in sorted(set(contexts)):
+            if context > model.context and (limit is None or context <= limit):
+                model.add_context_point(measure_context_point(target, head, context, max_tokens, 2, rows))
+        model.persist = True  # type: ignore[attr-defined]
+        persist_cost_model(model)
+        _MODELS[json.dumps(key, sort_keys=True)] = model
+        out.append(model)
+    return out
 
 
 def save_cost_model(model: VerifyCostModel, path: str | os.PathLike | None = None) -> Path:
@@ -444,6 +865,11 @@ def forget_cost_models() -> None:
 
 __all__ = [
     "VerifyCostModel",
+    "context_point_tokens",
+    "extend_to_context",
+    "measure_context_point",
+    "persist_cost_model",
+    "recalibrate",
     "cost_model_for",
     "cost_model_key",
     "cost_cache_path",

@@ -457,6 +457,7 @@ def peagle_decoding(
     emitted = loop.drop_finished(loop.prefill())
     while loop.rows.active:
         emitted = loop.drop_finished(loop.round(emitted))
+    loop.drafter.finish()
     return loop.result()
 
 

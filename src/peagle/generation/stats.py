@@ -11,6 +11,17 @@ def _add_lists(a: list[int], b: list[int]) -> list[int]:
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
+def _add_buckets(
+    a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    out = {k: dict(v) for k, v in a.items()}
+    for k, v in b.items():
+        entry = out.setdefault(k, {name: 0 for name in v})
+        for name, value in v.items():
+            entry[name] = entry.get(name, 0) + value
+    return out
+
+
 @dataclass
 class PEagleGenerationStats:
     """What speculative `generate()` calls with a P-EAGLE head did; one call's is `head.last_generation_stats`.
@@ -60,6 +71,13 @@ class PEagleGenerationStats:
         draft_tree_size: the most draft nodes a round could verify (0: chains only).
         tree_rounds: rounds (per row) that verified a draft tree rather than a chain.
         tree_size_histogram: `[N + 1]` drafter rounds by the number of tree nodes verified (0 = none).
+        probe_steps: plain steps the cost rule took to measure a plain step's cost (no drafter run).
+        cost_timing_seconds: seconds spent timing the cost curve at a longer context than timed before (once
+            per machine, target, batch size and context point).
+        seconds_by_context: the cost rule's predicted against measured seconds of every target pass after
+            the prefill (drafting rounds: drafter + verify; plain steps: the step), per context bucket and
+            batch size: `{"B=<rows> L=<bucket>": {"passes", "predicted_seconds", "measured_seconds"}}`, the
+            bucket being the context's power of two rounded down (`"0"` below 512 tokens).
     """
 
     drafting_mode: str = "parallel"
@@ -90,6 +108,19 @@ class PEagleGenerationStats:
     draft_tree_size: int = 0
     tree_rounds: int = 0
     tree_size_histogram: list[int] = field(default_factory=list)
+    probe_steps: int = 0
+    cost_timing_seconds: float = 0.0
+    seconds_by_context: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def observe_pass(self, context: int, batch_size: int, predicted: float, measured: float) -> None:
+        """Add one target pass's predicted and measured seconds to its context bucket."""
+        bucket = 0 if context < 512 else 1 << (int(context).bit_length() - 1)
+        entry = self.seconds_by_context.setdefault(
+            f"B={batch_size} L={bucket}", {"passes": 0, "predicted_seconds": 0.0, "measured_seconds": 0.0}
+        )
+        entry["passes"] += 1
+        entry["predicted_seconds"] += float(predicted)
+        entry["measured_seconds"] += float(measured)
 
     # ------------------------------------------------------------------ named metrics
     @property
@@ -123,6 +154,8 @@ class PEagleGenerationStats:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if isinstance(a, list):
                 setattr(out, f.name, _add_lists(a, b))
+            elif isinstance(a, dict):
+                setattr(out, f.name, _add_buckets(a, b))
             elif f.name in ("drafting_mode", "draft_policy"):
                 setattr(out, f.name, a if a == b else "mixed")
             elif f.name in (
