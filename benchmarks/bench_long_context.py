@@ -16,9 +16,11 @@ Measured at each context:
    the head's `PEagleGenerationStats.tokens_per_target_pass` (new tokens / target forward passes, prefill
    included) averaged over the prompts, its acceptance length (tokens per drafting round), and plain greedy
    decoding of the same input, whose output every head run is checked against (a mismatch is reported, never
-   hidden).  Wall times of both runs are recorded too (speedup), on a busy machine they are noise.  Each head
-   run starts from the cost rule's calibrated curve (the in-memory curve, refined online by earlier runs, is
-   dropped first), so a context's result does not depend on the contexts run before it.
+   hidden).  Wall times of both runs are recorded too (speedup per prompt and overall; on a busy machine they
+   are noise), with the cost rule's predicted against measured seconds per context bucket.  The head runs as
+   in a user's process: the cost curve is kept with its online factors from run to run, and the warm-up times
+   the curve's context points for every context first (what a user's first call at that length does, once
+   per machine; its seconds are recorded as `cost_timing_seconds`), so no measured run includes that timing.
 2. The cost of one drafting round against context: on the first prompt's input (T tokens, the target's own
    features of it), the drafter cache is filled with the context's T-1-R real slots in one round (its time is
    `first round`, once), then one steady round (R = `--real-slots` new real slots + K-1 parallel slots over that
@@ -67,7 +69,8 @@ from peagle.configuration_peagle import default_aux_layer_ids
 from peagle.evaluation.results import save_figure, write_json_and_plot
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import PEagleGenerationStats
-from peagle.generation.cost import forget_cost_models
+from peagle.generation.candidates import AUTO_TREE_NODES
+from peagle.generation.cost import cost_model_for, extend_to_context
 from peagle.modeling_peagle import cache_kwarg
 
 DEFAULT_EXAMPLES = "training_data/smollm2-135m-instruct/heldout"
@@ -269,6 +272,16 @@ def run_long_context(
     warm = torch.tensor([build_input(examples, prompt_indices[0], 0, separator)[0]], device=device)
     timed_generate(target, warm, 4)
     timed_generate(target, warm, 4, assistant=head, **gen_kwargs)
+    cost_timing: dict[str, float] = {}
+    if (
+        not num_assistant_tokens
+    ):  # the cost rule's context points, timed once per machine (as a first call would)
+        curve = cost_model_for(target, head, max(k, AUTO_TREE_NODES) + 1)
+        for context in contexts:
+            longest = max(len(build_input(examples, i, context, separator)[0]) for i in prompt_indices)
+            cost_timing[str(context)] = extend_to_context(
+                curve, target, head, longest + max_new_tokens, len(curve.verify_seconds)
+            )
     log(format_header())
     for context in contexts:
         inputs = [build_input(examples, i, context, separator) for i in prompt_indices]
@@ -288,7 +301,6 @@ def run_long_context(
             try:
                 if refused:
                     raise ValueError(refused)
-                forget_cost_models()  # every run starts from the calibrated curve, not one refined by earlier runs
                 plain = timed_generate(model, x, max_new_tokens)
                 run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
                 stats = run.stats
@@ -342,6 +354,7 @@ def run_long_context(
             "target_max_position_embeddings": trained,
             "extended_max_position_embeddings": extend_positions,
             "head_max_position_embeddings": getattr(head.config, "max_position_embeddings", None),
+            "cost_timing_seconds": cost_timing,
         },
     }
 
@@ -360,6 +373,12 @@ def summarize_context(
     merged = PEagleGenerationStats.merge(stats) if stats else None
     plain_s = sum(r["plain_seconds"] for r in ok)
     head_s = sum(r["seconds"] for r in ok)
+    per_prompt = [
+        (r["new_tokens"] / r["seconds"]) / (r["plain_new_tokens"] / r["plain_seconds"])
+        for r in ok
+        if r["seconds"] > 0 and r["plain_seconds"] > 0
+    ]
+    buckets = merged.seconds_by_context if merged else {}
     return {
         "context": context,
         "context_tokens_mean": statistics.mean(r["context_tokens"] for r in rows) if rows else 0,
@@ -377,6 +396,15 @@ def summarize_context(
         "speedup": (
             (sum(r["new_tokens"] for r in ok) / head_s) / (sum(r["plain_new_tokens"] for r in ok) / plain_s)
             if ok and head_s > 0 and plain_s > 0
+            else None
+        ),
+        "speedup_per_prompt": per_prompt,
+        "slowest_prompt_speedup": min(per_prompt) if per_prompt else None,
+        "rule_seconds_by_context": buckets,
+        "rule_predicted_over_measured": (
+            sum(b["predicted_seconds"] for b in buckets.values())
+            / sum(b["measured_seconds"] for b in buckets.values())
+            if buckets
             else None
         ),
         "draft_round_ms": tim.get("draft_round_ms"),
@@ -406,7 +434,7 @@ def _num(value: float | None, fmt: str) -> str:
 def format_header() -> str:
     return (
         f"{'context':>7} {'ctx tok':>7} {'prompts':>7} {'tok/pass':>8} {'acc.len':>7} {'identical':>9} "
-        f"{'draft ms':>8} {'verify ms':>9} {'ratio':>6} {'speedup':>7}  range"
+        f"{'draft ms':>8} {'verify ms':>9} {'ratio':>6} {'speedup':>7} {'slowest':>7} {'pred/meas':>9}  range"
     )
 
 
@@ -422,7 +450,9 @@ def format_row(s: dict[str, Any]) -> str:
         f"{s['context']:>7} {s['context_tokens_mean']:>7.0f} {s['prompts']:>7} "
         f"{_num(s['tokens_per_target_pass'], '.2f'):>8} {_num(s['acceptance_length'], '.2f'):>7} {ident:>9} "
         f"{_num(s['draft_round_ms'], '.1f'):>8} {_num(s['verify_ms'], '.1f'):>9} "
-        f"{_num(s['draft_verify_ratio'], '.2f'):>6} {_num(s['speedup'], '.2f'):>7}  {rng}{failed}"
+        f"{_num(s['draft_verify_ratio'], '.2f'):>6} {_num(s['speedup'], '.2f'):>7} "
+        f"{_num(s.get('slowest_prompt_speedup'), '.2f'):>7} {_num(s.get('rule_predicted_over_measured'), '.2f'):>9}  "
+        f"{rng}{failed}"
     )
 
 
@@ -437,7 +467,22 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
+    fast = [s for s in summary if s.get("speedup") is not None]
+    if fast:
+        xs = [s["context_tokens_mean"] for s in fast]
+        middle.plot(
+            xs, [s["speedup"] for s in fast], marker="o", color="C2", label="default rule, all prompts"
+        )
+        for s in fast:
+            per = s.get("speedup_per_prompt") or []
+            middle.scatter([s["context_tokens_mean"]] * len(per), per, color="C2", alpha=0.4, s=12)
+    middle.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="plain greedy")
+    middle.set_ylabel("speed against plain greedy (dots: prompts)")
+    middle.set_xlabel("context tokens before the prompt (mean over prompts)")
+    middle.set_title("speed of the head's rule vs context", fontsize=9)
+    middle.grid(alpha=0.3)
+    middle.legend(fontsize=8)
     pts = [s for s in summary if s["tokens_per_target_pass"] is not None]
     if pts:
         xs = [s["context_tokens_mean"] for s in pts]

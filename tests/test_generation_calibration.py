@@ -86,3 +86,36 @@ def test_calibrate_refuses_to_store_a_calibration_the_head_could_not_read(tmp_pa
             str(tmp_path / "head"), str(tmp_path / "heldout.jsonl"), target=str(tmp_path / "target")
         )
     assert (tmp_path / "head" / "config.json").read_text() == before
+
+
+def test_calibrate_costs_retimes_the_curves_and_resets_their_factors(tmp_path, capsys, monkeypatch):
+    """`peagle calibrate HEAD --costs` times the cost curve of each batch size anew, with its context points, and
+    replaces the cached one (online factors start over)."""
+    from peagle.cli import main
+    from peagle.generation import cost as cost_mod
+
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path / "cost"))
+    cost_mod.forget_cost_models()
+    target = make_target(eos_token_id=None)
+    target.save_pretrained(tmp_path / "target")
+    make_head(target, num_speculative_tokens=3).save_pretrained(tmp_path / "head")
+    argv = ["calibrate", str(tmp_path / "head"), "--costs", "--target", str(tmp_path / "target")]
+    try:
+        assert main([*argv, "--batch-sizes", "1,2", "--contexts", "300,100000"]) == 0
+        out = capsys.readouterr().out
+        assert (
+            "B=1 L=256" in out and "B=2 L=300" in out and "L=100000" not in out
+        )  # beyond the range: skipped
+        files = sorted((tmp_path / "cost").glob("*.json"))
+        assert len(files) == 2
+        batch1 = next(f for f in files if "batch_size" not in json.loads(f.read_text())["key"])
+        data = json.loads(batch1.read_text())
+        assert [p["context"] for p in data["context_points"]] == [300]
+        data["factors"] = [3.0] * len(data["factors"])  # as if corrected online
+        data["observations"] = [5] * len(data["observations"])
+        batch1.write_text(json.dumps(data))
+        assert main([*argv, "--contexts", "300"]) == 0
+        again = json.loads(batch1.read_text())
+        assert set(again["factors"]) == {1.0} and set(again["observations"]) == {0}
+    finally:
+        cost_mod.forget_cost_models()

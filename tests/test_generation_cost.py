@@ -542,3 +542,94 @@ def test_drafting_that_stops_paying_stops_and_comes_back(target, monkeypatch):
     assert late[16:] and sum(n > 1 for n in late[16:]) >= len(late[16:]) // 2, late  # right again: drafting
     st = head.last_generation_stats
     assert st.skipped_drafter_rounds > 0 and st.accepted_tokens > 0
+
+
+def test_ended_rows_stay_idle_where_a_pass_is_cheaper_with_them(target):
+    """A CPU's matrix kernels can take longer for 3 rows than for 4: with measured plain steps of 1.0 s for 4 rows,
+    2.0 s for 2 or 3 and 0.5 s for 1, rows that end at EOS stay in the batch (idle, their tokens never output)
+    while 2 or 3 rows still decode, and leave once one does.  Every row is plain batched greedy's."""
+    ids = torch.cat([prompt_ids(50 + b, 8) for b in range(4)])
+    free = greedy(target, ids, max_new_tokens=30)[:, 8:]
+    # an EOS token that ends the rows at different steps, one row never
+    eos = next(
+        t
+        for t in range(3, 127)
+        if len({row.tolist().index(t) for row in free if t in row.tolist()}) >= 2
+        and sum(t in row.tolist()[:24] for row in free) in (2, 3)
+    )
+    kw = dict(max_new_tokens=30, eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    ref = greedy(target, ids, **kw)
+    model = VerifyCostModel(
+        [1.0] * 6, source="cache", context=256, row_seconds={"4": 1.0, "3": 2.0, "2": 2.0, "1": 0.5}
+    )
+    head = _cost_head(target, model=model)
+    oracle = Oracle(head, [torch.cat([ids[b], free[b]]) for b in range(4)], p=0.6, seed=6)
+    shapes = []
+    hook = target.register_forward_pre_hook(
+        lambda m, a, k: shapes.append(k["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        out = greedy(target, ids, assistant_model=head, num_assistant_tokens=4, **kw)
+    finally:
+        hook.remove()
+        oracle.handle.remove()
+    assert torch.equal(out, ref)
+    assert (
+        set(shapes) <= {4, 1} and 4 in shapes
+    )  # never 2 or 3 rows: ended rows stayed idle until one was left
+    st = head.last_generation_stats
+    emitted = [row.tolist().index(eos) + 1 if eos in row.tolist() else 30 for row in ref[:, 8:]]
+    assert 1 in shapes and st.generated_tokens == sum(emitted)  # idle rows' tokens count nowhere
+    assert st.generated_tokens == st.accepted_tokens + st.rounds + st.plain_steps
+
+
+def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
+    """The drafter's first round catches up on the whole prompt.  Where drafting did not pay after this context in
+    an earlier call, a call with few tokens left to win it back skips the drafter altogether; with many tokens
+    left it drafts (and so would learn if drafting pays after all)."""
+    model = VerifyCostModel([1.0 + n for n in range(9)], drafter_seconds=0.1, source="cache", context=256)
+    head = _cost_head(target, model=model)
+    machine = FakeMachine(target, head, lambda n, context, rows: 1.0 + n - 1, drafter=0.0)
+    slot_cost = head.register_forward_pre_hook(
+        lambda m, a, k: setattr(machine, "now", machine.now + 0.05 * k["input_ids"].shape[1]),
+        with_kwargs=True,
+    )
+    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    ids = prompt_ids(60, 300)
+    try:
+        ref = greedy(target, ids, max_new_tokens=40)
+        oracle = Oracle(head, ref, p=0.0)  # drafts never right: drafting does not pay here
+        for new_tokens, drafts in [(40, True), (12, False), (120, True)]:
+            out = greedy(target, ids, max_new_tokens=new_tokens, assistant_model=head, num_assistant_tokens=4)
+            assert torch.equal(out, greedy(target, ids, max_new_tokens=new_tokens))
+            st = head.last_generation_stats
+            assert (st.drafter_forward_calls > 0) == drafts, (new_tokens, st)
+        assert model.drafter_slot_seconds == pytest.approx(0.05, rel=0.2)
+        assert model.remembered_pays(300) < 1.0 and model.remembered_pays(5000) == model.remembered_pays(300)
+    finally:
+        slot_cost.remove()
+        machine.close()
+        oracle.handle.remove()
+
+
+def test_a_longer_context_is_timed_once_when_a_call_first_reaches_it(target, monkeypatch, tmp_path):
+    """A call whose context lies well beyond the timed ones first times a context point (on a lengthened copy
+    of a short cache, no long prefill); the point is cached with the curve, and the next call reuses it."""
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
+    cost_mod.forget_cost_models()
+    head = _cost_head(target)
+    ids = prompt_ids(70, 420)
+    try:
+        for first in (True, False):
+            out = greedy(target, ids, max_new_tokens=6, assistant_model=head, num_assistant_tokens=4)
+            assert torch.equal(out, greedy(target, ids, max_new_tokens=6))
+            st = head.last_generation_stats
+            assert (st.cost_timing_seconds > 0) == first
+        (path,) = tmp_path.glob("*.json")
+        saved = VerifyCostModel.from_dict(json.loads(path.read_text()))
+        limit = 512 - len(saved.verify_seconds)  # the tiny target's 512 positions less the tokens verified
+        assert [p["context"] for p in saved.context_points] == [limit]
+        assert saved.context_points[0]["n"] == cost_mod.context_point_tokens(len(saved.verify_seconds))
+        assert sum(saved.observations) > 0  # the calls' online figures went to the file too
+    finally:
+        cost_mod.forget_cost_models()

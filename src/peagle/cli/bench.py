@@ -66,10 +66,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--examples",
         default=None,
-        help="tree benchmark: held-out examples (shards or JSONL) whose prompts form a set of their own "
+        help="tree and batch benchmarks: held-out examples (shards or JSONL) whose prompts form a set of their own "
         "('heldout'); with --skip and --limit",
     )
-    p.add_argument("--skip", type=int, default=0, help="tree benchmark: examples to skip in --examples")
+    p.add_argument("--skip", type=int, default=0, help="examples to skip in --examples")
     p.add_argument(
         "--no-speed",
         dest="speed",
@@ -194,6 +194,7 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
     )
 
     sizes = _ints(args.batch_sizes, "batch-sizes")
+    prompts = _with_heldout(args, prompts)
     mixed = [p for group in itertools.zip_longest(*prompts.values()) for p in group if p is not None]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = target.generation_config.eos_token_id
@@ -244,19 +245,24 @@ def _finish(results: dict, args: argparse.Namespace, head_dtype, write, table, r
     return 0 if lossless else 1
 
 
+def _with_heldout(args, prompts: dict) -> dict:
+    """The evaluation prompts with the held-out examples' prompts (`--examples`, `--skip`, `--limit`) first."""
+    if args.examples is None:
+        return prompts
+    from ..generation.calibration import prompts_of_examples
+    from ..training.shards import load_examples
+
+    held = prompts_of_examples(load_examples(args.examples))[args.skip :]
+    return {"heldout": held[: args.limit] if args.limit else held, **prompts}
+
+
 def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
     """`--tree-sizes`: tokens per target pass against the node budget (both heads, with and without lookup)."""
     import torch
 
     from ..evaluation.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
 
-    if args.examples is not None:
-        from ..generation.calibration import prompts_of_examples
-        from ..training.shards import load_examples
-
-        held = prompts_of_examples(load_examples(args.examples))[args.skip :]
-        prompts["heldout"] = held[: args.limit] if args.limit else held
-        prompts = {"heldout": prompts.pop("heldout"), **prompts}
+    prompts = _with_heldout(args, prompts)
     for (
         head
     ) in heads.values():  # warm-up, and each head's cost model (measured once per machine, then cached)

@@ -6,7 +6,8 @@ batch, each method runs side by side with plain batched greedy (`target.generate
 every row is checked against plain batched greedy's row, and against the prompt's own batch-1 greedy output
 when batch size 1 is in the sweep (batched plain decoding itself may differ from batch 1 in the last bits).
 Reported per (B, method): new tokens per second over all rows, speedup over plain batched greedy on the
-same batches, the slowest batch's speedup, tokens per target pass per row, and both checks.
+same batches, the slowest batch's speedup, tokens per target pass per row, both checks, and for the default
+rule its predicted against measured seconds per context bucket (`rule_seconds_by_context`).
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ def summarize_batches(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         stats = [PEagleGenerationStats.from_dict(r["stats"]) for r in rs if r["stats"] is not None]
         merged = PEagleGenerationStats.merge(stats) if stats else None
         agree = [r["agrees_with_batch1"] for r in rs if r["agrees_with_batch1"] is not None]
+        buckets = merged.seconds_by_context if merged else {}
+        measured = sum(b["measured_seconds"] for b in buckets.values())
         out.append(
             {
                 "batch_size": batch,
@@ -178,6 +181,10 @@ def summarize_batches(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "tokens_per_target_pass": merged.tokens_per_target_pass if merged else 1.0,
                 "lossless": all(r["lossless"] for r in rs),
                 "rows_equal_to_batch1": f"{sum(agree)}/{sum(r['rows'] for r in rs)}" if agree else None,
+                "rule_seconds_by_context": buckets,
+                "rule_predicted_over_measured": (
+                    sum(b["predicted_seconds"] for b in buckets.values()) / measured if measured else None
+                ),
             }
         )
     return out
@@ -186,16 +193,21 @@ def summarize_batches(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def format_batch_table(summary: list[dict[str, Any]]) -> str:
     """A Markdown table of the summary."""
     lines = [
-        "| B | method | tokens/target pass per row | tok/s | speedup | slowest batch | = plain batched | = batch-1 greedy |",
-        "|" + "---|" * 8,
+        "| B | method | tokens/target pass per row | tok/s | speedup | slowest batch | = plain batched | = batch-1 greedy "
+        "| rule predicted / measured s |",
+        "|" + "---|" * 9,
     ]
     for s in summary:
         lines.append(
             f"| {s['batch_size']} | {s['method']} | {s['tokens_per_target_pass']:.2f} | {s['tokens_per_s']:.1f} | "
             f"{s['speedup']:.2f}x | {s['slowest_batch_speedup']:.2f}x | {'yes' if s['lossless'] else 'NO'} | "
-            f"{s['rows_equal_to_batch1'] or '-'} |"
+            f"{s['rows_equal_to_batch1'] or '-'} | {_ratio(s.get('rule_predicted_over_measured'))} |"
         )
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def plot_batches(summary: list[dict[str, Any]], path: str | Path) -> Path:

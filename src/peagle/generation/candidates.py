@@ -25,7 +25,7 @@ from transformers.utils import logging
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
 from ..sizing.target_config import text_config
-from .cost import cost_model_for, extend_to_context, persist_cost_model
+from .cost import cost_model_for, ensure_row_seconds, extend_to_context, persist_cost_model
 from .ragged import compact, worth_compacting
 from .rule import (
     AcceptanceCorrection,
@@ -53,6 +53,11 @@ PAYS_SMOOTHING = 0.3
 """Weight of the newest drafting round in the running estimate of whether drafting pays (cost rule)."""
 MAX_SKIP = 16
 """Most plain steps in a row without running the drafter (cost rule); each losing probe doubles the skip."""
+CATCH_UP_SLOTS = 256
+"""A drafter round over at least this many new slots is a catch-up (the prompt, or a long skip's slots)."""
+CATCH_UP_GAIN = 0.25
+"""Cost rule: where drafting did not pay at this context before, a call runs the drafter's catch-up over its
+prompt only if that costs less than this fraction of the plain steps left (what drafting could win back)."""
 PROBE_FIRST, PROBE_EVERY, PROBE_MIN = 4, 64, 3
 """Cost rule: a plain step is taken after `PROBE_FIRST` target passes without one while the curve has fewer
 than `PROBE_MIN` observed plain steps, and after `PROBE_EVERY` passes later on, so the plain step's cost (what
@@ -243,6 +248,7 @@ class PEagleCandidateGenerator:
         self.batch_size = int(batch_size)
         self.tree_nodes, self.lookup_tokens = resolve_tree_settings(tree_size, lookup_tokens, self.policy)
         self.target = target
+        self.idle: set[int] = set()  # rows of the batch that ended and stay only to keep passes fast
         self.cost = (
             cost_model_for(
                 target,
@@ -330,6 +336,28 @@ class PEagleCandidateGenerator:
             self._pending[row] = (tokens, features, int(start))
         else:
             self._pending[row] = (torch.cat([held[0], tokens]), torch.cat([held[1], features]), held[2])
+
+    def rows_to_keep(self, live: int, most: int) -> int:
+        """How many rows the batch should keep when `live` rows still decode and up to `most` could stay (the
+        others idle): the count whose plain step the cost model measures cheapest (ties: fewer), timed once per
+        machine and count; `live` without the cost rule's measured curves."""
+        if self.cost is None or not self.cost.refined_online or most <= live:
+            return live
+        spent, best = 0.0, live
+        seconds = {}
+        for count in range(live, most + 1):
+            value, took = ensure_row_seconds(self.cost, self.target, count)
+            spent += took
+            if value is None:
+                return live
+            seconds[count] = value
+        best = min(seconds, key=lambda c: (seconds[c], c))
+        self.stats.cost_timing_seconds += spent
+        return best
+
+    def set_idle(self, idle: list[bool]) -> None:
+        """Which rows of the batch are ended rows kept idle (their drafts count for nothing in the rule)."""
+        self.idle = {b for b, flag in enumerate(idle) if flag}
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
@@ -480,6 +508,23 @@ class PEagleCandidateGenerator:
         self._returned_at = _clock() if self.policy == "cost" else None
         return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
 
+    def _pending_slots(self) -> int:
+        return max((p[0].shape[0] for p in self._pending if p is not None), default=0)
+
+    def _catch_up_not_worth_it(self, k: int, remaining: int) -> bool:
+        """Before a call's first drafting round (cost rule): where drafting did not pay at this context in an
+        earlier call, skip the drafter for the whole call unless the plain steps left could repay its catch-up
+        over the prompt (`CATCH_UP_GAIN` of their time); otherwise start from that earlier estimate."""
+        remembered = self.cost.remembered_pays(self._context)
+        if remembered is None or remembered >= 1.0:
+            return False
+        catch_up = self._pending_slots() * self.cost.drafter_slot_seconds
+        if catch_up > CATCH_UP_GAIN * remaining * self.cost.cost(1, self._context):
+            self._skip_left = remaining + 1  # the rest of the call
+            return True
+        self._pays = remembered
+        return False
+
     def _probe_due(self) -> bool:
         """Whether this pass should be a plain step to measure one (cost rule, measured curves only)."""
         if not self.cost.refined_online:
@@ -499,8 +544,11 @@ class PEagleCandidateGenerator:
             self._skip_len = 1
 
     def finish(self) -> None:
-        """The call ended: the cost curve's online figures go to its cache file."""
+        """The call ended: the cost curve's online figures go to its cache file, and whether drafting paid at
+        this context is remembered for the next call."""
         if self.cost is not None:
+            if self._pays is not None:
+                self.cost.remember_pays(self._context, self._pays)
             persist_cost_model(self.cost)
 
     def _choose(
@@ -521,17 +569,18 @@ class PEagleCandidateGenerator:
         width = min(len(g) for g in gains)
         curve = self.cost.curve(width + 1, self._context)  # the costs at this round's context and batch size
         drafter = self.cost.drafter_cost(drafter_context)
-        n = choose_batch_tree_size(gains, curve, drafter)
-        predicted = sum(1.0 + sum(g[:n]) for g in gains)
+        live = [b for b in range(len(gains)) if b not in self.idle]  # idle rows' tokens count for nothing
+        n = choose_batch_tree_size([gains[b] for b in live], curve, drafter)
+        row_tokens = [1.0 + sum(g[:n]) for g in gains]
         histogram[n] += 1
-        if n == 0:  # declined: the expected rate of drafting, drafter included, against a plain step's
+        if n == 0:  # declined: the drafter's time spent for nothing, against a plain step's
             self._round = None
-            self._fold_pays(predicted / len(gains) / (curve[0] + drafter) * curve[0])
+            self._fold_pays(curve[0] / (curve[0] + drafter_seconds))
             return n
         verified = chain_nodes(n) if chain_nodes is not None else [n] * len(chains)
         self._round = {
             "calibrated": [c[:m] for c, m in zip(chains, verified)],  # the correction learns from these
-            "tokens": predicted,
+            "row_tokens": row_tokens,
             "seconds": curve[n] + drafter_seconds,
             "verify_seconds": curve[n],
             "drafter_seconds": drafter_seconds,
@@ -585,6 +634,8 @@ class PEagleCandidateGenerator:
         self.stats.drafter_forward_calls += passes
         drafter_seconds = _clock() - tic
         self.stats.drafter_seconds += drafter_seconds
+        if self.policy == "cost" and tokens.shape[1] >= CATCH_UP_SLOTS:
+            self.cost.observe_catch_up(drafter_seconds, tokens.shape[1])
         self._confidences = confidences
         trees = []
         for b, pool in enumerate(pools):
@@ -693,6 +744,9 @@ class PEagleCandidateGenerator:
         if self.policy == "cost" and self._probe_due():
             self.stats.probe_steps += 1
             return self._plain_step()
+        if self.policy == "cost" and self._pays is None and self._catch_up_not_worth_it(k, max_drafts):
+            self.stats.skipped_drafter_rounds += 1
+            return self._plain_step()
 
         if self._speculative_slots:  # drop last round's speculative slots
             self.cache.crop(-self._speculative_slots)
@@ -729,6 +783,8 @@ class PEagleCandidateGenerator:
             torch.cuda.synchronize(self.device)
         drafter_seconds = _clock() - tic
         self.stats.drafter_seconds += drafter_seconds
+        if self.policy == "cost" and tokens.shape[1] >= CATCH_UP_SLOTS:
+            self.cost.observe_catch_up(drafter_seconds, tokens.shape[1])
         self._confidences = confidences
         if self.tree_nodes and drafts.shape[1] > 0:
             trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
@@ -779,17 +835,20 @@ class PEagleCandidateGenerator:
         self._returned(trees)
         return trees, None
 
-    def update_candidate_strategy(self, accepted: list[int]) -> None:
+    def update_candidate_strategy(self, accepted: list[int], live: list[bool] | None = None) -> None:
         """Record the round just verified: per row, the drafts kept (after EOS and `max_length` cut the row); each
         row also emitted one token of the target's own.  A tree round's accepted paths come first through
-        [`set_tree_paths`]."""
+        [`set_tree_paths`].  Rows marked not `live` (ended rows kept idle in the batch) count nowhere."""
         stats = self.stats
-        rows = len(accepted)
         trees, paths = self._trees, self._paths
         self._trees = self._paths = None
+        counted = [b for b in range(len(accepted)) if live is None or live[b]]
+        accepted_all, accepted = accepted, [accepted[b] for b in counted]
+        rows = len(accepted)
         if self._last_num_drafts > 0:
             recorder = getattr(self.head, "round_recorder", None)
-            for b, matches in enumerate(accepted):
+            for b in counted:
+                matches = accepted_all[b]
                 chain_matches = matches
                 if trees is not None:  # the chain's and the lookup branch's share of the accepted path
                     nodes = [slot - 1 for slot in paths[b][1 : matches + 1]]
@@ -808,7 +867,7 @@ class PEagleCandidateGenerator:
             stats.rounds += rows
             stats.accepted_tokens += sum(accepted)
             if self._round is not None:
-                stats.predicted_tokens += self._round["tokens"]
+                stats.predicted_tokens += sum(self._round["row_tokens"][b] for b in counted)
                 stats.realised_tokens += sum(accepted) + rows
                 # does drafting pay? the tokens this round realised per row, at its modelled seconds, against a
                 # plain step's one token (the calibration's promise does not count here, the outcome does)

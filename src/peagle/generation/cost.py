@@ -86,6 +86,11 @@ class VerifyCostModel:
             "drafter_seconds": s}` (seconds per n listed, and of a drafter round, after L tokens).
         factors: `[N]` online factors (realised / modelled seconds) per n; 1.0 where not observed.
         drafter_factor, drafter_observations: the same for the drafter's round.
+        row_seconds: seconds of a plain step with R of the batch's rows (`{"R": s}`), timed when rows end
+            and the batch decides whether to keep them idle (a CPU's matrix kernels may take longer for 7
+            rows than for 8).
+        drafter_slot_seconds: seconds per slot of a drafter pass over a long block (the first round of a call
+            catches up on the whole prompt), learned online; 0.0 until observed.
     """
 
     verify_seconds: list[float]
@@ -100,6 +105,8 @@ class VerifyCostModel:
     factors: list[float] = field(default_factory=list)
     drafter_factor: float = 1.0
     drafter_observations: int = 0
+    row_seconds: dict[str, float] = field(default_factory=dict)
+    drafter_slot_seconds: float = 0.0
 
     def __post_init__(self):
         # every field is checked, not coerced: a cache file may hold `true` as seconds or a smoothing of 5, which
@@ -113,7 +120,7 @@ class VerifyCostModel:
                 f"verify_seconds must be positive seconds per n = 1..N, got {self.verify_seconds!r}."
             )
         self.verify_seconds = [float(s) for s in self.verify_seconds]
-        for name in ("drafter_seconds", "drafter_step_seconds"):
+        for name in ("drafter_seconds", "drafter_step_seconds", "drafter_slot_seconds"):
             value = getattr(self, name)
             if not _seconds(value) or value < 0:
                 raise ValueError(f"{name} must be seconds >= 0, got {value!r}.")
@@ -144,6 +151,13 @@ class VerifyCostModel:
             raise ValueError(f"drafter_factor must be a positive ratio, got {self.drafter_factor!r}.")
         if not _counts([self.drafter_observations]):
             raise ValueError(f"drafter_observations must be a count >= 0, got {self.drafter_observations!r}.")
+        if not isinstance(self.row_seconds, dict) or any(
+            not (isinstance(k, str) and k.isdigit() and int(k) >= 1) or not _seconds(v) or v <= 0
+            for k, v in self.row_seconds.items()
+        ):
+            raise ValueError(
+                f"row_seconds must map row counts to positive seconds, got {self.row_seconds!r}."
+            )
         n = len(self.verify_seconds)
         if len(self.observations) != n or len(self.factors) != n:  # an older file, or a curve built by hand
             self.observations = [0] * n
@@ -263,6 +277,31 @@ class VerifyCostModel:
         self.drafter_factor = math.exp((1 - w) * math.log(self.drafter_factor) + w * math.log(ratio))
         self.drafter_observations += 1
 
+    def observe_catch_up(self, seconds: float, slots: int) -> None:
+        """Fold in a drafter round over a long block of `slots` new slots (a call's first round)."""
+        if not self.refined_online or slots < 1 or not (seconds > 0 and math.isfinite(seconds)):
+            return
+        per_slot = seconds / slots
+        if self.drafter_slot_seconds <= 0:
+            self.drafter_slot_seconds = per_slot
+        else:
+            self.drafter_slot_seconds += 0.5 * (per_slot - self.drafter_slot_seconds)
+
+    def remember_pays(self, context: int, ratio: float) -> None:
+        """What a call ended with: drafting's realised rate against a plain step's at `context` (in memory only:
+        it is about the head at hand, which the curve's key does not identify)."""
+        memory = self.__dict__.setdefault("_pays_memory", {})
+        bucket = _bucket(context)
+        old = memory.get(bucket)
+        memory[bucket] = ratio if old is None else 0.5 * (old + ratio)
+
+    def remembered_pays(self, context: int) -> float | None:
+        """The remembered ratio at the longest bucket at or below `context` (drafting that did not pay after a
+        shorter context does not pay after a longer one either: verifying costs more there)."""
+        memory = self.__dict__.get("_pays_memory", {})
+        below = [b for b in memory if b <= _bucket(context)]
+        return memory[max(below)] if below else None
+
     def reset_online(self) -> None:
         """Forget the online factors (after the curve is timed again)."""
         self.observations = [0] * len(self.verify_seconds)
@@ -311,6 +350,8 @@ class VerifyCostModel:
             "factors": list(self.factors),
             "drafter_factor": self.drafter_factor,
             "drafter_observations": self.drafter_observations,
+            "row_seconds": dict(self.row_seconds),
+            "drafter_slot_seconds": self.drafter_slot_seconds,
         }
 
     @classmethod
@@ -322,6 +363,11 @@ class VerifyCostModel:
                 f"unknown cost-model fields {sorted(unknown)}; expected some of {sorted(known)}."
             )
         return cls(**data)
+
+
+def _bucket(context: int) -> int:
+    """A context's bucket: its power of two rounded down (0 below 512 tokens)."""
+    return 0 if context < 512 else 1 << (int(context).bit_length() - 1)
 
 
 def _seconds(value: Any) -> bool:
@@ -762,6 +808,46 @@ def extend_to_context(
     return time.perf_counter() - tic
 
 
+def ensure_row_seconds(model: VerifyCostModel, target: Any, rows: int) -> tuple[float | None, float]:
+    """`(seconds of a plain step with `rows` rows at the reference context, seconds spent timing it now)`: from
+    the curve's `row_seconds`, else timed (and persisted).  None when it cannot be timed."""
+    known = model.row_seconds.get(str(rows))
+    if known is not None:
+        return known, 0.0
+    if not model.context:
+        return None, 0.0
+    tic = time.perf_counter()
+    try:
+        seconds = measure_plain_step(target, rows, model.context)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return None, time.perf_counter() - tic
+    model.row_seconds[str(rows)] = seconds
+    persist_cost_model(model)
+    return seconds, time.perf_counter() - tic
+
+
+@torch.no_grad()
+def measure_plain_step(target: Any, rows: int, context: int, repeats: int = 3) -> float:
+    """Seconds of one plain step (one new token per row, a 2D attention mask from 2 rows on) for `rows` rows
+    after `context` cached tokens (median of `repeats` after a warm-up)."""
+    device = next(target.parameters()).device
+    vocab = int(target.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(4)
+    cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
+    mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **cache_kwarg(cache))
+        sync()
+        times.append(time.perf_counter() - t0)
+        cache.crop(-1)
+    return statistics.median(times[1:])
+
+
 def _fits_in_memory(target: Any, rows: int, context: int) -> bool:
     """Whether a lengthened copy of the target's cache (`rows` x `context` tokens) takes at most a quarter of
     the memory available now (CPU: the free physical memory; CUDA: the device's free memory)."""
@@ -866,7 +952,9 @@ def forget_cost_models() -> None:
 __all__ = [
     "VerifyCostModel",
     "context_point_tokens",
+    "ensure_row_seconds",
     "extend_to_context",
+    "measure_plain_step",
     "measure_context_point",
     "persist_cost_model",
     "recalibrate",

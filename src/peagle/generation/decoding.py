@@ -52,6 +52,7 @@ class _Rows:
         self.lengths = [prompt] * batch  # tokens of each row, prompt padding included (what processors see)
         self.active = list(range(batch))  # original index of each row still in the batch
         self.done: set[int] = set()  # rows that ended (EOS, max_length, max_time)
+        self.idle: set[int] = set()  # ended rows kept in the batch because a pass is cheaper with them
 
     def history(self, row: int) -> torch.LongTensor:
         return self.tokens[row : row + 1, : self.lengths[row]]
@@ -65,6 +66,10 @@ class _Rows:
 
     def ended(self, row: int) -> bool:
         return row in self.done
+
+    def live(self) -> list[bool]:
+        """Per row in the batch: whether it is still decoding (not an idle row kept for speed)."""
+        return [b not in self.idle for b in self.active]
 
 
 def _accept(
@@ -236,7 +241,7 @@ class _Decoder:
             first = scores[:, 0].argmax(dim=-1, keepdim=True)
         emitted = self.record([first[b] for b in range(self.batch)], raw, scores, out)
         for j, b in enumerate(self.rows.active):  # every real prompt position with the real token after it
-            if self.rows.ended(b):
+            if emitted[j].numel() == 0:
                 continue
             cols = self.kv_mask[j].nonzero()[:, 0]
             nxt = torch.cat([self.input_ids[b, cols[1:]], emitted[j][:1]])
@@ -247,7 +252,7 @@ class _Decoder:
         """Drafts for every row, one verify pass over all rows, each row's accepted tokens; the cache keeps each
         row's verified inputs, and the slots no row kept are cropped."""
         rows, device = self.rows, self.device
-        budget = max(self.max_length - rows.lengths[b] for b in rows.active) - 1
+        budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
         drafts, draft_scores = self.drafter.get_candidates(
             [rows.history(b) for b in rows.active], budget, rows=rows.active
         )
@@ -286,9 +291,11 @@ class _Decoder:
         starts = self.next_pos.tolist()
         self.next_pos = self.next_pos + kept
         emitted = self.record(accepted, raw, scores, out)
-        for j, b in enumerate(rows.active):  # each kept verify input's feature with the token after it
-            if not rows.ended(b):
-                self.drafter.add_real_slots(j, emitted[j], feats[j, : emitted[j].shape[0]], starts[j])
+        for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
+            verified = accepted[j][: lengths[j]]
+            if rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
+                emitted[j] = verified
+            self.drafter.add_real_slots(j, verified, feats[j, : verified.shape[0]], starts[j])
         return emitted
 
     def tree_round(self, emitted: list[torch.LongTensor], trees: list[DraftTree]) -> list[torch.LongTensor]:
@@ -349,9 +356,11 @@ class _Decoder:
             accepted, _gather_slots(raw, slots), _gather_slots(scores, slots), _PathOutput(hidden)
         )
         path_feats = _gather_slots(feats, slots)
-        for j, b in enumerate(rows.active):  # each kept verify input's feature with the token after it
-            if not rows.ended(b):
-                self.drafter.add_real_slots(j, emitted[j], path_feats[j, : emitted[j].shape[0]], starts[j])
+        for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
+            verified = accepted[j][: lengths[j]]
+            if rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
+                emitted[j] = verified
+            self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
         return emitted
 
     # ------------------------------------------------------------------ rows
@@ -361,6 +370,11 @@ class _Decoder:
         rows = self.rows
         cut = []
         for j, b in enumerate(rows.active):
+            if (
+                b in rows.idle
+            ):  # an idle row's tokens are never output (its place in the batch is what counts)
+                cut.append(emitted[j][:0])
+                continue
             tokens, done = _cut(emitted[j], self.max_length - rows.lengths[b], self.eos)
             n = tokens.shape[0]
             if self.want["scores"]:
@@ -373,7 +387,7 @@ class _Decoder:
             cut.append(tokens)
         if self.streamer is not None:
             self.streamer.put(cut[0].cpu())
-        self.drafter.update_candidate_strategy([t.shape[0] - 1 for t in cut])
+        self.drafter.update_candidate_strategy([t.shape[0] - 1 for t in cut], rows.live())
         return cut
 
     def drop_finished(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
@@ -383,7 +397,10 @@ class _Decoder:
         if self.timers and any(bool(t(rows.tokens, None).any()) for t in self.timers):
             for b in rows.active:
                 rows.done.add(b)
-        keep = [j for j, b in enumerate(rows.active) if not rows.ended(b)]
+        live = [j for j, b in enumerate(rows.active) if not rows.ended(b)]
+        keep = sorted(live + self._idle_rows(live)) if live else []
+        rows.idle = {b for j, b in enumerate(rows.active) if j in keep and j not in live}
+        self.drafter.set_idle([rows.active[j] in rows.idle for j in keep])
         if len(keep) < len(rows.active):
             rows.active = [rows.active[j] for j in keep]
             if keep:
@@ -395,6 +412,29 @@ class _Decoder:
         if rows.active and worth_compacting(self.kv_mask) and batch_refusal(self.cache) is None:
             self.kv_mask = compact(self.cache, self.kv_mask)
         return emitted
+
+    def _idle_rows(self, live: list[int]) -> list[int]:
+        """The ended rows (indices into the batch) to keep as idle rows: as many as make a target pass cheapest
+        by the cost model's measured step seconds per row count (a CPU's matrix kernels can take longer for 7
+        rows than for 8), preferring rows kept before.  Only rows that ended at EOS with room left in the
+        position range qualify (an idle row advances with the batch); none without the cost rule."""
+        rows, batch = self.rows, len(self.rows.active)
+        ended = [j for j in range(batch) if j not in live]
+        if not ended or batch_refusal(self.cache) is not None:
+            return []
+        positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        room = (self.drafter.num_speculative_tokens + 2) * max(
+            self.max_length - rows.lengths[rows.active[j]] for j in live
+        )
+        eligible = [
+            j
+            for j in ended
+            if rows.lengths[rows.active[j]] < self.max_length
+            and (positions is None or int(self.next_pos[j]) + room < int(positions))
+        ]
+        eligible.sort(key=lambda j: rows.active[j] not in rows.idle)  # rows already idle first
+        count = self.drafter.rows_to_keep(len(live), len(live) + len(eligible))
+        return eligible[: count - len(live)]
 
     def result(self) -> GenerateDecoderOnlyOutput | torch.LongTensor:
         if self.streamer is not None:
