@@ -301,8 +301,14 @@ def run_long_context(
             try:
                 if refused:
                     raise ValueError(refused)
-                plain = timed_generate(model, x, max_new_tokens)
-                run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
+                # plain first for even prompts, the head first for odd ones: neither run always gets the warmer
+                # or the colder process (a long prefill's time varies from run to run by a fifth here)
+                if len(rows) % 2 == 0:
+                    plain = timed_generate(model, x, max_new_tokens)
+                    run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
+                else:
+                    run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
+                    plain = timed_generate(model, x, max_new_tokens)
                 stats = run.stats
                 row.update(
                     new_tokens=run.new_tokens,
@@ -315,6 +321,8 @@ def run_long_context(
                     else run.tokens_per_target_pass,
                     plain_seconds=plain.seconds,
                     seconds=run.seconds,
+                    plain_prefill_seconds=plain.prefill_seconds,
+                    prefill_seconds=run.prefill_seconds,
                     drafter_seconds=run.drafter_seconds,
                     stats=stats.to_dict() if stats else None,
                     output=plain.output,
@@ -378,6 +386,13 @@ def summarize_context(
         for r in ok
         if r["seconds"] > 0 and r["plain_seconds"] > 0
     ]
+    # after the prefill (which no rule changes and whose run-to-run noise dominates a long prompt's time)
+    decode = [
+        (r["new_tokens"] / (r["seconds"] - r["prefill_seconds"]))
+        / (r["plain_new_tokens"] / (r["plain_seconds"] - r["plain_prefill_seconds"]))
+        for r in ok
+        if r.get("prefill_seconds") is not None and r["seconds"] > r["prefill_seconds"]
+    ]
     buckets = merged.seconds_by_context if merged else {}
     return {
         "context": context,
@@ -399,6 +414,17 @@ def summarize_context(
             else None
         ),
         "speedup_per_prompt": per_prompt,
+        "decode_speedup": (
+            (sum(r["new_tokens"] for r in ok) / sum(r["seconds"] - r["prefill_seconds"] for r in ok))
+            / (
+                sum(r["plain_new_tokens"] for r in ok)
+                / sum(r["plain_seconds"] - r["plain_prefill_seconds"] for r in ok)
+            )
+            if decode
+            else None
+        ),
+        "decode_speedup_per_prompt": decode,
+        "slowest_prompt_decode_speedup": min(decode) if decode else None,
         "slowest_prompt_speedup": min(per_prompt) if per_prompt else None,
         "rule_seconds_by_context": buckets,
         "rule_predicted_over_measured": (
@@ -434,7 +460,8 @@ def _num(value: float | None, fmt: str) -> str:
 def format_header() -> str:
     return (
         f"{'context':>7} {'ctx tok':>7} {'prompts':>7} {'tok/pass':>8} {'acc.len':>7} {'identical':>9} "
-        f"{'draft ms':>8} {'verify ms':>9} {'ratio':>6} {'speedup':>7} {'slowest':>7} {'pred/meas':>9}  range"
+        f"{'draft ms':>8} {'verify ms':>9} {'ratio':>6} {'speedup':>7} {'slowest':>7} {'decode':>6} {'slowest':>7} "
+        f"{'pred/meas':>9}  range"
     )
 
 
@@ -451,7 +478,8 @@ def format_row(s: dict[str, Any]) -> str:
         f"{_num(s['tokens_per_target_pass'], '.2f'):>8} {_num(s['acceptance_length'], '.2f'):>7} {ident:>9} "
         f"{_num(s['draft_round_ms'], '.1f'):>8} {_num(s['verify_ms'], '.1f'):>9} "
         f"{_num(s['draft_verify_ratio'], '.2f'):>6} {_num(s['speedup'], '.2f'):>7} "
-        f"{_num(s.get('slowest_prompt_speedup'), '.2f'):>7} {_num(s.get('rule_predicted_over_measured'), '.2f'):>9}  "
+        f"{_num(s.get('slowest_prompt_speedup'), '.2f'):>7} {_num(s.get('decode_speedup'), '.2f'):>6} "
+        f"{_num(s.get('slowest_prompt_decode_speedup'), '.2f'):>7} {_num(s.get('rule_predicted_over_measured'), '.2f'):>9}  "
         f"{rng}{failed}"
     )
 
@@ -477,6 +505,13 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
         for s in fast:
             per = s.get("speedup_per_prompt") or []
             middle.scatter([s["context_tokens_mean"]] * len(per), per, color="C2", alpha=0.4, s=12)
+        after = [s for s in fast if s.get("decode_speedup") is not None]
+        if after:
+            middle.plot([s["context_tokens_mean"] for s in after], [s["decode_speedup"] for s in after],
+                        marker="s", color="C3", label="after the prefill")  # fmt: skip
+            for s in after:
+                per = s["decode_speedup_per_prompt"]
+                middle.scatter([s["context_tokens_mean"]] * len(per), per, color="C3", alpha=0.4, s=12)
     middle.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="plain greedy")
     middle.set_ylabel("speed against plain greedy (dots: prompts)")
     middle.set_xlabel("context tokens before the prompt (mean over prompts)")

@@ -372,6 +372,12 @@ def test_confidence_threshold_resolution():
     assert gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=0.0)) == 0.0
     with pytest.raises(ValueError, match="probability"):
         gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=1.5))
+    # True and "0.5" were converted with float() and ran, while K and draft_tree_size refuse bools and strings
+    for bad in (True, "0.5"):
+        with pytest.raises(
+            ValueError, match=r"assistant_confidence_threshold is .*expected a number in \[0, 1\]"
+        ):
+            gen.resolve_confidence_threshold(GenerationConfig(assistant_confidence_threshold=bad))
 
 
 def test_head_default_confidence_threshold(target):

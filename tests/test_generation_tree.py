@@ -306,6 +306,25 @@ def test_tree_settings_are_checked():
         gen.resolve_tree_settings(8, -2, "cost")
 
 
+def test_draft_tree_size_reads_the_same_through_a_generation_config(target):
+    """`draft_tree_size` on a `GenerationConfig` passed as `generation_config=` was ignored (trees stayed off with no
+    word) while the keyword worked; a keyword still wins over the config, as transformers' own options do."""
+    from transformers import GenerationConfig
+
+    head = make_head(target)  # a fixed K: "auto" means chains, so only an explicit size makes trees
+    ids = prompt_ids(90, 8)
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, draft_tree_size=8)
+    out = target.generate(ids, generation_config=config, assistant_model=head)
+    st = head.last_generation_stats
+    assert torch.equal(out, plain) and st.draft_tree_size == 8 and st.tree_rounds == st.rounds > 0
+    out = target.generate(ids, generation_config=config, assistant_model=head, draft_tree_size=0)
+    assert torch.equal(out, plain) and head.last_generation_stats.tree_rounds == 0
+    with pytest.raises(ValueError, match="draft_tree_size"):
+        target.generate(ids, generation_config=GenerationConfig(max_new_tokens=4, draft_tree_size=-3),
+                        assistant_model=head)  # fmt: skip
+
+
 def test_trees_refused_by_name_where_they_cannot_run(target):
     class Model:
         class config:

@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     timed_generate(target, prompts[datasets[0]][0], 4)  # warm-up
     for head in heads.values():  # and the heads' cost models (measured once per machine, then cached)
         timed_generate(target, prompts[datasets[0]][0], 4, assistant=head)
+    warmup_timing = _prepare_costs(target, heads, [1], prompts, args.max_new_tokens)
     results = run_benchmark(
         target,
         prompts,
@@ -177,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if any(m.startswith("vllm") for m in methods):
         results = _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks)
+    results["warmup_cost_timing_seconds"] = warmup_timing
     return _finish(results, args, head_dtype, write_results, format_table, "plain greedy (see 'lossless')")
 
 
@@ -206,9 +208,11 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
             extra = {"assistant_model": head} if head is not None else {}
             with torch.inference_mode():
                 target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4, **extra)
+    warmup_timing = _prepare_costs(target, heads, sizes, {"all": mixed}, args.max_new_tokens)
     results = run_batch_benchmark(
         target, mixed, heads, sizes, args.max_new_tokens, pad_token_id=pad, eos_token_ids=eos
     )
+    results["warmup_cost_timing_seconds"] = warmup_timing
     return _finish(
         results,
         args,
@@ -245,6 +249,27 @@ def _finish(results: dict, args: argparse.Namespace, head_dtype, write, table, r
     return 0 if lossless else 1
 
 
+def _prepare_costs(target, heads: dict, batch_sizes, prompts: dict, max_new_tokens: int) -> float:
+    """Time, before any measured run, what the heads' cost rule would otherwise time once per machine inside
+    one: each curve at every batch size, the context point the longest prompt plus `max_new_tokens` reaches,
+    and the plain steps per row count.  Returns the seconds spent (recorded with the results)."""
+    from ..generation.candidates import AUTO_TREE_NODES
+    from ..generation.cost import extend_to_context, prepare_cost_model
+
+    longest = max((p.shape[-1] for group in prompts.values() for p in group), default=0) + max_new_tokens
+    spent = 0.0
+    for head in heads.values():
+        if head.config.confidence_threshold is not None:  # a fixed cut: no cost rule, nothing to time
+            continue
+        tokens = max(head.config.num_speculative_tokens, AUTO_TREE_NODES) + 1
+        for batch in batch_sizes:
+            model, seconds = prepare_cost_model(target, head, tokens, batch)
+            spent += seconds + extend_to_context(
+                model, target, head, longest, len(model.verify_seconds), batch
+            )
+    return spent
+
+
 def _with_heldout(args, prompts: dict) -> dict:
     """The evaluation prompts with the held-out examples' prompts (`--examples`, `--skip`, `--limit`) first."""
     if args.examples is None:
@@ -263,6 +288,7 @@ def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
     from ..evaluation.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
 
     prompts = _with_heldout(args, prompts)
+    warmup_timing = _prepare_costs(target, heads, [1], prompts, args.max_new_tokens)
     for (
         head
     ) in heads.values():  # warm-up, and each head's cost model (measured once per machine, then cached)
@@ -279,6 +305,7 @@ def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
         max_new_tokens=args.max_new_tokens,
         speed=args.speed,
     )
+    results["warmup_cost_timing_seconds"] = warmup_timing
     return _finish(
         results, args, head_dtype, write_tree_results, format_tree_table, "plain greedy (see '= greedy')"
     )

@@ -27,6 +27,8 @@ class RunResult:
     output: list[int] = field(repr=False, default_factory=list)
     stats: PEagleGenerationStats | None = None
     """The head's statistics of this call (None for methods without a P-EAGLE head)."""
+    prefill_seconds: float = 0.0
+    """The target's first forward call (the prompt's prefill): what no drafting rule changes."""
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -43,6 +45,7 @@ class _ForwardTimer:
 
     def __init__(self, module: torch.nn.Module | None):
         self.calls, self.seconds, self._t0, self._handles = 0, 0.0, 0.0, []
+        self.first_seconds = 0.0  # the first call's
         if module is not None:
             self._handles = [
                 module.register_forward_pre_hook(self._pre),
@@ -53,8 +56,11 @@ class _ForwardTimer:
         self._t0 = time.perf_counter()
 
     def _post(self, *_):
+        took = time.perf_counter() - self._t0
+        if self.calls == 0:
+            self.first_seconds = took
         self.calls += 1
-        self.seconds += time.perf_counter() - self._t0
+        self.seconds += took
 
     def close(self):
         for h in self._handles:
@@ -92,6 +98,7 @@ def timed_generate(
         drafter_seconds=drafter_timer.seconds,
         output=new,
         stats=stats if isinstance(stats, PEagleGenerationStats) else None,
+        prefill_seconds=target_timer.first_seconds,
     )
 
 

@@ -12,6 +12,7 @@ left-padded with masked holes.  Each round crops the speculative slots away, the
 
 from __future__ import annotations
 
+import numbers
 import time
 import weakref
 from typing import Any
@@ -51,7 +52,11 @@ _clock = time.perf_counter
 
 PAYS_SMOOTHING = 0.3
 """Weight of the newest drafting round in the running estimate of whether drafting pays (cost rule)."""
-MAX_SKIP = 16
+PAYS_MARGIN = 0.05
+"""Cost rule: drafting continues only while its estimated rate beats a plain step's by this fraction; a smaller
+gain is within the cost model's error (its predicted seconds come within a few percent of the measured ones),
+and where verifying costs nearly what it returns (a batch of 8 on a CPU) drafting would lose as often as win."""
+MAX_SKIP = 32
 """Most plain steps in a row without running the drafter (cost rule); each losing probe doubles the skip."""
 CATCH_UP_SLOTS = 256
 """A drafter round over at least this many new slots is a catch-up (the prompt, or a long skip's slots)."""
@@ -119,6 +124,10 @@ def resolve_confidence_threshold(
             return 0.0
         own = head.config.confidence_threshold
         return None if own is None else float(own)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # True or "0.5" are not probabilities
+        raise ValueError(
+            f"assistant_confidence_threshold is {value!r} ({type(value).__name__}); expected a number in [0, 1]."
+        )
     value = float(value)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"assistant_confidence_threshold is {value!r}; expected a probability in [0, 1].")
@@ -343,8 +352,7 @@ class PEagleCandidateGenerator:
         machine and count; `live` without the cost rule's measured curves."""
         if self.cost is None or not self.cost.refined_online or most <= live:
             return live
-        spent, best = 0.0, live
-        seconds = {}
+        spent, seconds = 0.0, {}
         for count in range(live, most + 1):
             value, took = ensure_row_seconds(self.cost, self.target, count)
             spent += took
@@ -353,6 +361,8 @@ class PEagleCandidateGenerator:
             seconds[count] = value
         best = min(seconds, key=lambda c: (seconds[c], c))
         self.stats.cost_timing_seconds += spent
+        if self._returned_at is not None:  # the timing is not part of the pass being timed
+            self._returned_at += spent
         return best
 
     def set_idle(self, idle: list[bool]) -> None:
@@ -511,19 +521,21 @@ class PEagleCandidateGenerator:
     def _pending_slots(self) -> int:
         return max((p[0].shape[0] for p in self._pending if p is not None), default=0)
 
-    def _catch_up_not_worth_it(self, k: int, remaining: int) -> bool:
+    def _start_from_memory(self, remaining: int) -> bool:
         """Before a call's first drafting round (cost rule): where drafting did not pay at this context in an
-        earlier call, skip the drafter for the whole call unless the plain steps left could repay its catch-up
-        over the prompt (`CATCH_UP_GAIN` of their time); otherwise start from that earlier estimate."""
+        earlier call, start where that call ended (its estimate and skip length: this step is a plain one), and
+        skip the drafter for the whole call if the plain steps left could not repay its catch-up over the
+        prompt (`CATCH_UP_GAIN` of their time).  Returns whether this step skips the drafter."""
         remembered = self.cost.remembered_pays(self._context)
-        if remembered is None or remembered >= 1.0:
+        if remembered is None or remembered[0] >= 1.0 + PAYS_MARGIN:
             return False
         catch_up = self._pending_slots() * self.cost.drafter_slot_seconds
         if catch_up > CATCH_UP_GAIN * remaining * self.cost.cost(1, self._context):
             self._skip_left = remaining + 1  # the rest of the call
             return True
-        self._pays = remembered
-        return False
+        self._pays, self._skip_len = remembered
+        self._skip_left = self._skip_len - 1
+        return True
 
     def _probe_due(self) -> bool:
         """Whether this pass should be a plain step to measure one (cost rule, measured curves only)."""
@@ -533,12 +545,12 @@ class PEagleCandidateGenerator:
         return self._since_plain >= (PROBE_FIRST if few else PROBE_EVERY)
 
     def _fold_pays(self, ratio: float) -> None:
-        """One round's drafting rate against a plain step's into the running estimate; while it is below 1 the
-        next rounds skip the drafter (1 plain step, then 2, 4, ... up to `MAX_SKIP` while probes keep losing)."""
+        """One round's drafting rate against a plain step's into the running estimate; while it is below
+        1 + `PAYS_MARGIN` the next rounds skip the drafter (1 plain step, then 2, 4, ... up to `MAX_SKIP` while probes keep losing)."""
         self._pays = (
             ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
         )
-        if self._pays < 1.0:
+        if self._pays < 1.0 + PAYS_MARGIN:
             self._skip_left, self._skip_len = self._skip_len, min(self._skip_len * 2, MAX_SKIP)
         else:
             self._skip_len = 1
@@ -548,7 +560,7 @@ class PEagleCandidateGenerator:
         this context is remembered for the next call."""
         if self.cost is not None:
             if self._pays is not None:
-                self.cost.remember_pays(self._context, self._pays)
+                self.cost.remember_pays(self._context, self._pays, self._skip_len)
             persist_cost_model(self.cost)
 
     def _choose(
@@ -744,7 +756,7 @@ class PEagleCandidateGenerator:
         if self.policy == "cost" and self._probe_due():
             self.stats.probe_steps += 1
             return self._plain_step()
-        if self.policy == "cost" and self._pays is None and self._catch_up_not_worth_it(k, max_drafts):
+        if self.policy == "cost" and self._pays is None and self._start_from_memory(max_drafts):
             self.stats.skipped_drafter_rounds += 1
             return self._plain_step()
 

@@ -287,17 +287,18 @@ class VerifyCostModel:
         else:
             self.drafter_slot_seconds += 0.5 * (per_slot - self.drafter_slot_seconds)
 
-    def remember_pays(self, context: int, ratio: float) -> None:
-        """What a call ended with: drafting's realised rate against a plain step's at `context` (in memory only:
-        it is about the head at hand, which the curve's key does not identify)."""
+    def remember_pays(self, context: int, ratio: float, skip: int = 1) -> None:
+        """What a call ended with: drafting's realised rate against a plain step's at `context`, and the length
+        of the drafter's next skip (in memory only: it is about the head at hand, which the curve's key does not
+        identify)."""
         memory = self.__dict__.setdefault("_pays_memory", {})
         bucket = _bucket(context)
         old = memory.get(bucket)
-        memory[bucket] = ratio if old is None else 0.5 * (old + ratio)
+        memory[bucket] = (ratio if old is None else 0.5 * (old[0] + ratio), int(skip))
 
-    def remembered_pays(self, context: int) -> float | None:
-        """The remembered ratio at the longest bucket at or below `context` (drafting that did not pay after a
-        shorter context does not pay after a longer one either: verifying costs more there)."""
+    def remembered_pays(self, context: int) -> tuple[float, int] | None:
+        """`(ratio, skip)` remembered at the longest bucket at or below `context` (drafting that did not pay
+        after a shorter context does not pay after a longer one either: verifying costs more there)."""
         memory = self.__dict__.get("_pays_memory", {})
         below = [b for b in memory if b <= _bucket(context)]
         return memory[max(below)] if below else None
@@ -748,6 +749,11 @@ def cost_model_for(
     refinements carry over between `generate()` calls; [`persist_cost_model`] writes them back to the file."""
     override = getattr(head, "cost_model", None) if head is not None else None
     if override is not None:
+        if not isinstance(override, VerifyCostModel):
+            raise TypeError(
+                f"head.cost_model must be a VerifyCostModel or None (set it with peagle.set_cost_model), got "
+                f"{type(override).__name__} {override!r}."
+            )
         return override
     key = cost_model_key(target, head, batch_size)
     name = json.dumps(key, sort_keys=True)
@@ -883,6 +889,39 @@ def persist_cost_model(model: VerifyCostModel) -> None:
         _warn_unwritable_once(path, e)
 
 
+def prepare_cost_model(
+    target: Any,
+    head: Any,
+    max_tokens: int,
+    batch_size: int = 1,
+    contexts: Sequence[int] = (),
+    fresh: bool = False,
+) -> tuple[VerifyCostModel, float]:
+    """Everything a call at `batch_size` rows after up to `max(contexts)` tokens may time, timed now: the curve
+    (`fresh`: anew, replacing the cached one and its online factors), a context point at each of `contexts`
+    (within the target's range) and the plain step of every row count up to `batch_size` (what a batch times
+    when rows end).  `peagle calibrate --costs` runs it, and benchmarks run it in their warm-up so that no
+    measured call includes a one-time timing.  Returns the curve and the seconds spent."""
+    tic = time.perf_counter()
+    key = cost_model_key(target, head, batch_size)
+    if fresh:
+        model = measure_cost_model(target, head, max_tokens=max_tokens, batch_size=batch_size)
+        model.persist = True  # type: ignore[attr-defined]
+        _MODELS[json.dumps(key, sort_keys=True)] = model
+    else:
+        model = cost_model_for(target, head, max_tokens, batch_size=batch_size)
+    limit = max_cost_context(target, max_tokens)
+    timed = set(model.timed_contexts())
+    for context in sorted(set(contexts)):
+        if context > model.context and context not in timed and (limit is None or context <= limit):
+            model.add_context_point(measure_context_point(target, head, context, max_tokens, 2, batch_size))
+    if batch_size > 1:
+        for rows in range(1, batch_size + 1):
+            ensure_row_seconds(model, target, rows)
+    persist_cost_model(model)
+    return model, time.perf_counter() - tic
+
+
 def recalibrate(
     target: Any,
     head: Any = None,
@@ -890,22 +929,12 @@ def recalibrate(
     batch_sizes: Sequence[int] = (1,),
     contexts: Sequence[int] = (),
 ) -> list[VerifyCostModel]:
-    """Time the curves of `batch_sizes` anew on purpose (`peagle calibrate --costs`): the reference curve,
-    then a context point at each of `contexts`; the fresh curves replace the cached ones (their online
-    factors start over).  Run it on an otherwise idle machine."""
-    out = []
-    for rows in batch_sizes:
-        key = cost_model_key(target, head, rows)
-        model = measure_cost_model(target, head, max_tokens=max_tokens, batch_size=rows)
-        limit = max_cost_context(target, max_tokens)
-        for context in sorted(set(contexts)):
-            if context > model.context and (limit is None or context <= limit):
-                model.add_context_point(measure_context_point(target, head, context, max_tokens, 2, rows))
-        model.persist = True  # type: ignore[attr-defined]
-        persist_cost_model(model)
-        _MODELS[json.dumps(key, sort_keys=True)] = model
-        out.append(model)
-    return out
+    """Time the curves of `batch_sizes` anew on purpose (`peagle calibrate --costs`): the reference curve, a
+    context point at each of `contexts` and the row counts' plain steps; the fresh curves replace the cached
+    ones (their online factors start over).  Run it on an otherwise idle machine."""
+    return [
+        prepare_cost_model(target, head, max_tokens, rows, contexts, fresh=True)[0] for rows in batch_sizes
+    ]
 
 
 def save_cost_model(model: VerifyCostModel, path: str | os.PathLike | None = None) -> Path:
@@ -941,6 +970,11 @@ def _warn_unwritable_once(path: Path, error: OSError) -> None:
 
 def set_cost_model(head: Any, model: VerifyCostModel | None) -> None:
     """Use `model` for every `generate()` call with `head` (None: back to the measured, cached one)."""
+    if model is not None and not isinstance(model, VerifyCostModel):
+        raise TypeError(
+            f"set_cost_model takes a VerifyCostModel (e.g. VerifyCostModel.flat(...) or "
+            f"VerifyCostModel.from_dict(...)) or None, got {type(model).__name__} {model!r}."
+        )
     head.cost_model = model
 
 
@@ -957,6 +991,7 @@ __all__ = [
     "measure_plain_step",
     "measure_context_point",
     "persist_cost_model",
+    "prepare_cost_model",
     "recalibrate",
     "cost_model_for",
     "cost_model_key",

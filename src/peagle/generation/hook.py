@@ -53,8 +53,11 @@ def _wrap_generate(original: Callable) -> Callable:
         given = check_user_request({**arguments, **extra})
         arguments.pop("assistant_model")
         streamer = arguments.pop("streamer", None)
-        # peagle's own options: the tree budget, and prompt lookup as a branch of the head's trees
+        # peagle's own options: the tree budget (a keyword, else the generation config's, as transformers reads
+        # its own options through both doors), and prompt lookup as a branch of the head's trees
         tree_size = extra.pop("draft_tree_size", None)
+        if tree_size is None:
+            tree_size = getattr(config, "draft_tree_size", None)
         lookup_tokens = extra.pop("prompt_lookup_num_tokens", None)
         return original(
             self,
