@@ -595,7 +595,7 @@ def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
     head = _cost_head(target, model=model)
     machine = FakeMachine(target, head, lambda n, context, rows: 1.0 + n - 1, drafter=0.0)
     slot_cost = head.register_forward_pre_hook(
-        lambda m, a, k: setattr(machine, "now", machine.now + 0.05 * k["input_ids"].shape[1]),
+        lambda m, a, k: setattr(machine, "now", machine.now + 0.01 * k["input_ids"].shape[1]),
         with_kwargs=True,
     )
     monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
@@ -608,10 +608,8 @@ def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
             assert torch.equal(out, greedy(target, ids, max_new_tokens=new_tokens))
             st = head.last_generation_stats
             assert (st.drafter_forward_calls > 0) == drafts, (new_tokens, st)
-        assert model.drafter_slot_seconds == pytest.approx(0.05, rel=0.2)
-        assert model.remembered_pays(300)[0] < 1.0 and model.remembered_pays(5000) == model.remembered_pays(
-            300
-        )
+        assert model.drafter_slot_seconds == pytest.approx(0.01, rel=0.2)
+        assert model.remembered_pays(300) < 1.0 and model.remembered_pays(5000) == model.remembered_pays(300)
     finally:
         slot_cost.remove()
         machine.close()

@@ -60,9 +60,6 @@ MAX_SKIP = 32
 """Most plain steps in a row without running the drafter (cost rule); each losing probe doubles the skip."""
 CATCH_UP_SLOTS = 256
 """A drafter round over at least this many new slots is a catch-up (the prompt, or a long skip's slots)."""
-CATCH_UP_GAIN = 0.25
-"""Cost rule: where drafting did not pay at this context before, a call runs the drafter's catch-up over its
-prompt only if that costs less than this fraction of the plain steps left (what drafting could win back)."""
 PROBE_FIRST, PROBE_EVERY, PROBE_MIN = 4, 64, 3
 """Cost rule: a plain step is taken after `PROBE_FIRST` target passes without one while the curve has fewer
 than `PROBE_MIN` observed plain steps, and after `PROBE_EVERY` passes later on, so the plain step's cost (what
@@ -296,7 +293,11 @@ class PEagleCandidateGenerator:
         self.cache_mask = torch.ones(self.batch_size, 0, dtype=torch.long, device=self.device)
         self.has_holes = False  # whether cache_mask holds a 0 (masked slots must then be passed on)
         # per row: (tokens (r,), features (r, F), position of the first) real slots not yet in the drafter cache
-        self._pending: list[tuple[torch.LongTensor, torch.Tensor, int] | None] = [None] * self.batch_size
+        # (chunks of tokens (r,), chunks of features (r, F), position of the first): concatenated once per drafting
+        # round, not per step (a long prompt's features, held through skipped rounds, would be copied every step)
+        self._pending: list[tuple[list[torch.LongTensor], list[torch.Tensor], int] | None] = [
+            None
+        ] * self.batch_size
         self._speculative_slots = 0  # slots after the real ones in the cache (dropped next round)
         self._last_num_drafts = 0
         self._skip_left = 0  # plain steps to take before the drafter runs again (cost rule)
@@ -342,9 +343,10 @@ class PEagleCandidateGenerator:
         tokens, features = tokens.to(self.device), features.to(self.device)
         held = self._pending[row]
         if held is None:
-            self._pending[row] = (tokens, features, int(start))
+            self._pending[row] = ([tokens], [features], int(start))
         else:
-            self._pending[row] = (torch.cat([held[0], tokens]), torch.cat([held[1], features]), held[2])
+            held[0].append(tokens)
+            held[1].append(features)
 
     def rows_to_keep(self, live: int, most: int) -> int:
         """How many rows the batch should keep when `live` rows still decode and up to `most` could stay (the
@@ -383,21 +385,21 @@ class PEagleCandidateGenerator:
         """The queued real slots of every row as one block, each row right-aligned (left-padded with holes):
         `(tokens (B, R), features (B, R, F), start (B,), mask (B, R) | None)`; start is the position of the
         block's first column in each row (padding columns get positions before the row's first real slot)."""
-        pending = [p for p in self._pending if p is not None]
-        assert len(pending) == self.rows, "every row needs its new real slots before a round"
-        lengths = [p[0].shape[0] for p in self._pending]
+        assert all(p is not None for p in self._pending), "every row needs its new real slots before a round"
+        pending = [(_joined(t), _joined(f), start) for t, f, start in self._pending]
+        lengths = [p[0].shape[0] for p in pending]
         width = max(lengths)
         if all(n == width for n in lengths):
-            tokens = torch.stack([p[0] for p in self._pending])
-            feats = torch.stack([p[1] for p in self._pending])
-            starts = torch.tensor([p[2] for p in self._pending], device=self.device)
+            tokens = torch.stack([p[0] for p in pending])
+            feats = torch.stack([p[1] for p in pending])
+            starts = torch.tensor([p[2] for p in pending], device=self.device)
             return tokens, feats, starts, None
-        first = self._pending[0]
+        first = pending[0]
         tokens = first[0].new_full((self.rows, width), self.head.config.mask_token_id)
         feats = first[1].new_zeros(self.rows, width, first[1].shape[-1])
         mask = torch.zeros(self.rows, width, dtype=torch.long, device=self.device)
         starts = []
-        for b, (ids, f, start) in enumerate(self._pending):
+        for b, (ids, f, start) in enumerate(pending):
             n = ids.shape[0]
             tokens[b, width - n :] = ids
             feats[b, width - n :] = f
@@ -519,23 +521,23 @@ class PEagleCandidateGenerator:
         return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
 
     def _pending_slots(self) -> int:
-        return max((p[0].shape[0] for p in self._pending if p is not None), default=0)
+        return max((sum(t.shape[0] for t in p[0]) for p in self._pending if p is not None), default=0)
 
     def _start_from_memory(self, remaining: int) -> bool:
         """Before a call's first drafting round (cost rule): where drafting did not pay at this context in an
-        earlier call, start where that call ended (its estimate and skip length: this step is a plain one), and
-        skip the drafter for the whole call if the plain steps left could not repay its catch-up over the
-        prompt (`CATCH_UP_GAIN` of their time).  Returns whether this step skips the drafter."""
+        earlier call, skip the drafter for the whole call unless its catch-up over the prompt costs less than
+        `PAYS_MARGIN` of the plain steps left (drafting that did not pay is not expected to win more back; a long
+        answer can still afford to look again); when it runs, the running estimate starts from that call's.
+        Returns whether this step skips the drafter."""
         remembered = self.cost.remembered_pays(self._context)
-        if remembered is None or remembered[0] >= 1.0 + PAYS_MARGIN:
+        if remembered is None or remembered >= 1.0 + PAYS_MARGIN:
             return False
         catch_up = self._pending_slots() * self.cost.drafter_slot_seconds
-        if catch_up > CATCH_UP_GAIN * remaining * self.cost.cost(1, self._context):
+        if catch_up > PAYS_MARGIN * remaining * self.cost.cost(1, self._context):
             self._skip_left = remaining + 1  # the rest of the call
             return True
-        self._pays, self._skip_len = remembered
-        self._skip_left = self._skip_len - 1
-        return True
+        self._pays = remembered  # this round drafts: it is the new prompt's first evidence
+        return False
 
     def _probe_due(self) -> bool:
         """Whether this pass should be a plain step to measure one (cost rule, measured curves only)."""
@@ -546,7 +548,8 @@ class PEagleCandidateGenerator:
 
     def _fold_pays(self, ratio: float) -> None:
         """One round's drafting rate against a plain step's into the running estimate; while it is below
-        1 + `PAYS_MARGIN` the next rounds skip the drafter (1 plain step, then 2, 4, ... up to `MAX_SKIP` while probes keep losing)."""
+        1 + `PAYS_MARGIN` the next rounds skip the drafter (1 plain step, then 2, 4, ... up to `MAX_SKIP` while
+        the probes keep losing)."""
         self._pays = (
             ratio if self._pays is None else (1 - PAYS_SMOOTHING) * self._pays + PAYS_SMOOTHING * ratio
         )
@@ -560,7 +563,7 @@ class PEagleCandidateGenerator:
         this context is remembered for the next call."""
         if self.cost is not None:
             if self._pays is not None:
-                self.cost.remember_pays(self._context, self._pays, self._skip_len)
+                self.cost.remember_pays(self._context, self._pays)
             persist_cost_model(self.cost)
 
     def _choose(
@@ -878,7 +881,7 @@ class PEagleCandidateGenerator:
                     self._correction.observe(self._round["calibrated"][b], chain_matches)
             stats.rounds += rows
             stats.accepted_tokens += sum(accepted)
-            if self._round is not None:
+            if self._round is not None and rows:
                 stats.predicted_tokens += sum(self._round["row_tokens"][b] for b in counted)
                 stats.realised_tokens += sum(accepted) + rows
                 # does drafting pay? the tokens this round realised per row, at its modelled seconds, against a
@@ -890,6 +893,10 @@ class PEagleCandidateGenerator:
         stats.target_batch_passes += 1
         stats.generated_tokens += sum(accepted) + rows
         stats.total_seconds = _clock() - self._start
+
+
+def _joined(chunks: list[torch.Tensor]) -> torch.Tensor:
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 def _leading(flags: list[bool], nodes: list[int]) -> int:

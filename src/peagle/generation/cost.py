@@ -287,18 +287,17 @@ class VerifyCostModel:
         else:
             self.drafter_slot_seconds += 0.5 * (per_slot - self.drafter_slot_seconds)
 
-    def remember_pays(self, context: int, ratio: float, skip: int = 1) -> None:
-        """What a call ended with: drafting's realised rate against a plain step's at `context`, and the length
-        of the drafter's next skip (in memory only: it is about the head at hand, which the curve's key does not
-        identify)."""
+    def remember_pays(self, context: int, ratio: float) -> None:
+        """What a call ended with: drafting's realised rate against a plain step's at `context` (in memory only:
+        it is about the head at hand, which the curve's key does not identify)."""
         memory = self.__dict__.setdefault("_pays_memory", {})
         bucket = _bucket(context)
         old = memory.get(bucket)
-        memory[bucket] = (ratio if old is None else 0.5 * (old[0] + ratio), int(skip))
+        memory[bucket] = ratio if old is None else 0.5 * (old + ratio)
 
-    def remembered_pays(self, context: int) -> tuple[float, int] | None:
-        """`(ratio, skip)` remembered at the longest bucket at or below `context` (drafting that did not pay
-        after a shorter context does not pay after a longer one either: verifying costs more there)."""
+    def remembered_pays(self, context: int) -> float | None:
+        """The ratio remembered at the longest bucket at or below `context` (drafting that did not pay after a
+        shorter context does not pay after a longer one either: verifying costs more there)."""
         memory = self.__dict__.get("_pays_memory", {})
         below = [b for b in memory if b <= _bucket(context)]
         return memory[max(below)] if below else None
@@ -662,38 +661,47 @@ def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: in
         if isinstance(layer, DynamicSlidingWindowLayer):
             slots = min(context, layer.sliding_window - 1)
             layer.cumulative_length = context
-        reps = -(-slots // layer.keys.shape[-2])
-        layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
-        layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+        _lengthen(layer, slots)
     return cache
+
+
+def _lengthen(layer: Any, slots: int) -> None:
+    """A cache layer's keys and values repeated along the sequence to `slots` entries."""
+    reps = -(-slots // layer.keys.shape[-2])
+    layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+    layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+
+
+def _drafter_inputs(
+    head: Any, target: Any, rows: int, length: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random `(tokens (rows, length), features (rows, length, 3 H_t))` for timing the drafter (its embeddings
+    attached to the target's where it shares them)."""
+    width = 3 * int(head.config.target_hidden_size)
+    dtype = next(head.parameters()).dtype
+    gen = torch.Generator().manual_seed(seed)
+    if head.config.embed_from_target and head.embed_tokens is None:
+        head.attach_target(target)
+    ctx = torch.randint(0, int(head.config.vocab_size), (rows, length), generator=gen).to(head.device)
+    feats = torch.randn(rows, length, width, generator=gen).to(head.device, dtype)
+    return ctx, feats
 
 
 def _time_drafter_at(head: Any, target: Any, k: int, repeats: int, rows: int, context: int) -> float:
     """Seconds of one drafting round (3 real slots + K-1 parallel ones, or one autoregressive pass) after
     `context` slots in the drafter's cache."""
-    device = head.device
-    width = 3 * int(head.config.target_hidden_size)
-    dtype = next(head.parameters()).dtype
-    gen = torch.Generator().manual_seed(3)
-    if head.config.embed_from_target and head.embed_tokens is None:
-        head.attach_target(target)
-    vocab = int(head.config.vocab_size)
-    one_pass = (
-        head.config.drafting_mode == "autoregressive"
-    )  # its first pass; more passes: drafter_step_seconds
-    select = lambda logits, depth: (logits.argmax(-1), None, one_pass)  # noqa: E731
     from transformers.cache_utils import DynamicCache
 
+    # an autoregressive head's round is timed to its first pass (more passes: drafter_step_seconds)
+    one_pass = head.config.drafting_mode == "autoregressive"
+    select = lambda logits, depth: (logits.argmax(-1), None, one_pass)  # noqa: E731
     cache = DynamicCache(config=head.config)
-    ctx = torch.randint(0, vocab, (rows, 35), generator=gen).to(device)
-    feats = torch.randn(rows, 35, width, generator=gen).to(device, dtype)
+    ctx, feats = _drafter_inputs(head, target, rows, 35, seed=3)
     head.draft_round(ctx[:, :32], feats[:, :32], 1, cache, 0, select=select)
     if cache.get_seq_length() > 32:
         cache.crop(-(cache.get_seq_length() - 32))
     for layer in cache.layers:
-        reps = -(-context // layer.keys.shape[-2])
-        layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :context].contiguous()
-        layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :context].contiguous()
+        _lengthen(layer, context)
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -708,14 +716,7 @@ def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -
     pass) after a short context, and of one more autoregressive pass."""
     from transformers.cache_utils import DynamicCache
 
-    device = head.device
-    width = 3 * int(head.config.target_hidden_size)
-    dtype = next(head.parameters()).dtype
-    gen = torch.Generator().manual_seed(1)
-    if head.config.embed_from_target and head.embed_tokens is None:
-        head.attach_target(target)
-    ctx = torch.randint(0, head.config.vocab_size, (rows, 64), generator=gen).to(device)
-    feats = torch.randn(rows, 64, width, generator=gen).to(device, dtype)
+    ctx, feats = _drafter_inputs(head, target, rows, 64, seed=1)
     select = lambda logits, depth: (logits.argmax(-1), None, False)  # noqa: E731
     times, steps = [], []
     for _ in range(repeats + 1):
