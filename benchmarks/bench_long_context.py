@@ -550,6 +550,8 @@ def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
+    if not timed:  # --no-timing: no round costs to draw
+        fig.delaxes(right)
     left.set_xlabel("context tokens before the prompt (mean over prompts)")
     right.set_xlabel("cache tokens (first prompt's context + prompt)")
     left.set_title("tokens per target pass vs context", fontsize=9)
