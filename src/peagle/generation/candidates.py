@@ -505,7 +505,7 @@ class PEagleCandidateGenerator:
             self._round = None
         self.stats.observe_pass(context, self.batch_size, predicted, measured)
 
-    def _returned(self, candidates: Any) -> None:
+    def _returned(self) -> None:
         """Candidates go to verification now (cost rule: the pass is timed from here)."""
         self._since_plain += 1
         if self.policy == "cost":
@@ -597,7 +597,6 @@ class PEagleCandidateGenerator:
             "calibrated": [c[:m] for c, m in zip(chains, verified)],  # the correction learns from these
             "row_tokens": row_tokens,
             "seconds": curve[n] + drafter_seconds,
-            "verify_seconds": curve[n],
             "drafter_seconds": drafter_seconds,
             "rate_seconds": curve[n] + drafter,  # the round's modelled seconds, for whether drafting pays
             "plain_seconds": curve[0],
@@ -827,7 +826,7 @@ class PEagleCandidateGenerator:
             self.stats.truncated_rounds += self.rows
         for d in range(num):
             self.stats.drafted_per_depth[d] += self.rows
-        self._returned(drafts)
+        self._returned()
         return drafts, scores
 
     def _tree_candidates(
@@ -847,7 +846,7 @@ class PEagleCandidateGenerator:
         for t in trees:
             for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
                 _bump(self.stats.drafted_per_depth, d - 1)
-        self._returned(trees)
+        self._returned()
         return trees, None
 
     def update_candidate_strategy(self, accepted: list[int], live: list[bool] | None = None) -> None:

@@ -38,6 +38,7 @@ from .rule import (  # noqa: F401
     choose_num_drafts,
     expected_tokens,
 )
+from .stats import context_bucket
 
 CACHE_SUBDIR = "cost"
 CALIBRATION_CONTEXT = 256
@@ -291,7 +292,7 @@ class VerifyCostModel:
         """What a call ended with: drafting's realised rate against a plain step's at `context` (in memory only:
         it is about the head at hand, which the curve's key does not identify)."""
         memory = self.__dict__.setdefault("_pays_memory", {})
-        bucket = _bucket(context)
+        bucket = context_bucket(context)
         old = memory.get(bucket)
         memory[bucket] = ratio if old is None else 0.5 * (old + ratio)
 
@@ -299,7 +300,7 @@ class VerifyCostModel:
         """The ratio remembered at the longest bucket at or below `context` (drafting that did not pay after a
         shorter context does not pay after a longer one either: verifying costs more there)."""
         memory = self.__dict__.get("_pays_memory", {})
-        below = [b for b in memory if b <= _bucket(context)]
+        below = [b for b in memory if b <= context_bucket(context)]
         return memory[max(below)] if below else None
 
     def reset_online(self) -> None:
@@ -363,11 +364,6 @@ class VerifyCostModel:
                 f"unknown cost-model fields {sorted(unknown)}; expected some of {sorted(known)}."
             )
         return cls(**data)
-
-
-def _bucket(context: int) -> int:
-    """A context's bucket: its power of two rounded down (0 below 512 tokens)."""
-    return 0 if context < 512 else 1 << (int(context).bit_length() - 1)
 
 
 def _seconds(value: Any) -> bool:
@@ -563,15 +559,7 @@ def measure_cost_model(
     seconds = []
     for n in points:
         ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
-        times = []
-        for _ in range(repeats + 1):  # the first run warms up
-            sync()
-            t0 = time.perf_counter()
-            target(input_ids=ids, use_cache=True, **cache_kwarg(cache))
-            sync()
-            times.append(time.perf_counter() - t0)
-            cache.crop(-n)
-        seconds.append(statistics.median(times[1:]))
+        seconds.append(_time_pass(target, cache, ids, None, repeats, sync))
     seconds = monotone(interpolate(points, seconds, max_tokens))
     model = VerifyCostModel(
         seconds, key=cost_model_key(target, head, rows), source="calibrated", context=context
@@ -629,15 +617,7 @@ def measure_context_point(
     for n in ns:
         ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
         mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
-        times = []
-        for _ in range(repeats + 1):  # the first pass of each shape warms up (it allocates; 2-3x slower)
-            sync()
-            t0 = time.perf_counter()
-            target(input_ids=ids, attention_mask=mask, use_cache=True, **cache_kwarg(cache))
-            sync()
-            times.append(time.perf_counter() - t0)
-            cache.crop(-n)
-        seconds.append(statistics.median(times[-repeats:]))
+        seconds.append(_time_pass(target, cache, ids, mask, repeats, sync))
     del cache
     drafter = 0.0
     if head is not None:
@@ -844,14 +824,28 @@ def measure_plain_step(target: Any, rows: int, context: int, repeats: int = 3) -
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
     ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
     mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
+    return _time_pass(target, cache, ids, mask, repeats, sync)
+
+
+def _time_pass(
+    target: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor | None, repeats: int, sync
+) -> float:
+    """Median seconds of `repeats` target passes over `ids` on `cache` after one warm-up pass (the first pass of a
+    shape allocates, 2-3x slower); each pass is cropped off the cache again."""
     times = []
     for _ in range(repeats + 1):
         sync()
         t0 = time.perf_counter()
-        target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **cache_kwarg(cache))
+        target(
+            input_ids=ids,
+            attention_mask=mask,
+            use_cache=True,
+            logits_to_keep=ids.shape[1],
+            **cache_kwarg(cache),
+        )
         sync()
         times.append(time.perf_counter() - t0)
-        cache.crop(-1)
+        cache.crop(-ids.shape[1])
     return statistics.median(times[1:])
 
 

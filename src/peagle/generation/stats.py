@@ -11,6 +11,15 @@ def _add_lists(a: list[int], b: list[int]) -> list[int]:
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
+def context_bucket(context: int) -> int:
+    """A context's bucket (statistics, the cost rule's memory): its power of two rounded down, 0 below 512 tokens.
+
+    >>> context_bucket(300), context_bucket(4095), context_bucket(4096)
+    (0, 2048, 4096)
+    """
+    return 0 if context < 512 else 1 << (int(context).bit_length() - 1)
+
+
 def _add_buckets(
     a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, float]]:
@@ -114,7 +123,7 @@ class PEagleGenerationStats:
 
     def observe_pass(self, context: int, batch_size: int, predicted: float, measured: float) -> None:
         """Add one target pass's predicted and measured seconds to its context bucket."""
-        bucket = 0 if context < 512 else 1 << (int(context).bit_length() - 1)
+        bucket = context_bucket(context)
         entry = self.seconds_by_context.setdefault(
             f"B={batch_size} L={bucket}", {"passes": 0, "predicted_seconds": 0.0, "measured_seconds": 0.0}
         )
@@ -198,4 +207,4 @@ class PEagleGenerationStats:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-__all__ = ["PEagleGenerationStats"]
+__all__ = ["PEagleGenerationStats", "context_bucket"]
