@@ -671,7 +671,7 @@ def test_layout_registry_and_load_head(tmp_path):
     assert set(formats.EXPORT_LAYOUTS) == {"peagle", "speculators", "vllm"}
     assert peagle.load_head.__module__ == "peagle"  # formats.load_head, also taking target_model= (#57)
     assert PEagleDrafter._checkpoint_loader is formats.load_head  # registered by importing peagle.formats
-    assert PEagleDrafter._folder_writer is formats.replacing_folder  # save_pretrained swaps its folder in
+    assert PEagleDrafter._folder_writer is formats.head_folder  # save_pretrained swaps its folder in
     folder, _, raw = write_aws(tmp_path / "aws")
     head = peagle.load_head(folder)
     assert head.config.drafting_mode == "parallel" and not head.training

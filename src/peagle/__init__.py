@@ -27,7 +27,9 @@ from .formats import export
 from .formats import load_head as _load_head
 from .generation import (
     PEagleCandidateGenerator,
+    PEagleGenerateOutput,
     PEagleGenerationStats,
+    declare_stateless_processor,
     install_generate_hook,
     uninstall_generate_hook,
 )
@@ -76,6 +78,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "PEagleGenerateOutput",
+    "declare_stateless_processor",
     "PEagleConfig",
     "PEagleDrafter",
     "PEagleDrafterOutput",

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassError
 from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 DRAFTING_MODES = ("parallel", "autoregressive")
 CALIBRATION_METHODS = ("isotonic",)
@@ -47,6 +49,18 @@ _INT_FIELDS = {  # field -> (smallest value, largest value or None, None allowed
     "mask_token_id": (0, None, True),
     "num_parallel_positions": (1, MAX_SPECULATIVE_TOKENS, False),
     "num_speculative_tokens": (1, MAX_SPECULATIVE_TOKENS, False),
+    "drafter_window": (1, None, True),
+}
+SHAPE_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "draft_vocab_size", "target_hidden_size", "embed_from_target",
+    "mlp_bias", "attention_bias",
+)  # fmt: skip
+"""Config fields that size a head's weights: fixed by its checkpoint."""
+_FLOAT_FIELDS = {  # field -> (smallest value, whether it may equal it, largest value or None)
+    "rms_norm_eps": (0.0, False, None),
+    "initializer_range": (0.0, True, None),
+    "attention_dropout": (0.0, True, 1.0),
 }
 _BOOL_FIELDS = ("norm_before_residual", "embed_from_target")
 _STR_FIELDS = ("target_model_name", "target_model_type")
@@ -77,6 +91,16 @@ def check_field_values(config: Any) -> None:
             bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
             why = " (peagle's bound on K, MAX_SPECULATIVE_TOKENS)" if hi is not None else ""
             problems.append(f"{name} is {value}; expected an integer {bound}{why}")
+    for name, (lo, closed, hi) in _FLOAT_FIELDS.items():
+        value = getattr(config, name, None)
+        if value is None and not hasattr(config, name):
+            continue
+        if not _is_number(value) or not math.isfinite(value):
+            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected a finite number")
+        elif value < lo or (value == lo and not closed) or (hi is not None and value >= hi):
+            low = f"{'>=' if closed else '>'} {lo}"
+            problems.append(f"{name} is {value}; expected a number {low}" + (f" and < {hi}" if hi else ""))
+    problems += _rope_problems(getattr(config, "rope_parameters", None))
     for name in _BOOL_FIELDS:
         value = getattr(config, name, None)
         if not isinstance(value, bool):
@@ -106,6 +130,27 @@ def check_field_values(config: Any) -> None:
         problems.append(str(err).rstrip("."))
     if problems:
         raise ValueError("; ".join(problems) + ".")
+
+
+def _rope_problems(rope: Any) -> list[str]:
+    """What is wrong with a config's `rope_parameters` (the drafter's RoPE: a type transformers knows and a
+    positive theta), as messages naming the key."""
+    if rope is None:
+        return []
+    if not isinstance(rope, Mapping):
+        return [f"rope_parameters is {rope!r} ({type(rope).__name__}); expected an object"]
+    problems = []
+    kind = rope.get("rope_type", rope.get("type"))
+    if not isinstance(kind, str) or kind not in ROPE_INIT_FUNCTIONS and kind != "default":
+        known = sorted({"default", *ROPE_INIT_FUNCTIONS})
+        problems.append(f"rope_parameters.rope_type is {kind!r}; expected one of {known}")
+    theta = rope.get("rope_theta")
+    if theta is not None and (not _is_number(theta) or not math.isfinite(theta) or theta <= 0):
+        problems.append(f"rope_parameters.rope_theta is {theta!r}; expected a positive number")
+    factor = rope.get("factor")
+    if factor is not None and (not _is_number(factor) or not math.isfinite(factor) or factor <= 0):
+        problems.append(f"rope_parameters.factor is {factor!r}; expected a positive number")
+    return problems
 
 
 def check_draft_calibration(calibration: Any) -> None:
@@ -190,6 +235,10 @@ class PEagleConfig(LlamaConfig):
     - `draft_calibration`: per-depth map from the head's confidence in a draft to the probability that the
       target accepts it (`{"method": "isotonic", "x": [[...]], "y": [[...]], ...}`), fitted on held-out text;
       None: the raw confidence.
+    - `drafter_window`: default attention window of the drafter at inference, used when `generate()` is not given
+      `drafter_window`: each round the head attends over its last W slots only (a head trained on short
+      sequences keeps its acceptance on long ones, and its rounds stop growing with the context).  None (the
+      default): the whole context.
     - `drafting_mode`: `"parallel"` (P-EAGLE: K drafts in one pass) or `"autoregressive"` (EAGLE-3 heads).
     - `norm_before_residual`: residual of the fused layer is `hidden_norm(h)` instead of `h`.
     - `embed_from_target`: the token embeddings are the target's (not stored with the head); only the
@@ -225,6 +274,7 @@ class PEagleConfig(LlamaConfig):
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     confidence_threshold: float | None = None
     draft_calibration: dict | None = None
+    drafter_window: int | None = None
     drafting_mode: str = "parallel"
     norm_before_residual: bool = False
     embed_from_target: bool = False
@@ -249,11 +299,29 @@ class PEagleConfig(LlamaConfig):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """transformers' `from_pretrained`; an invalid value is an error naming the field and the config.json."""
+        """transformers' `from_pretrained`; an invalid value is an error naming the field and the config.json.
+
+        Keyword overrides (`PEagleDrafter.from_pretrained(folder, confidence_threshold=0.3)`) pass the same checks
+        as the file's values; the fields that size the stored weights cannot be overridden (the checkpoint's
+        tensors would not fit them)."""
+        shaped = sorted(set(kwargs) & set(SHAPE_FIELDS))
+        if shaped:
+            raise ValueError(
+                f"{', '.join(shaped)} cannot be overridden when loading {pretrained_model_name_or_path}: "
+                "they size the stored weights. Load the head as saved, or build a new one with "
+                "PEagleConfig(...) / PEagleConfig.for_target(...)."
+            )
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+            loaded = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+            config = loaded[0] if isinstance(loaded, tuple) else loaded
+            config.validate_architecture()  # keyword overrides were set after the file's values were checked
+            return loaded
         except (ValueError, TypeError, StrictDataclassError) as err:
-            raise _in_file(err, config_file_of(pretrained_model_name_or_path)) from err
+            where = config_file_of(pretrained_model_name_or_path)
+            given = sorted(k for k in kwargs if k in cls.__dataclass_fields__)
+            if given:
+                where += f" with from_pretrained keyword(s) {', '.join(given)}"
+            raise _in_file(err, where) from err
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):

@@ -17,6 +17,8 @@ f_0..f_{p-1}; bonus token b = x_p:
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_peagle import PEagleConfig, check_aux_layer_ids
 
+_THREAD_STATS = threading.local()
+"""Per thread: head -> the statistics of its last `generate()` call on that thread (`last_generation_stats`)."""
+
 CACHE_RENAMED = "cache" in inspect.signature(create_causal_mask).parameters
 """Whether the installed transformers calls the KV cache `cache` (5.24 and later) or `past_key_values`: in forward
 arguments (where the old name still works, with a deprecation warning), `ModelOutput` fields and generate()'s model
@@ -61,9 +66,10 @@ CheckpointLoader = Callable[..., Any]
 HubPusher = Callable[..., Any]
 """`pusher(head, repo_id, **kwargs) -> commit info`: what `push_to_hub` calls (`peagle.integrations.hub` registers its
 `push_to_hub`)."""
-FolderWriter = Callable[[Any], Any]
-"""`writer(folder)`: a context manager yielding the folder to write a head into, then putting it in place of `folder`
-(`peagle.formats` registers `io.replacing_folder`, which never leaves old files beside new ones)."""
+FolderWriter = Callable[..., Any]
+"""`writer(folder, overwrite=False)`: a context manager yielding the folder to write a head into, then putting it in
+place of `folder` (`peagle.formats` registers `head_folder`, which never leaves old files beside new ones and refuses
+a folder holding a model other than a head unless `overwrite`)."""
 ExtensionBuilder = Callable[[Any, Any], None]
 """`build(head, config_value)`: rebuilds modules a `peagle_*` config block describes, in `__init__`."""
 ExtensionSaver = Callable[[Any, str], None]
@@ -235,9 +241,20 @@ class PEagleDrafter(PEaglePreTrainedModel):
         t2d[: config.draft_vocab_size] = True
         self.register_buffer("t2d", t2d)
         self.gradient_checkpointing = False
-        self.last_generation_stats = None
         self._apply_config_extensions()  # e.g. FP8 layers for `config.peagle_fp8`, before weights load
         self.post_init()
+
+    @property
+    def last_generation_stats(self) -> Any:
+        """The statistics (`PEagleGenerationStats`) of the last `generate()` call this thread made with this head,
+        or None.  Each thread sees its own calls only, so a server that decodes on several threads with one head
+        reads each request's own figures; `generate(..., return_dict_in_generate=True)` also returns them with
+        the output (`output.peagle_stats`)."""
+        return _THREAD_STATS.__dict__.setdefault("by_head", weakref.WeakKeyDictionary()).get(self)
+
+    @last_generation_stats.setter
+    def last_generation_stats(self, stats: Any) -> None:
+        _THREAD_STATS.__dict__.setdefault("by_head", weakref.WeakKeyDictionary())[self] = stats
 
     # ------------------------------------------------------------------ loading, saving and uploading
     # Registration points: this file imports nothing from the rest of peagle, because it ships as remote code
@@ -333,15 +350,17 @@ class PEagleDrafter(PEaglePreTrainedModel):
 
         With peagle imported, the head is written into a sibling folder that then replaces `save_directory`
         (`peagle.formats.io.replacing_folder`): old weights, shards, index and config never stay beside new ones;
-        other files in the folder are kept.
+        other files in the folder are kept.  A folder that holds a model other than a head (a target's, say) is
+        refused unless `overwrite=True`.
         """
         writer = self._folder_writer
+        overwrite = kwargs.pop("overwrite", False)
         # as remote code without peagle nothing is registered; in distributed runs only the main process writes
         if writer is None or not kwargs.get("is_main_process", True):
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):  # transformers names the repo after the folder it writes
             kwargs.setdefault("repo_id", Path(save_directory).name)
-        with writer(save_directory) as folder:
+        with writer(save_directory, overwrite=overwrite) as folder:
             return self._save_into(folder, *args, **kwargs)
 
     def _save_into(self, folder, *args, **kwargs):

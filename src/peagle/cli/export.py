@@ -36,6 +36,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write even where --out holds a model other than a head (e.g. the target's folder), replacing it",
+    )
+    p.add_argument(
         "--max-shard-size",
         type=shard_size,
         default="5GB",
@@ -120,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
         max_shard_size=args.max_shard_size,
         verifier=verifier,
+        overwrite=args.overwrite,
     )
     print(f"wrote the {args.layout} layout of {args.head} to {out}")
     if args.layout == "speculators":

@@ -24,8 +24,10 @@ model types of the vLLM and speculators exports with `AutoConfig`/`AutoModel`, s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Collection, Mapping
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +45,8 @@ from .io import (
     Checkpoint,
     TensorSource,
     read_checkpoint,
+    read_json,
+    read_shapes,
     read_tensors,
     replacing_folder,
     resolve_folder,
@@ -117,6 +121,48 @@ def detect_layout(config: Mapping[str, Any], tensor_names: Collection[str], wher
         "speculators_model_type, and the tensors are not an EAGLE-3 layout (midlayer.* or layers.0.* "
         f"plus fc.weight). Known layouts: {', '.join(LAYOUTS)}."
     )
+
+
+def holds_other_model(folder: str | Path) -> str | None:
+    """What `folder` holds when it is a model other than a head (a target, say), in words; None when it holds no
+    config.json or a head in a layout peagle reads (which a new head may replace).  Only safetensors headers are
+    read, never a pickle."""
+    config_file = Path(folder) / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = read_json(config_file)
+    except ValueError:
+        return "a config.json that is not a head's"
+    try:
+        names = read_shapes(weight_files(Path(folder)))
+    except (ValueError, OSError):
+        names = {}
+    try:
+        detect_layout(config, names)
+    except ValueError:
+        return f"a model of model_type {config.get('model_type')!r}"
+    return None
+
+
+def refuse_other_model(folder: str | Path, overwrite: bool = False) -> None:
+    """Raise unless writing a head into `folder` is safe: it holds no model, or a head (which a new head
+    replaces), or the caller said `overwrite=True`."""
+    found = None if overwrite else holds_other_model(folder)
+    if found is not None:
+        raise FileExistsError(
+            f"{folder} holds {found}, not a head: writing a head there would replace its config "
+            "and weights. Choose another folder, or pass overwrite=True (--overwrite) to replace it."
+        )
+
+
+@contextlib.contextmanager
+def head_folder(folder: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """`io.replacing_folder`, refused first where `folder` holds a model other than a head
+    ([`refuse_other_model`]): what `save_pretrained` and `export` write through."""
+    refuse_other_model(folder, overwrite)
+    with replacing_folder(folder) as tmp:
+        yield tmp
 
 
 def inspect_checkpoint(
@@ -204,6 +250,7 @@ def export(
     num_speculative_tokens: int | None = None,
     max_shard_size: int | str = "5GB",
     verifier: str | Path | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write `head` in a serving layout.
 
@@ -223,6 +270,8 @@ def export(
         verifier: where the speculators layout says the target lives (`speculators_config.verifier.name_or_path`):
             a Hub id, or a local folder so that speculators loads the export offline (default: the head's
             `target_model_name`).  The other layouts do not record it.
+        overwrite: write even where `out_dir` holds a model other than a head (a target's folder, say), replacing
+            its config and weights; without it that is refused before anything is written.
 
     Returns:
         `out_dir` as a `Path`.  Loading it back with `PEagleDrafter.from_pretrained` gives identical logits.
@@ -259,7 +308,7 @@ def export(
         quantization = checked_quantization_config(head, LAYOUTS[layout].tensor_name, dense, strict=True)
     out = Path(out_dir)
     # old files never stay beside the new ones, and a failed write (or check) leaves `out` as it was
-    with replacing_folder(out) as tmp:
+    with head_folder(out, overwrite) as tmp:
         writers[layout](
             head,
             tmp,
@@ -285,6 +334,7 @@ RELOADED_FIELDS = (
     "num_parallel_positions",
     "confidence_threshold",
     "draft_calibration",
+    "drafter_window",
 )
 """The config fields an exported head must reload with (besides K, the mask token and the vocabulary map)."""
 
@@ -319,7 +369,7 @@ def check_written(
 
 
 PEagleDrafter.register_checkpoint_loader(load_head)
-PEagleDrafter.register_folder_writer(replacing_folder)
+PEagleDrafter.register_folder_writer(head_folder)
 register_auto_classes()
 
 __all__ = [

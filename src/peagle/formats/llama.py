@@ -30,6 +30,7 @@ _METADATA_FIELDS = (
     "target_num_hidden_layers",
     "confidence_threshold",
     "draft_calibration",
+    "drafter_window",
 )
 
 
@@ -291,6 +292,7 @@ def peagle_metadata(config: PEagleConfig, num_speculative_tokens: int) -> dict[s
         # generation settings of peagle's generate() (vLLM ignores them): a cut, or None for cost-aware drafting
         "confidence_threshold": config.confidence_threshold,
         "draft_calibration": config.draft_calibration,
+        "drafter_window": config.drafter_window,
     }
 
 

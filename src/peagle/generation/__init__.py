@@ -10,14 +10,17 @@
 """
 
 from .candidates import PEagleCandidateGenerator, resolve_confidence_threshold, resolve_num_speculative_tokens
-from .checks import MIN_TRANSFORMERS_VERSION, check_generation_request
+from .checks import MIN_TRANSFORMERS_VERSION, check_generation_request, declare_stateless_processor
+from .decoding import PEagleGenerateOutput
 from .hook import install_generate_hook, uninstall_generate_hook
 from .stats import PEagleGenerationStats
 
 __all__ = [
     "PEagleCandidateGenerator",
     "PEagleGenerationStats",
+    "PEagleGenerateOutput",
     "check_generation_request",
+    "declare_stateless_processor",
     "resolve_num_speculative_tokens",
     "resolve_confidence_threshold",
     "install_generate_hook",

@@ -27,7 +27,7 @@ from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, default_aux_layer_ids
 from ..modeling_peagle import PEagleDrafter
 from ..sizing.target_config import text_config
 from .cost import cost_model_for, ensure_row_seconds, extend_to_context, persist_cost_model
-from .ragged import compact, worth_compacting
+from .ragged import compact, drop_oldest, worth_compacting
 from .rule import (
     AcceptanceCorrection,
     best_batch_rate,
@@ -170,6 +170,25 @@ def resolve_tree_settings(
     return nodes, lookup
 
 
+def resolve_drafter_window(window: Any, head: PEagleDrafter) -> int | None:
+    """The drafter's attention window for one `generate()` call: `drafter_window` when given (a keyword or the
+    generation config's attribute), else the head's `config.drafter_window`; None or 0 attends over the whole
+    context.  With a window W, every drafting round first drops the drafter's cached slots older than the last W
+    (counting the round's new real slots), so the head never attends further back than it was trained to and its
+    rounds stop growing with the context; the target still verifies against the whole context, so the output is
+    unchanged (docs/DESIGN.md section 7)."""
+    if window is None:
+        window = getattr(head.config, "drafter_window", None)
+    if window is None or (window == 0 and not isinstance(window, bool)):
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(
+            f"drafter_window is {window!r}; expected an integer >= 1 (the drafter's slots attended to), or 0 / "
+            "None for the whole context."
+        )
+    return window
+
+
 def grouped_processing(
     processors: LogitsProcessorList,
     histories: list[torch.LongTensor],
@@ -237,6 +256,7 @@ class PEagleCandidateGenerator:
         batch_size: int = 1,
         tree_size: int | str | None = None,
         lookup_tokens: int | None = None,
+        drafter_window: int | None = None,
     ):
         cfg = head.config
         tc = text_config(target)
@@ -253,6 +273,7 @@ class PEagleCandidateGenerator:
         self.calibration = getattr(cfg, "draft_calibration", None)
         self.batch_size = int(batch_size)
         self.tree_nodes, self.lookup_tokens = resolve_tree_settings(tree_size, lookup_tokens, self.policy)
+        self.window = resolve_drafter_window(drafter_window, head)
         self.target = target
         self.idle: set[int] = set()  # rows of the batch that ended and stay only to keep passes fast
         self.cost = (
@@ -406,6 +427,28 @@ class PEagleCandidateGenerator:
             mask[b, width - n :] = 1
             starts.append(start - (width - n))
         return tokens, feats, torch.tensor(starts, device=self.device), mask
+
+    def _windowed(
+        self,
+        tokens: torch.LongTensor,
+        feats: torch.Tensor,
+        starts: torch.LongTensor,
+        block_mask: torch.LongTensor | None,
+    ) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor, torch.LongTensor | None]:
+        """The round's block and the drafter's cache cut to the window: at most the last W new real slots
+        (a long prompt's older ones are never drafted from), and the cached slots before them dropped so the
+        first new slot sees W slots in all."""
+        window = self.window
+        cut = tokens.shape[1] - window
+        if cut > 0:
+            tokens, feats, starts = tokens[:, cut:], feats[:, cut:], starts + cut
+            block_mask = None if block_mask is None else block_mask[:, cut:]
+        held = self.cache_mask.shape[1]
+        drop = held - max(0, window - tokens.shape[1])
+        if drop > 0:
+            drop_oldest(self.cache, drop)
+            self.cache_mask = self.cache_mask[:, drop:]
+        return tokens, feats, starts, block_mask
 
     # ------------------------------------------------------------------ token selection
     def _selector(
@@ -770,6 +813,8 @@ class PEagleCandidateGenerator:
             self.cache_mask = compact(self.cache, self.cache_mask)
         tokens, feats, starts, block_mask = self._ragged_block()
         self._pending = [None] * self.rows
+        if self.window is not None:
+            tokens, feats, starts, block_mask = self._windowed(tokens, feats, starts, block_mask)
         if block_mask is not None:
             self.has_holes = True
         new_mask = block_mask if block_mask is not None else torch.ones_like(tokens)

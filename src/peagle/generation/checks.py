@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -168,9 +169,56 @@ def check_user_request(kwargs: dict[str, Any]) -> frozenset[str]:
             "inputs_embeds is not supported with a P-EAGLE assistant_model: the head drafts from token ids. Pass "
             "input_ids instead."
         )
+    _check_prompt_rows(kwargs.get("inputs", kwargs.get("input_ids")), kwargs.get("attention_mask"))
     return frozenset(
         name for name in ("num_assistant_tokens", "assistant_confidence_threshold") if name in kwargs
     )
+
+
+def _check_prompt_rows(input_ids: Any, attention_mask: Any) -> None:
+    """Refuse prompts a head cannot draft after, before generate() prepares anything: an empty prompt, or a row
+    whose attention mask is all zeros (no real token for the head to read the target's features at)."""
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 0:
+        raise ValueError(
+            f"generate() got an empty prompt (input_ids of shape {tuple(input_ids.shape)}); give every row at "
+            "least one token."
+        )
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and attention_mask.numel():
+        empty = (attention_mask == 0).all(dim=1).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(
+                f"attention_mask rows {empty} are all zeros: those prompts have no token to draft from. Drop the "
+                "rows, or give each at least one unmasked token (left padding keeps the last ones)."
+            )
+
+
+STATELESS_PROCESSORS: set[type] = set()
+"""Logits-processor classes declared safe to call on every candidate prefix ([`declare_stateless_processor`])."""
+
+
+def declare_stateless_processor(cls: type) -> type:
+    """Declare a logits-processor class stateless: its output depends only on the `input_ids` and scores it is
+    given, never on earlier calls.  Speculative verification calls processors once per candidate prefix (as
+    transformers' own assisted generation does), more often and in another order than plain decoding, so a
+    processor that counts its calls or tracks a grammar's position would change the output.  transformers' own
+    processors are stateless; another class gets a warning unless declared this way (or by a class attribute
+    `peagle_stateless = True`).  Usable as a class decorator; returns `cls`."""
+    if not isinstance(cls, type):
+        raise TypeError(f"declare_stateless_processor takes a class; got {cls!r} ({type(cls).__name__}).")
+    STATELESS_PROCESSORS.add(cls)
+    return cls
+
+
+def unvouched_processors(processors: Any) -> list[str]:
+    """The classes among `processors` peagle cannot vouch for: neither transformers' own nor declared stateless."""
+    names = []
+    for proc in processors or []:
+        cls = type(proc)
+        own = cls.__module__.startswith("transformers.")
+        if own or cls in STATELESS_PROCESSORS or getattr(cls, "peagle_stateless", False):
+            continue
+        names.append(f"{cls.__module__}.{cls.__qualname__}")
+    return sorted(set(names))
 
 
 def check_assistant(assistant: Any) -> None:
@@ -198,9 +246,20 @@ def check_decoding_inputs(
     streamer: Any,
     model_kwargs: dict[str, Any],
     managed: set[str],
+    logits_processor: Any = None,
 ) -> None:
     """The checks peagle's loop runs once generate() has prepared the request (before any forward pass)."""
     _raise_if_incompatible()
+    unvouched = unvouched_processors(logits_processor)
+    if unvouched:
+        warnings.warn(
+            f"logits processors {unvouched} are not known to be stateless. Speculative verification calls each "
+            "processor once per candidate prefix (as transformers' assisted generation does), so a processor that "
+            "keeps state between calls would change the output. If yours depends only on the input_ids and scores "
+            "it is given, declare it with peagle.declare_stateless_processor(cls) (or a class attribute "
+            "peagle_stateless = True).",
+            stacklevel=4,
+        )
     batch = int(input_ids.shape[0])
     check_generation_request(target, head, generation_config, batch_size=batch)
     if input_ids.shape[1] == 0:
@@ -226,4 +285,6 @@ __all__ = [
     "check_decoding_inputs",
     "check_generation_request",
     "check_user_request",
+    "declare_stateless_processor",
+    "unvouched_processors",
 ]

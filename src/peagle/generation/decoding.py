@@ -19,6 +19,7 @@ its accepted path, and only that path stays in the target's cache.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from ..modeling_peagle import PEagleDrafter, cache_kwarg, custom_attention_mask
 from .candidates import PEagleCandidateGenerator, grouped_processing
 from .checks import check_decoding_inputs
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .stats import PEagleGenerationStats
 from .tree import DraftTree, greedy_path, sample_path, tree_attention_mask
 
 _MANAGED_KWARGS = {
@@ -38,6 +40,15 @@ _MANAGED_KWARGS = {
     "output_attentions",
 }  # fmt: skip
 """What generate() prepares for the loop; the output options come from the generation config."""
+
+
+@dataclass
+class PEagleGenerateOutput(GenerateDecoderOnlyOutput):
+    """What `generate(..., assistant_model=head, return_dict_in_generate=True)` returns: transformers'
+    `GenerateDecoderOnlyOutput` plus `peagle_stats`, the call's own [`PEagleGenerationStats`] (the same object
+    `head.last_generation_stats` gives the calling thread)."""
+
+    peagle_stats: PEagleGenerationStats | None = None
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -146,9 +157,10 @@ class _Decoder:
         generation_config,
         streamer,
         model_kwargs,
-        tree_size: int | str | None = None,
-        lookup_tokens: int | None = None,
+        options: dict[str, Any] | None = None,
     ):
+        options = options or {}
+        tree_size, lookup_tokens = options.get("draft_tree_size"), options.get("prompt_lookup_num_tokens")
         self.model, self.input_ids, self.processors = model, input_ids, logits_processor
         self.streamer = streamer
         self.batch, prompt_len = input_ids.shape
@@ -176,7 +188,14 @@ class _Decoder:
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
         self.drafter = PEagleCandidateGenerator(
-            model, head, generation_config, logits_processor, self.batch, tree_size, lookup_tokens
+            model,
+            head,
+            generation_config,
+            logits_processor,
+            self.batch,
+            tree_size,
+            lookup_tokens,
+            options.get("drafter_window"),
         )
         self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(lookup_tokens)
         self._check_trees()
@@ -443,12 +462,13 @@ class _Decoder:
         if not self.want_dict:
             return sequences
         fill = float("-inf")
-        return GenerateDecoderOnlyOutput(
+        return PEagleGenerateOutput(
             sequences=sequences,
             scores=_per_step(self.per_row["scores"], self.pad_id, fill) if self.want["scores"] else None,
             logits=_per_step(self.per_row["logits"], self.pad_id, fill) if self.want["logits"] else None,
             hidden_states=_hidden_per_step(self.per_row["hidden"]) if self.want["hidden"] else None,
             past_key_values=self.cache if self.batch == 1 else None,
+            peagle_stats=self.drafter.stats,
         )
 
 
@@ -464,8 +484,7 @@ def peagle_decoding(
     peagle_head: PEagleDrafter | None = None,
     peagle_streamer: Any = None,
     peagle_given: frozenset[str] | None = None,
-    peagle_tree_size: int | str | None = None,
-    peagle_lookup_tokens: int | None = None,
+    peagle_options: dict[str, Any] | None = None,
     **model_kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle_head` (transformers'
@@ -478,7 +497,14 @@ def peagle_decoding(
     """
     streamer = peagle_streamer if peagle_streamer is not None else streamer
     check_decoding_inputs(
-        model, peagle_head, input_ids, generation_config, streamer, model_kwargs, _MANAGED_KWARGS
+        model,
+        peagle_head,
+        input_ids,
+        generation_config,
+        streamer,
+        model_kwargs,
+        _MANAGED_KWARGS,
+        logits_processor,
     )
     if peagle_given is not None:
         generation_config._peagle_given = set(peagle_given)
@@ -491,8 +517,7 @@ def peagle_decoding(
         generation_config,
         streamer,
         model_kwargs,
-        peagle_tree_size,
-        peagle_lookup_tokens,
+        peagle_options,
     )
     emitted = loop.drop_finished(loop.prefill())
     while loop.rows.active:
@@ -558,4 +583,4 @@ def _hidden_per_step(rows: list[list[Any]]) -> tuple[tuple[torch.Tensor, ...], .
     return tuple(out)
 
 
-__all__ = ["peagle_decoding"]
+__all__ = ["PEagleGenerateOutput", "peagle_decoding"]

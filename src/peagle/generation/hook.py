@@ -30,6 +30,10 @@ from .checks import (
 )
 from .decoding import peagle_decoding
 
+PEAGLE_OPTIONS = ("draft_tree_size", "prompt_lookup_num_tokens", "drafter_window")
+"""`generate()` options peagle reads itself (transformers' own loop does not know them): the tree budget,
+prompt lookup as a branch of the head's trees, and the drafter's attention window."""
+
 
 def _wrap_generate(original: Callable) -> Callable:
     signature = inspect.signature(original)
@@ -53,12 +57,12 @@ def _wrap_generate(original: Callable) -> Callable:
         given = check_user_request({**arguments, **extra})
         arguments.pop("assistant_model")
         streamer = arguments.pop("streamer", None)
-        # peagle's own options: the tree budget (a keyword, else the generation config's, as transformers reads
-        # its own options through both doors), and prompt lookup as a branch of the head's trees
-        tree_size = extra.pop("draft_tree_size", None)
-        if tree_size is None:
-            tree_size = getattr(config, "draft_tree_size", None)
-        lookup_tokens = extra.pop("prompt_lookup_num_tokens", None)
+        # peagle's own options, read through both doors as transformers reads its own: a keyword, else the
+        # generation config's attribute (a GenerationConfig passed whole, or the target's)
+        options = {name: extra.pop(name, None) for name in PEAGLE_OPTIONS}
+        for name, value in options.items():
+            if value is None:
+                options[name] = getattr(config, name, None)
         return original(
             self,
             **arguments,
@@ -67,8 +71,7 @@ def _wrap_generate(original: Callable) -> Callable:
             peagle_head=head,
             peagle_streamer=streamer,
             peagle_given=given,
-            peagle_tree_size=tree_size,
-            peagle_lookup_tokens=lookup_tokens,
+            peagle_options=options,
         )
 
     return generate

@@ -74,6 +74,15 @@ def keep_tail(cache: Cache, index: torch.LongTensor, width: int | None, what: st
             setattr(layer, name, torch.cat([full[:, :, :cut], picked], dim=2))
 
 
+def drop_oldest(cache: Cache, count: int) -> None:
+    """Drop the first `count` slots of every layer (a drafter's attention window).  Dynamic layers only."""
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise TypeError(f"cannot drop the oldest slots of a {type(layer).__name__} cache layer")
+        if layer.is_initialized and layer.keys.numel():
+            layer.keys, layer.values = layer.keys[:, :, count:], layer.values[:, :, count:]
+
+
 def tree_refusal(model, cache: Cache) -> str | None:
     """Why draft trees cannot be verified on this target, or None: a tree needs a custom 4D attention mask (eager
     or SDPA attention) and a cache that can keep only the accepted path (dynamic full-attention layers)."""
@@ -98,6 +107,7 @@ __all__ = [
     "compact",
     "compact_cache",
     "compaction_index",
+    "drop_oldest",
     "keep_tail",
     "tree_refusal",
     "worth_compacting",
