@@ -188,3 +188,72 @@ def test_writing_a_head_over_another_model_is_refused(tmp_path, tiny_target, tin
     peagle.export(tiny_head, head_folder, layout="vllm", target_model=tiny_target)  # in another layout too
     tiny_head.save_pretrained(folder, overwrite=True)  # said explicitly
     assert PEagleDrafter.from_pretrained(folder).config.model_type == "peagle"
+
+
+# ------------------------------------------------------------------------------ training settings
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"ttt_decay": -1.0}, r"ttt_decay is -1.0; expected a finite number in \(0.0, 1.0\]"),
+        ({"ttt_decay": float("nan")}, "ttt_decay is nan"),
+        ({"num_train_epochs": 0}, "nothing would be trained"),
+        ({"flex_block_size": 0}, "flex_block_size is 0"),
+        ({"cod_ratio": 1.5}, "cod_ratio is 1.5"),
+        ({"learning_rate": float("nan")}, "learning_rate is nan"),
+    ],
+)
+def test_training_settings_are_range_checked_before_any_work(tmp_path, override, message):
+    from peagle.training.arguments import PEagleTrainingArguments
+
+    with pytest.raises(ValueError, match=message):
+        PEagleTrainingArguments(output_dir=str(tmp_path / "out"), **override)
+    PEagleTrainingArguments(
+        output_dir=str(tmp_path / "out"), num_train_epochs=0, max_steps=2
+    )  # steps suffice
+
+
+def test_folder_settings_naming_a_file_are_refused(tmp_path):
+    from peagle.training.arguments import DataArguments, PEagleTrainingArguments
+
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    with pytest.raises(ValueError, match="output_dir is .*a file; expected a folder"):
+        PEagleTrainingArguments(output_dir=str(file))
+    with pytest.raises(ValueError, match="feature_cache is .*a file; expected a folder"):
+        DataArguments(feature_cache=str(file))
+
+
+def test_cli_flags_are_never_abbreviated(capsys):
+    from peagle.cli import build_parser
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--output_dir", "x", "--num_parallel", "2"])
+    assert "--num_parallel" in capsys.readouterr().err
+    args = parser.parse_args(["train", "--output_dir", "x", "--num_parallel_positions", "2"])
+    assert args.num_parallel_positions == 2
+
+
+def test_more_partitions_than_anchors_train_like_one(tmp_path):
+    """Segments that own no anchor are skipped: S = 40 or 1000 on 18-40-token examples gives S = 1's update."""
+    from helpers import make_args, random_examples
+    from peagle.training import PEagleTrainer
+
+    target = make_target()
+    updates = []
+    for parts, budget in ((1, None), (40, None), (1000, "1GB")):
+        head = make_head(target).float()
+        before = {k: p.detach().clone() for k, p in head.named_parameters()}
+        args = make_args(tmp_path / str(parts), sequence_partitions=parts, partition_memory_budget=budget)
+        PEagleTrainer(model=head, target_model=target, args=args, train_dataset=random_examples(2)).train()
+        updates.append(torch.cat([(p.detach() - before[k]).flatten() for k, p in head.named_parameters()]))
+    for other in updates[1:]:
+        torch.testing.assert_close(other, updates[0], rtol=1e-5, atol=1e-7)
+
+
+def test_token_ids_outside_the_vocabulary_name_the_file_and_row():
+    from peagle.training.shards import check_token_ids
+
+    rows = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 500]}]
+    with pytest.raises(ValueError, match=r"--examples data.jsonl, example 1 \(0-based row\): token id 500"):
+        check_token_ids(rows, 128, "--examples data.jsonl")

@@ -193,7 +193,8 @@ def test_training_data_is_checked_before_the_first_step(tmp_path, caplog):
     with pytest.raises(ValueError, match="none of the 3 examples has a supervised token"):
         build(no_labels)
     with pytest.raises(
-        ValueError, match=r"example 1 holds token id 500, outside the target's vocabulary \[0, 128\)"
+        ValueError,
+        match=r"example 1 \(0-based row\): token id 500 is outside the target's vocabulary \[0, 128\)",
     ):
         build([random_examples(1)[0], {"input_ids": [5, 500, 7], "loss_mask": [0, 1, 1]}])
     with caplog.at_level("WARNING"):

@@ -23,11 +23,16 @@ COMMANDS = ("demo", "bench", "train", "calibrate", "evaluate", "export", "push",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel speculative decoding.")
+    parser = argparse.ArgumentParser(
+        prog="peagle", description="P-EAGLE parallel speculative decoding.", allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
         p = module.add_parser(sub)
+        p.allow_abbrev = (
+            False  # `--num_parallel 2` is not `--num_parallel_positions 2`: flags are spelled out
+        )
         p.add_argument(
             "--debug",
             action="store_true",

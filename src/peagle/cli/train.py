@@ -170,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
     spec, prompts, examples, template = load_data(data)
     device = "cpu" if training.use_cpu else "cuda"
     target, tokenizer = load_target(spec, dtype=getattr(torch, data.dtype), device=device)
+    if examples is not None:
+        from ..training.shards import check_token_ids
+
+        check_token_ids(
+            examples, int(target.config.get_text_config().vocab_size), f"--examples {data.examples}"
+        )
     if tokenizer is not None and template is not None:
         tokenizer.chat_template = template
     head = base_head_for(head_args, lora, target)
@@ -196,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         layers_init=head_args.layers_init,
         feature_cache=data.feature_cache,
         calibration_examples=data.calibration_examples,
+        documents=data.documents,
+        document_examples_per_length=data.document_examples_per_length,
         training_args=training,
         resume_from_checkpoint=True if resume == "last" else resume,
         head=head,

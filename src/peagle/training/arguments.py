@@ -10,6 +10,8 @@ both apply them).  Head sizes left None follow the size rule (`peagle.sizing`, `
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,25 @@ def _at_least(owner: Any, minimum: int, *names: str) -> None:
         value = getattr(owner, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise ValueError(f"{name} is {value!r}; expected an integer >= {minimum}.")
+
+
+def _not_a_file(owner: Any, name: str) -> None:
+    """Refuse a folder setting (`output_dir`, `feature_cache`) that names an existing file."""
+    value = getattr(owner, name)
+    if value is not None and os.path.isfile(os.path.expanduser(str(value))):
+        raise ValueError(f"{name} is {value!r}, which is a file; expected a folder (new or existing).")
+
+
+def _in_range(owner: Any, name: str, low: float, high: float | None, low_open: bool = False) -> None:
+    """Refuse `owner.<name>` unless it is a finite number in [low, high] ((low, high] with `low_open`)."""
+    value = getattr(owner, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f"{'(' if low_open else '['}{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(
+            f"{name} is {value!r}; expected a finite number {'in ' if high is not None else ''}{bound}."
+        )
 
 
 def parse_lr_scales(entries: list[str] | tuple[str, ...]) -> list[tuple[re.Pattern, float]]:
@@ -140,9 +161,22 @@ class PEagleTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"num_parallel_positions is {k}; expected an integer in [1, {MAX_SPECULATIVE_TOKENS}]."
             )
-        _at_least(self, 1, "per_device_train_batch_size", "gradient_accumulation_steps")
+        _at_least(self, 1, "per_device_train_batch_size", "gradient_accumulation_steps", "flex_block_size")
         if self.max_length < 3:
             raise ValueError(f"max_length is {self.max_length}; expected >= 3 tokens.")
+        _not_a_file(self, "output_dir")
+        _in_range(self, "ttt_decay", 0.0, 1.0, low_open=True)
+        _in_range(self, "cod_ratio", 0.0, 1.0, low_open=True)
+        _in_range(self, "cod_min_ratio", 0.0, 1.0)
+        _in_range(self, "learning_rate", 0.0, None)
+        _in_range(self, "weight_decay", 0.0, None)
+        _in_range(self, "max_grad_norm", 0.0, None)
+        _in_range(self, "num_train_epochs", 0.0, None)
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise ValueError(
+                f"num_train_epochs is {self.num_train_epochs} and max_steps is {self.max_steps}: nothing would be "
+                "trained (an untrained head would be saved). Give num_train_epochs > 0 or max_steps > 0."
+            )
 
 
 @dataclass
@@ -175,6 +209,16 @@ class DataArguments:
     do_sample: bool = field(default=False, metadata={"help": "sample responses instead of greedy decoding"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (with do_sample)"})
     feature_cache: str | None = field(default=None, metadata={"help": "cache target features in this folder"})
+    documents: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder of text files ('stdlib': Python's own sources) added as long teacher-forced examples, "
+            "2K tokens doubling up to max_length"
+        },
+    )
+    document_examples_per_length: int = field(
+        default=16, metadata={"help": "examples per length made from --documents"}
+    )
     calibration_examples: str = field(
         default="auto",
         metadata={
@@ -184,7 +228,8 @@ class DataArguments:
     )
 
     def __post_init__(self):
-        _at_least(self, 1, "limit", "max_new_tokens", "generation_batch_size")
+        _not_a_file(self, "feature_cache")
+        _at_least(self, 1, "limit", "max_new_tokens", "generation_batch_size", "document_examples_per_length")
         _at_least(self, 0, "num_magpie_prompts", "num_code_prompts")
         if self.calibration_examples != "auto":
             try:

@@ -203,6 +203,8 @@ def train_head(
     resume_from_checkpoint: str | bool | None = None,
     progress: bool = True,
     plain_prompts: bool = False,
+    documents: str | os.PathLike | None = None,
+    document_examples_per_length: int = 16,
 ) -> tuple[Any, dict[str, Any]]:
     """Self-distill data from `prompts`, train a head on it with [`PEagleTrainer`] and save it to `output_dir`.
 
@@ -234,6 +236,11 @@ def train_head(
             draft calibration (`config.draft_calibration`, used by cost-aware drafting) on their prompts with
             greedy `generate()` rounds, with its held-out calibration error in `report` (0: no calibration; run
             `peagle calibrate` later; `"auto"`: min(32, 10% of the examples), none below 40 examples).
+        documents: a folder of text files (or `"stdlib"`, the Python standard library's sources) whose text is added
+            as long teacher-forced examples ([`peagle.training.documents`]): `document_examples_per_length` of each
+            length from 2K tokens doubling up to the training `max_length` (and the target's position range),
+            every token supervised by the target's own distribution.  Raise `max_length` (with
+            `partition_memory_budget`) to train at 4K or 8K tokens.
         training_args: `PEagleTrainingArguments` (e.g. from [`training_arguments`]), or a dict of its fields
             (`output_dir` defaults to `<output_dir>/checkpoints`, the rest to `PEagleTrainingArguments`' own
             defaults).
@@ -251,6 +258,8 @@ def train_head(
         or generation_batch_size < 1
     ):
         raise ValueError(f"generation_batch_size is {generation_batch_size!r}; expected an integer >= 1.")
+    if examples is None and documents is not None and not (prompts or num_magpie_prompts or num_code_prompts):
+        examples = []  # long document examples alone
     if examples is None:
         check_prompts(tokenizer, prompts, num_magpie_prompts, num_code_prompts, plain_prompts)
     output_dir = os.fspath(output_dir)
@@ -277,6 +286,10 @@ def train_head(
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
     else:
         examples = checked_examples(examples, tokenizer)
+    if documents is not None:
+        examples = long_examples(
+            target, tokenizer, documents, document_examples_per_length, args, progress
+        ) + list(examples)
     examples, held_out = split_calibration(examples, calibration_examples)
     head = prepare_head(
         head,
@@ -369,6 +382,28 @@ def distill_examples(
         progress=progress,
         plain_prompts=plain_prompts,
     )
+
+
+def long_examples(
+    target, tokenizer, documents, per_length: int, args, progress: bool
+) -> list[dict[str, Any]]:
+    """Teacher-forced examples from `documents` at every length the target's range and `args.max_length` allow
+    (none, with a warning, where that is under 2K tokens)."""
+    from .documents import default_document_lengths, document_examples, read_documents
+
+    if tokenizer is None:
+        raise ValueError("documents need the target's tokenizer to encode their text.")
+    positions = int(getattr(target.config.get_text_config(), "max_position_embeddings", args.max_length))
+    lengths = default_document_lengths(positions, args.max_length)
+    if not lengths:
+        logger.warning(
+            f"documents: no long examples (max_length {args.max_length} and the target's {positions} positions "
+            "leave no room for 2K tokens); raise max_length to train on long text."
+        )
+        return []
+    rows = document_examples(tokenizer, read_documents(documents), lengths, per_length, args.seed, progress)
+    logger.info(f"documents: {len(rows)} examples of {lengths} tokens from {documents}")
+    return rows
 
 
 def checked_examples(examples: Sequence[dict[str, Any]], tokenizer) -> list[dict[str, Any]]:

@@ -105,6 +105,20 @@ def check_example(row: Any, where: str) -> dict[str, Any]:
     return row
 
 
+def check_token_ids(examples: Sequence[dict[str, Any]], vocab_size: int, source: str) -> None:
+    """Raise `ValueError` naming `source` (a file or folder), the row and the id when an example holds a token id
+    outside the target's vocabulary `[0, vocab_size)`."""
+    for i, ex in enumerate(examples):
+        ids = ex["input_ids"]
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"{source}, example {i} (0-based row): token id {bad} is outside the target's vocabulary "
+                f"[0, {vocab_size}). Were these examples made with another target's tokenizer?"
+            )
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -52,6 +52,7 @@ from .plan import (
     segment_rows,
 )
 from .prefix import PrefixKV
+from .shards import check_token_ids
 
 logger = logging.get_logger(__name__)
 
@@ -80,14 +81,9 @@ def check_examples(dataset: Any, vocab_size: int) -> None:
         raise ValueError("the training dataset is empty; pass examples with input_ids and loss_mask.")
     if not isinstance(dataset, (list, tuple)):
         return
+    check_token_ids(dataset, vocab_size, "the training dataset")
     unsupervised = 0
-    for i, ex in enumerate(dataset):
-        ids = torch.as_tensor(ex["input_ids"])
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-            bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
-            raise ValueError(
-                f"example {i} holds token id {bad}, outside the target's vocabulary [0, {vocab_size})."
-            )
+    for ex in dataset:
         mask = ex.get("loss_mask")
         if mask is not None and not bool(torch.as_tensor(mask).bool().any()):
             unsupervised += 1
@@ -542,10 +538,11 @@ class PEagleTrainer(Trainer):
             return
         end = max(supervised) + 1
         prefix = PrefixKV(self._head().config, max(p.num_anchors for p in plans)) if end > 1 else None
-        order = list(range(end))
+        # a segment that owns no anchor (more segments than a short example has anchors) has nothing to run
+        order = [s for s in range(end) if rows[s].width > 0]
         if backward and prefix is not None:
             with torch.no_grad(), self.compute_loss_context_manager():
-                for s in range(end - 1):
+                for s in order[:-1]:
                     self._prefix_pass(model, inputs, plans, aux, s, prefix)
             order.reverse()
         for j, s in enumerate(order):

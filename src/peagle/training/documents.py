@@ -1,0 +1,161 @@
+"""Long training examples from real documents: teacher-forced self-distillation over long text (issue #67).
+
+A head trained only on short conversations drafts worse after thousands of tokens of context.  Long examples need
+no generation: the target reads real text, and at every position the label is the target's own distribution (the
+trainer's loss reads the target's logits there), so every token of a document is supervised.  The pieces:
+
+- [`read_documents`]: the text files of a folder (or `"stdlib"`: the Python standard library's own sources, present
+  on every machine), in a fixed order, skipping files that are not UTF-8 text;
+- [`document_examples`]: examples of given lengths, each whole documents joined end to end (a header line naming
+  each file) and cut to the length, with `loss_mask` 1 on every token after the first;
+- [`default_document_lengths`]: 2K tokens doubling up to the target's position range (8K for the embedded target).
+
+Examples carry `source="documents"` and the `length` asked for; they are ready for `peagle train --examples` or
+[`peagle.training.recipe.train_head`]'s `examples`.  Evaluation sets never enter: a document whose text holds an
+MT-Bench or HumanEval prompt is skipped (`peagle.evaluation.evalsets.is_evaluation_prompt`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sysconfig
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers.utils import logging
+
+from ..evaluation import evalsets
+
+logger = logging.get_logger(__name__)
+
+DOCUMENT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".c", ".h")
+"""The file kinds [`read_documents`] reads from a folder."""
+MIN_DOCUMENT_LENGTH = 2048
+"""The shortest example [`default_document_lengths`] makes: shorter text is what the conversations already cover."""
+MAX_DOCUMENT_LENGTH = 8192
+"""The longest example [`default_document_lengths`] makes by default (longer ones: pass `lengths`)."""
+
+
+def read_documents(
+    source: str | os.PathLike, suffixes: Sequence[str] = DOCUMENT_SUFFIXES
+) -> list[tuple[str, str]]:
+    """`(name, text)` of every file under `source` whose suffix is in `suffixes`, sorted by path: a folder, or
+    `"stdlib"` for the Python standard library's `.py` sources (tests and site-packages left out).  Files that
+    are not UTF-8, are empty, or hold an evaluation-set prompt are skipped; the skipped count is logged."""
+    if str(source) == "stdlib":
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = [
+            f
+            for f in sorted(root.rglob("*.py"))
+            if not {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+            & set(f.relative_to(root).parts)
+        ]
+    else:
+        root = Path(source).expanduser()
+        if not root.is_dir():
+            raise ValueError(
+                f"documents: {source} is not a folder (expected a folder of text files, or 'stdlib')."
+            )
+        files = [f for f in sorted(root.rglob("*")) if f.is_file() and f.suffix.lower() in suffixes]
+    documents, skipped = [], 0
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            skipped += 1
+            continue
+        if not text.strip() or evalsets.is_evaluation_prompt(text):
+            skipped += 1
+            continue
+        documents.append((str(file.relative_to(root)), text))
+    if skipped:
+        logger.info(
+            f"documents: skipped {skipped} of {len(files)} files (not UTF-8, empty or an evaluation prompt)"
+        )
+    if not documents:
+        raise ValueError(
+            f"documents: no readable text files under {source} (suffixes {', '.join(suffixes)})."
+        )
+    return documents
+
+
+def default_document_lengths(max_positions: int, max_length: int = MAX_DOCUMENT_LENGTH) -> list[int]:
+    """Example lengths for a target with `max_positions` positions: 2K doubling up to `min(max_positions,
+    max_length)` (the last one that fits); empty where the target's range is under 2K.
+
+    >>> default_document_lengths(8192), default_document_lengths(32768), default_document_lengths(1024)
+    ([2048, 4096, 8192], [2048, 4096, 8192], [])
+    """
+    top = min(int(max_positions), int(max_length))
+    lengths, n = [], MIN_DOCUMENT_LENGTH
+    while n <= top:
+        lengths.append(n)
+        n *= 2
+    return lengths
+
+
+def document_examples(
+    tokenizer: Any,
+    documents: Sequence[tuple[str, str]],
+    lengths: Iterable[int],
+    per_length: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """`per_length` examples of each length in `lengths`: documents in a shuffled order (fixed by `seed`), each
+    after a header line naming it, joined end to end and cut to the length; every token after the first is
+    supervised.  A document longer than the example is cut too (its start is kept), so one example may be one
+    long file or many short ones.  Raises `ValueError` when the documents hold fewer tokens than one example."""
+    from tqdm.auto import tqdm
+
+    lengths = [int(n) for n in lengths]
+    if per_length < 1 or not lengths or min(lengths) < 2:
+        raise ValueError(
+            f"document_examples: lengths {lengths} x {per_length}; expected lengths >= 2 and a count >= 1."
+        )
+    order = list(range(len(documents)))
+    random.Random(seed).shuffle(order)
+    encoded: dict[int, list[int]] = {}
+
+    def tokens(i: int) -> list[int]:
+        if i not in encoded:
+            name, text = documents[i]
+            encoded[i] = tokenizer(f"# {name}\n{text}\n", add_special_tokens=False).input_ids
+        return encoded[i]
+
+    examples, cursor = [], 0
+    total = len(lengths) * per_length
+    bar = tqdm(total=total, desc="document examples", disable=not progress)
+    for length in lengths:
+        for _ in range(per_length):
+            ids: list[int] = []
+            names = []
+            start = cursor
+            while len(ids) < length:
+                i = order[cursor % len(order)]
+                cursor += 1
+                if cursor - start > len(order):
+                    raise ValueError(
+                        f"document_examples: the {len(documents)} documents hold {len(ids)} tokens; an example "
+                        f"of {length} needs more text."
+                    )
+                ids += tokens(i)
+                names.append(documents[i][0])
+            ids = ids[:length]
+            examples.append(
+                {
+                    "input_ids": ids,
+                    "loss_mask": [0] + [1] * (length - 1),
+                    "source": "documents",
+                    "length": length,
+                    "documents": names,
+                }
+            )
+            bar.update(1)
+    bar.close()
+    return examples
+
+
+__all__ = ["default_document_lengths", "document_examples", "read_documents"]
