@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast interop lint format demo bench bench-tree bench-batch gpu-check clean
+.PHONY: install test test-oldest test-fast interop lint format demo bench bench-tree bench-batch gpu-check clean
 
 install: $(STAMP)
 
@@ -22,6 +22,17 @@ $(STAMP): pyproject.toml heads/pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# the same suite on the oldest transformers pyproject.toml allows: an overlay environment whose own site-packages
+# hold only that transformers, in front of .venv's (added by a .pth file), so everything else is shared
+OLDEST_TRANSFORMERS := $(shell sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+OLDEST := .venv-oldest
+test-oldest: install
+	test -x $(OLDEST)/bin/python || $(PY) -m venv --without-pip $(OLDEST)
+	$(BIN)/python -c "import site; print(f'import site; site.addsitedir({site.getsitepackages()[0]!r})')" > "$$($(OLDEST)/bin/python -c 'import site; print(site.getsitepackages()[0])')/peagle-main-venv.pth"
+	$(BIN)/pip install -q --no-deps --target "$$($(OLDEST)/bin/python -c 'import site; print(site.getsitepackages()[0])')" --upgrade "transformers==$(OLDEST_TRANSFORMERS).*"
+	$(OLDEST)/bin/python -c "import transformers; print('transformers', transformers.__version__)"
+	$(OLDEST)/bin/python -m pytest -q tests
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -257,3 +257,14 @@ def test_token_ids_outside_the_vocabulary_name_the_file_and_row():
     rows = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 500]}]
     with pytest.raises(ValueError, match=r"--examples data.jsonl, example 1 \(0-based row\): token id 500"):
         check_token_ids(rows, 128, "--examples data.jsonl")
+
+
+def test_keywords_reach_heads_in_every_layout(tmp_path, tiny_target, tiny_head):
+    """A converted layout (vLLM's) takes the same config keywords as peagle's own, with the same checks."""
+    folder = peagle.export(tiny_head, tmp_path / "vllm", layout="vllm", target_model=tiny_target)
+    head = PEagleDrafter.from_pretrained(folder, confidence_threshold=0.3, drafter_window=16)
+    assert head.config.confidence_threshold == 0.3 and head.config.drafter_window == 16
+    with pytest.raises(ValueError, match="confidence_threshold is 2.0"):
+        PEagleDrafter.from_pretrained(folder, confidence_threshold=2.0)
+    with pytest.raises(ValueError, match="draft_vocab_size cannot be overridden"):
+        PEagleDrafter.from_pretrained(folder, draft_vocab_size=64)

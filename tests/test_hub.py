@@ -110,7 +110,7 @@ def test_prepare_upload_folder(tmp_path):
     assert config["auto_map"]["AutoModel"] == "modeling_peagle.PEagleDrafter"
     assert (folder / "custom_generate" / "requirements.txt").read_text().split() == [
         "torch",
-        "transformers>=5.23",
+        "transformers>=5.24",
     ]
     assert _load_recipe(folder).HEAD_REPO == "org/smol-peagle"
     assert ModelCard.load(folder / "README.md").data.license == "mit"

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..configuration_peagle import MAX_SPECULATIVE_TOKENS
+from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, SHAPE_FIELDS, PEagleConfig
 from ..modeling_peagle import PEagleDrafter
 from . import eagle3, speculators, vllm
 from . import peagle as native
@@ -180,14 +180,17 @@ def load_converted(
     cls: type | None = None,
     target_model: Any = None,
     dtype: torch.dtype | str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> PEagleDrafter:
-    """Build a `cls` (default `PEagleDrafter`) from a foreign-layout checkpoint (see `convert.assemble_head`)."""
+    """Build a `cls` (default `PEagleDrafter`) from a foreign-layout checkpoint (see `convert.assemble_head`);
+    `overrides` replace config values read from it (`from_pretrained` keywords, see [`config_overrides`])."""
     layout = LAYOUTS[checkpoint.layout]
     if layout.to_peagle is None:
         raise ValueError(
             f"{checkpoint.path}: the {layout.name} layout is loaded by transformers, not converted."
         )
     config_kwargs, state = layout.to_peagle(checkpoint, read_tensors(checkpoint.files))
+    config_kwargs.update(overrides or {})
     qc = checkpoint.config.get("quantization_config")
     if qc is not None:  # an FP8 export: peagle's FP8 layers take the tensors (docs/fp8.md section 3)
         from ..fp8 import fp8_record
@@ -203,6 +206,19 @@ def load_converted(
         dtype=dtype,
         tensor_name=layout.tensor_name,
     )
+
+
+def config_overrides(kwargs: Mapping[str, Any], where: str | Path) -> dict[str, Any]:
+    """The `from_pretrained` keywords among `kwargs` that set head config fields (`confidence_threshold=0.3`),
+    which a converted layout applies as peagle's own layout does; the fields that size weights are refused."""
+    fields = set(PEagleConfig.__dataclass_fields__) - {"dtype", "torch_dtype"}
+    overrides = {k: v for k, v in kwargs.items() if k in fields}
+    shaped = sorted(set(overrides) & set(SHAPE_FIELDS))
+    if shaped:
+        raise ValueError(
+            f"{', '.join(shaped)} cannot be overridden when loading {where}: they size the stored weights."
+        )
+    return overrides
 
 
 def load_head(
@@ -231,7 +247,8 @@ def load_head(
     checkpoint = inspect_checkpoint(path_or_id, allow_pickle=allow_pickle, hub_kwargs=kwargs)
     if checkpoint.layout != native.NAME:
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-        return load_converted(checkpoint, cls=cls, target_model=target, dtype=dtype)
+        overrides = config_overrides(kwargs, checkpoint.path)
+        return load_converted(checkpoint, cls=cls, target_model=target, dtype=dtype, overrides=overrides)
     config = native.prepare(checkpoint, cls, config=kwargs.get("config"))
     if config is not None:
         kwargs["config"] = config

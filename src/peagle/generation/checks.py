@@ -20,9 +20,9 @@ from transformers.generation.utils import GenerationMixin
 from ..modeling_peagle import PEagleDrafter
 from ..sizing.target_config import text_config
 
-MIN_TRANSFORMERS_VERSION = "5.23"
+MIN_TRANSFORMERS_VERSION = "5.24"
 """Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
-SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.25"
+SUPPORTED_TRANSFORMERS = f">={MIN_TRANSFORMERS_VERSION},<5.26"
 """The range `pyproject.toml` declares: the releases whose generation internals the hook was checked against."""
 
 _GENERATE_PARAMETERS = {"custom_generate", "assistant_model", "streamer", "stopping_criteria"}

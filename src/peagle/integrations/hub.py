@@ -37,7 +37,7 @@ from ..modeling_peagle import PEagleDrafter
 TEMPLATES = Path(__file__).parent.parent / "model_card_templates"
 CARD_TEMPLATE = TEMPLATES / "peagle_head.md"
 CUSTOM_GENERATE_SOURCE = TEMPLATES / "custom_generate.py"
-CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.23\n"
+CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.24\n"
 DEFAULT_TAGS = ("peagle", "p-eagle", "eagle3", "speculative-decoding", "drafter", "custom_generate")
 BenchInput = str | Path | dict | list | None
 """A `peagle bench` JSON: a file path, or the parsed JSON."""
