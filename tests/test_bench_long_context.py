@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from helpers import make_head, make_target
+from peagle.evaluation.long_inputs import build_input
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
 
@@ -32,9 +33,8 @@ def _examples(n: int = 10) -> list[dict[str, list[int]]]:
 
 
 def test_build_input_takes_whole_earlier_examples_then_the_prompt():
-    bench = _script()
     examples = _examples()
-    ids, info = bench.build_input(examples, 3, 100, separator=[3])
+    ids, info = build_input(examples, 3, 100, separator=[3])
     # examples 2 (46 + 1 tokens) and 1 (43 + 1) fit in 100 tokens, example 0 (40 + 1) would not
     assert info["context_examples"] == [1, 2] and info["context_tokens"] == 91 <= 100
     assert (
@@ -42,9 +42,9 @@ def test_build_input_takes_whole_earlier_examples_then_the_prompt():
     )
     assert info["prompt_tokens"] == 12
     # going back wraps round to the end of the set, never reaching the prompt's own example
-    _, info = bench.build_input(examples, 0, 10_000)
+    _, info = build_input(examples, 0, 10_000)
     assert info["context_examples"] == list(range(1, 10))
-    ids, info = bench.build_input(examples, 5, 0)
+    ids, info = build_input(examples, 5, 0)
     assert ids == examples[5]["input_ids"][:12] and info["context_tokens"] == 0
 
 

@@ -598,7 +598,7 @@ def test_version_guard(target, monkeypatch):
     monkeypatch.setattr(transformers, "__version__", "5.22.0")
     gen_checks._integration_problem.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"transformers 5\.22\.0 .*older than 5\.23"):
+        with pytest.raises(RuntimeError, match=r"transformers 5\.22\.0 .*older than 5\.24"):
             target.generate(prompt_ids(81, 5), max_new_tokens=3, assistant_model=head)
     finally:
         monkeypatch.undo()

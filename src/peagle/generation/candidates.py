@@ -176,7 +176,7 @@ def resolve_drafter_window(window: Any, head: PEagleDrafter) -> int | None:
     context.  With a window W, every drafting round first drops the drafter's cached slots older than the last W
     (counting the round's new real slots), so the head never attends further back than it was trained to and its
     rounds stop growing with the context; the target still verifies against the whole context, so the output is
-    unchanged (docs/DESIGN.md section 7)."""
+    unchanged (docs/DESIGN.md section 3.2)."""
     if window is None:
         window = getattr(head.config, "drafter_window", None)
     if window is None or (window == 0 and not isinstance(window, bool)):

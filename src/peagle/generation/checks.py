@@ -35,8 +35,10 @@ def _integration_problem() -> str | None:
     installed = version.parse(transformers.__version__)
     if installed.release < version.parse(MIN_TRANSFORMERS_VERSION).release:
         return (
-            f"transformers {transformers.__version__} is older than {MIN_TRANSFORMERS_VERSION}: its list-valued "
-            "`output_hidden_states` has no embeddings entry at index 0, so the aux layer ids would be off by one"
+            f"transformers {transformers.__version__} is older than {MIN_TRANSFORMERS_VERSION}: before 5.23 its "
+            "list-valued `output_hidden_states` has no embeddings entry at index 0 (the aux layer ids would be off "
+            "by one), and before 5.24 generate() passes the cache as `past_key_values`, which peagle's loop does "
+            "not manage"
         )
     generate = getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate)
     missing = _GENERATE_PARAMETERS - set(inspect.signature(generate).parameters)

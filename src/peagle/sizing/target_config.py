@@ -22,12 +22,33 @@ def target_model_type(target: Any) -> str | None:
     return getattr(text_config(target), "model_type", None) or None
 
 
+STATEFUL_MODEL_TYPES = frozenset(
+    {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "bamba", "zamba", "zamba2",
+     "falcon_h1", "granitemoehybrid", "lfm2", "qwen3_next", "nemotron_h", "minimax", "plamo2"}
+)  # fmt: skip
+"""Families whose layers keep a recurrent state (SSM, linear attention, RNN blocks), whatever their configs say."""
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
+"""`layer_types` / `block_types` entries of plain key/value attention; any other kind keeps a state."""
+
+
+def is_stateful(tc: Any, model: Any = None) -> bool:
+    """Whether a target keeps a recurrent state that a rejected draft cannot be cut from: the model says so
+    (`_is_stateful`, transformers before 5.25), its family is one of `STATEFUL_MODEL_TYPES`, or its config lists
+    layer or block kinds other than attention (`linear_attention`, `recurrent`, `mamba`, ...)."""
+    if model is not None and getattr(model, "_is_stateful", False):
+        return True
+    if getattr(tc, "model_type", None) in STATEFUL_MODEL_TYPES:
+        return True
+    kinds = set(getattr(tc, "layer_types", None) or []) | set(getattr(tc, "block_types", None) or [])
+    return bool({str(k) for k in kinds} - ATTENTION_LAYER_TYPES)
+
+
 def check_target_family(target: Any, model: Any = None) -> None:
     """Raise `ValueError` naming the family and the reason when a target cannot be drafted for.
 
     A target must be a decoder-only model whose cache transformers can roll back after rejected drafts:
     encoder-decoder models and stateful ones (recurrent or linear-attention layers: Mamba, RecurrentGemma,
-    Qwen3-Next, ...; transformers' assisted generation refuses them) cannot work.  `model` is the target model or
+    Qwen3-Next, ...: `is_stateful`) cannot work.  `model` is the target model or
     a meta-device instance of its class (see [`target_parameters`]), for the stateful check.
     """
     tc = text_config(target)
@@ -37,11 +58,12 @@ def check_target_family(target: Any, model: Any = None) -> None:
             f"target family {family_name(kind)} is encoder-decoder; P-EAGLE drafts for decoder-only targets "
             "(its features are the decoder's hidden states of the sequence being generated)."
         )
-    if model is not None and getattr(model, "_is_stateful", False):
+    if is_stateful(tc, model):
         raise ValueError(
-            f"target family {family_name(kind)} ({type(model).__name__}) is stateful (recurrent or linear-attention "
-            "layers): its cache cannot be rolled back after rejected drafts, and transformers' assisted generation "
-            "refuses such models."
+            f"target family {family_name(kind)} ({type(model).__name__ if model is not None else type(tc).__name__}) "
+            "is stateful (recurrent or linear-attention "
+            "layers): peagle's loop cuts rejected drafts out of key/value caches, and a recurrent state cannot be "
+            "cut back to the accepted ones."
         )
     missing = [
         k

@@ -1,0 +1,205 @@
+"""Long contexts, head against head: tokens per target pass against context for heads and drafter windows (#67).
+
+For each context length C of `--contexts` (0 = the prompt alone) and each held-out prompt, the input is a long
+context followed by the prompt (`peagle.evaluation.long_inputs.build_input`): whole held-out self-distilled conversations
+(`--context-source conversations`, the default) or the text of a folder of documents (`--context-source FOLDER`,
+e.g. a kind of text absent from the heads' training data), cut to at most C tokens.  Every variant decodes the
+same input greedily with K drafts every round (`--k`, chains) and, with `--trees N`, with draft trees of up to N
+nodes; each output is checked against plain greedy decoding of the input (a mismatch is reported and makes the
+exit status 1).  A variant is a head (`--heads label=FOLDER,...`; `shipped` is the shipped P-EAGLE head) with a
+drafter window (`--windows none,256,...`: `drafter_window` of `generate()`; none = the whole context).
+
+Tokens per target pass do not depend on the machine's speed (the rule is fixed: K every round), so this runs
+beside other work; no time is reported.  Writes `<out>/long_heads.json` and `<out>/long_heads.png`.
+
+Examples:
+    python benchmarks/bench_long_heads.py --contexts 0,2048,4096,7936 --windows none,256 --trees 32
+    python benchmarks/bench_long_heads.py --heads shipped,new=runs/long/head --context-source /usr/share/common-licenses
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peagle import PEagleDrafter
+from peagle.evaluation.long_inputs import build_input, prompt_part
+from peagle.evaluation.results import save_figure, write_json_and_plot
+from peagle.evaluation.timing import machine_description
+
+
+def document_contexts(tokenizer, folder: str, count: int, length: int) -> list[list[int]]:
+    """`count` contexts of up to `length` tokens from the documents of `folder`, each starting at another
+    document (`peagle.training.documents`)."""
+    from peagle.training.documents import document_examples, read_documents
+
+    rows = document_examples(tokenizer, read_documents(folder), [length], count, seed=7, progress=False)
+    return [r["input_ids"] for r in rows]
+
+
+def run(
+    target, heads, examples, contexts, prompts, windows, k, trees, max_new_tokens, doc_contexts, sep, log
+):
+    runs = []
+    for context in contexts:
+        for n, index in enumerate(prompts):
+            if doc_contexts is None or context == 0:
+                ids, info = build_input(examples, index, context, sep)
+            else:
+                prompt = prompt_part(examples[index])
+                ctx = doc_contexts[context][n][: max(0, context - len(prompt))]
+                ids, info = ctx + prompt, {"context_tokens": len(ctx), "prompt_example": index}
+            x = torch.tensor([ids])
+            plain = target.generate(x, do_sample=False, max_new_tokens=max_new_tokens)[0, len(ids) :].tolist()
+            for label, head in heads.items():
+                for window in windows:
+                    for kind, size in [("chain", 0)] + ([("tree", trees)] if trees else []):
+                        out = target.generate(
+                            x,
+                            assistant_model=head,
+                            do_sample=False,
+                            max_new_tokens=max_new_tokens,
+                            num_assistant_tokens=k,
+                            assistant_confidence_threshold=0.0,
+                            draft_tree_size=size,
+                            drafter_window=window,
+                            return_dict_in_generate=True,
+                        )
+                        stats = out.peagle_stats
+                        row = {
+                            "context": context,
+                            **info,
+                            "head": label,
+                            "window": window,
+                            "kind": kind,
+                            "tokens_per_target_pass": stats.tokens_per_target_pass,
+                            "new_tokens": stats.generated_tokens,
+                            "identical": out.sequences[0, len(ids) :].tolist() == plain,
+                        }
+                        runs.append(row)
+                        log(
+                            f"context {context:>5} ({info['context_tokens']:>5} tok) prompt {index:>3} {label:>8} "
+                            f"window {str(window):>5} {kind:>5}: {row['tokens_per_target_pass']:.2f} tok/pass"
+                            + ("" if row["identical"] else "  OUTPUT DIFFERS FROM PLAIN GREEDY")
+                        )
+    return runs
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["head"], str(r["window"]), r["kind"], r["context"]), []).append(r)
+    return [
+        {
+            "head": head,
+            "window": window,
+            "kind": kind,
+            "context": context,
+            "context_tokens_mean": statistics.mean(r["context_tokens"] for r in rows),
+            "tokens_per_target_pass": statistics.mean(r["tokens_per_target_pass"] for r in rows),
+            "per_prompt": [r["tokens_per_target_pass"] for r in rows],
+            "identical": all(r["identical"] for r in rows),
+        }
+        for (head, window, kind, context), rows in groups.items()
+    ]
+
+
+def plot(summary: list[dict[str, Any]], path: str | Path, k: int) -> Path:
+    """Tokens per target pass against context, one line per head and window, one panel per chains / trees."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = sorted({s["kind"] for s in summary})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for variant in sorted({(s["head"], s["window"]) for s in summary if s["kind"] == kind}):
+            pts = sorted(
+                (s for s in summary if s["kind"] == kind and (s["head"], s["window"]) == variant),
+                key=lambda s: s["context"],
+            )
+            label = f"{variant[0]}, window {variant[1]}"
+            ax.plot([s["context_tokens_mean"] for s in pts], [s["tokens_per_target_pass"] for s in pts],
+                    marker="o", label=label)  # fmt: skip
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax.set_xlabel("context tokens before the prompt (mean over prompts)")
+        ax.set_ylabel("new tokens per target pass")
+        ax.set_title(f"{kind}s, K = {k} every round", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap.add_argument("--contexts", default="0,2048,4096,7936")
+    ap.add_argument("--examples", default="training_data/smollm2-135m-instruct/heldout")
+    ap.add_argument("--skip", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=7)
+    ap.add_argument("--trees", type=int, default=0, help="also draft trees of up to N nodes (0: chains only)")
+    ap.add_argument("--windows", default="none,256", help="drafter windows; none = the whole context")
+    ap.add_argument("--heads", default="shipped", help="label=FOLDER entries; 'shipped': the shipped head")
+    ap.add_argument(
+        "--context-source", default="conversations", help="'conversations' or a folder of documents"
+    )
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="bench_results/long_heads")
+    args = ap.parse_args(argv)
+
+    from peagle.targets import load_default_drafter, load_default_target
+    from peagle.training.prompts import check_not_evaluation
+    from peagle.training.shards import load_examples
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = load_default_target(dtype=torch.float32)
+    heads = {}
+    for entry in args.heads.split(","):
+        label, _, folder = entry.partition("=")
+        heads[label] = (
+            load_default_drafter(target)
+            if label == "shipped" and not folder
+            else PEagleDrafter.from_pretrained(folder, target_model=target).eval()
+        )
+    windows = [None if w == "none" else int(w) for w in args.windows.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    examples = load_examples(args.examples)
+    prompts = list(range(args.skip, min(args.skip + args.limit, len(examples))))
+    check_not_evaluation(
+        [prompt_part(examples[i]) for i in prompts], tokenizer, source="long-context prompts"
+    )
+    sep = tokenizer("\n", add_special_tokens=False).input_ids
+    docs = None
+    if args.context_source != "conversations":
+        docs = {c: document_contexts(tokenizer, args.context_source, len(prompts), c) for c in contexts if c}
+    t0 = time.perf_counter()
+    runs = run(target, heads, examples, contexts, prompts, windows, args.k, args.trees, args.max_new_tokens,
+               docs, sep, print)  # fmt: skip
+    results = {
+        "runs": runs,
+        "summary": summarize(runs),
+        "config": vars(args),
+        "machine": machine_description(),
+        "seconds": time.perf_counter() - t0,
+        "command": "python benchmarks/bench_long_heads.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    js, png = write_json_and_plot(results, args.out, "long_heads", lambda s, p: plot(s, p, args.k))
+    for s in results["summary"]:
+        print(f"{s['head']:>8} window {s['window']:>5} {s['kind']:>5} context {s['context']:>5}: "
+              f"{s['tokens_per_target_pass']:.2f} tok/pass, identical {s['identical']}")  # fmt: skip
+    print(f"wrote {js} and {png}")
+    return 0 if all(r["identical"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
