@@ -154,3 +154,27 @@ def test_shipped_heads_draft_trees_losslessly(target_and_tokenizer, kind):
         target, rows[0], 40, assistant=head, draft_tree_size=16, assistant_confidence_threshold=0.0
     )
     assert one.output == timed_generate(target, rows[0], 40).output
+
+
+def test_shipped_head_windows_its_drafter_after_a_long_context(target_and_tokenizer):
+    """The shipped P-EAGLE head was trained on conversations of a few hundred tokens: after ~2K tokens of other
+    held-out conversations its config's 256-slot drafter window drafts further than attending over the whole
+    context (docs/training.md section 8.8), and both outputs are plain greedy's."""
+    from peagle.evaluation.long_inputs import build_input
+    from peagle.training.shards import load_examples
+
+    target, tok = target_and_tokenizer
+    head = peagle.load_default_drafter(target)
+    assert head.config.drafter_window == 256
+    examples = load_examples("training_data/smollm2-135m-instruct/heldout")
+    ids, info = build_input(examples, 0, 2048, tok("\n", add_special_tokens=False).input_ids)
+    assert info["context_tokens"] > 1500
+    x = torch.tensor([ids])
+    plain = target.generate(x, max_new_tokens=48, do_sample=False)
+    passes = {}
+    for window in (None, 0):  # the head's own window, then the whole context
+        out = target.generate(x, assistant_model=head, max_new_tokens=48, do_sample=False,
+                              num_assistant_tokens=7, assistant_confidence_threshold=0.0, drafter_window=window)  # fmt: skip
+        assert torch.equal(out, plain)
+        passes[window] = head.last_generation_stats.tokens_per_target_pass
+    assert passes[None] > passes[0] * 1.1, passes
