@@ -7,7 +7,8 @@ e.g. a kind of text absent from the heads' training data), cut to at most C toke
 same input greedily with K drafts every round (`--k`, chains) and, with `--trees N`, with draft trees of up to N
 nodes; each output is checked against plain greedy decoding of the input (a mismatch is reported and makes the
 exit status 1).  A variant is a head (`--heads label=FOLDER,...`; `shipped` is the shipped P-EAGLE head) with a
-drafter window (`--windows none,256,...`: `drafter_window` of `generate()`; none = the whole context).
+drafter window (`--windows none,256,...`: `drafter_window` of `generate()`; none = the whole context, whatever
+the head's config says).
 
 Tokens per target pass do not depend on the machine's speed (the rule is fixed: K every round), so this runs
 beside other work; no time is reported.  Writes `<out>/long_heads.json` and `<out>/long_heads.png`.
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             if label == "shipped" and not folder
             else PEagleDrafter.from_pretrained(folder, target_model=target).eval()
         )
-    windows = [None if w == "none" else int(w) for w in args.windows.split(",")]
+    # "none": the whole context (0), not the head's own `drafter_window` (which None would select)
+    windows = [0 if w == "none" else int(w) for w in args.windows.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     examples = load_examples(args.examples)
     prompts = list(range(args.skip, min(args.skip + args.limit, len(examples))))
