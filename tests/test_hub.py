@@ -90,6 +90,9 @@ def test_model_card_without_hub_target_or_bench(tmp_path):
     head.config.draft_calibration = {"method": "isotonic", "x": [[0.1, 0.9]], "y": [[0.0, 0.8]]}
     card = str(render_model_card(head))
     assert "| default drafting rule (`generate()`) | cost-aware" in card and "isotonic, 1 depth(s)" in card
+    assert "| drafter window |" not in card
+    head.config.drafter_window = 64
+    assert "| drafter window | 64 slots" in str(render_model_card(head))
     with pytest.raises(ValueError, match="no result rows"):
         render_model_card(head, bench={"summary": []})
 

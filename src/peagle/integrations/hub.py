@@ -266,6 +266,10 @@ def _architecture_rows(config: Any) -> str:
                 f"isotonic, {depths} depth(s), fitted on held-out text (`peagle calibrate`)",
             )
         )
+    if getattr(config, "drafter_window", None):
+        rows.append(
+            ("drafter window", f"{config.drafter_window} slots: each round attends over its last ones only")
+        )
     if config.embed_from_target:
         rows.append(("token embeddings", "the target's (not stored; attached at load)"))
     return "\n".join(f"| {a} | {b} |" for a, b in rows)
@@ -280,7 +284,8 @@ vllm serve $base_model --speculative-config '$vllm_spec'
 
 The export keeps this head's settings in its `peagle` block, which peagle reads back and vLLM ignores: vLLM
 takes K from `num_speculative_tokens` above and drafts K tokens every round, so the confidence cut
-(`confidence_threshold`), the calibration map (`draft_calibration`) and cost-aware drafting apply in peagle's
+(`confidence_threshold`), the calibration map (`draft_calibration`), the drafter window (`drafter_window`) and
+cost-aware drafting apply in peagle's
 `generate()` only; K_train and the target's layer count are peagle's checks."""
 _NO_VLLM_SECTION = """vLLM does not serve this head: its EAGLE-3 path has no interface for $family targets (model_type
 `$model_type`), so peagle does not export it to vLLM's layout (the families vLLM serves are listed in peagle's
