@@ -57,10 +57,10 @@ SHAPE_FIELDS = (
     "mlp_bias", "attention_bias",
 )  # fmt: skip
 """Config fields that size a head's weights: fixed by its checkpoint."""
-_FLOAT_FIELDS = {  # field -> (smallest value, whether it may equal it, largest value or None)
-    "rms_norm_eps": (0.0, False, None),
-    "initializer_range": (0.0, True, None),
-    "attention_dropout": (0.0, True, 1.0),
+_FLOAT_FIELDS = {  # field -> `number_problem` bounds
+    "rms_norm_eps": {"low": 0.0, "low_open": True},
+    "initializer_range": {"low": 0.0},
+    "attention_dropout": {"low": 0.0, "high": 1.0, "high_open": True},
 }
 _BOOL_FIELDS = ("norm_before_residual", "embed_from_target")
 _STR_FIELDS = ("target_model_name", "target_model_type")
@@ -91,15 +91,9 @@ def check_field_values(config: Any) -> None:
             bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
             why = " (peagle's bound on K, MAX_SPECULATIVE_TOKENS)" if hi is not None else ""
             problems.append(f"{name} is {value}; expected an integer {bound}{why}")
-    for name, (lo, closed, hi) in _FLOAT_FIELDS.items():
-        value = getattr(config, name, None)
-        if value is None and not hasattr(config, name):
-            continue
-        if not _is_number(value) or not math.isfinite(value):
-            problems.append(f"{name} is {value!r} ({type(value).__name__}); expected a finite number")
-        elif value < lo or (value == lo and not closed) or (hi is not None and value >= hi):
-            low = f"{'>=' if closed else '>'} {lo}"
-            problems.append(f"{name} is {value}; expected a number {low}" + (f" and < {hi}" if hi else ""))
+    for name, bounds in _FLOAT_FIELDS.items():
+        if hasattr(config, name):
+            problems.append(number_problem(name, getattr(config, name), **bounds))
     problems += _rope_problems(getattr(config, "rope_parameters", None))
     for name in _BOOL_FIELDS:
         value = getattr(config, name, None)
@@ -128,8 +122,49 @@ def check_field_values(config: Any) -> None:
         check_draft_calibration(config.draft_calibration)
     except ValueError as err:
         problems.append(str(err).rstrip("."))
+    problems = [p for p in problems if p]
     if problems:
         raise ValueError("; ".join(problems) + ".")
+
+
+def refuse_shape_overrides(overrides: Any, where: Any) -> None:
+    """Raise `ValueError` when `overrides` (keywords of a load) set a field of `SHAPE_FIELDS`: the checkpoint's
+    tensors fix those."""
+    shaped = sorted(set(overrides) & set(SHAPE_FIELDS))
+    if shaped:
+        raise ValueError(
+            f"{', '.join(shaped)} cannot be overridden when loading {where}: they size the stored weights. Load the "
+            "head as saved, or build a new one with PEagleConfig(...) / PEagleConfig.for_target(...)."
+        )
+
+
+def number_problem(
+    name: str,
+    value: Any,
+    low: float,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> str | None:
+    """Why `value` of setting `name` is not a finite number in the range from `low` to `high` (None: no upper
+    bound; `low_open` / `high_open` exclude the bound itself), or None.
+
+    >>> number_problem("ttt_decay", -1.0, 0.0, 1.0, low_open=True)
+    'ttt_decay is -1.0; expected a finite number in (0.0, 1.0]'
+    >>> number_problem("rms_norm_eps", 1e-6, 0.0, low_open=True) is None
+    True
+    """
+    ok = _is_number(value) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low)
+    ok = ok and (high is None or (value < high if high_open else value <= high))
+    if ok:
+        return None
+    if high is None:
+        bound = f"{'>' if low_open else '>='} {low}"
+    else:
+        bound = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    return f"{name} is {value!r}; expected a finite number {bound}"
 
 
 def _rope_problems(rope: Any) -> list[str]:
@@ -144,13 +179,10 @@ def _rope_problems(rope: Any) -> list[str]:
     if not isinstance(kind, str) or kind not in ROPE_INIT_FUNCTIONS and kind != "default":
         known = sorted({"default", *ROPE_INIT_FUNCTIONS})
         problems.append(f"rope_parameters.rope_type is {kind!r}; expected one of {known}")
-    theta = rope.get("rope_theta")
-    if theta is not None and (not _is_number(theta) or not math.isfinite(theta) or theta <= 0):
-        problems.append(f"rope_parameters.rope_theta is {theta!r}; expected a positive number")
-    factor = rope.get("factor")
-    if factor is not None and (not _is_number(factor) or not math.isfinite(factor) or factor <= 0):
-        problems.append(f"rope_parameters.factor is {factor!r}; expected a positive number")
-    return problems
+    for key in ("rope_theta", "factor"):
+        if rope.get(key) is not None:
+            problems.append(number_problem(f"rope_parameters.{key}", rope[key], 0.0, low_open=True))
+    return [p for p in problems if p]
 
 
 def check_draft_calibration(calibration: Any) -> None:
@@ -304,13 +336,7 @@ class PEagleConfig(LlamaConfig):
         Keyword overrides (`PEagleDrafter.from_pretrained(folder, confidence_threshold=0.3)`) pass the same checks
         as the file's values; the fields that size the stored weights cannot be overridden (the checkpoint's
         tensors would not fit them)."""
-        shaped = sorted(set(kwargs) & set(SHAPE_FIELDS))
-        if shaped:
-            raise ValueError(
-                f"{', '.join(shaped)} cannot be overridden when loading {pretrained_model_name_or_path}: "
-                "they size the stored weights. Load the head as saved, or build a new one with "
-                "PEagleConfig(...) / PEagleConfig.for_target(...)."
-            )
+        refuse_shape_overrides(kwargs, pretrained_model_name_or_path)
         try:
             loaded = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
             config = loaded[0] if isinstance(loaded, tuple) else loaded

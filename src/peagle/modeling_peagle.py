@@ -45,6 +45,12 @@ from .configuration_peagle import PEagleConfig, check_aux_layer_ids
 _THREAD_STATS = threading.local()
 """Per thread: head -> the statistics of its last `generate()` call on that thread (`last_generation_stats`)."""
 
+
+def _thread_stats() -> weakref.WeakKeyDictionary:
+    """This thread's head -> statistics map (created on first use)."""
+    return _THREAD_STATS.__dict__.setdefault("by_head", weakref.WeakKeyDictionary())
+
+
 CACHE_RENAMED = "cache" in inspect.signature(create_causal_mask).parameters
 """Whether the installed transformers calls the KV cache `cache` (5.24 and later) or `past_key_values`: in forward
 arguments (where the old name still works, with a deprecation warning), `ModelOutput` fields and generate()'s model
@@ -250,11 +256,11 @@ class PEagleDrafter(PEaglePreTrainedModel):
         or None.  Each thread sees its own calls only, so a server that decodes on several threads with one head
         reads each request's own figures; `generate(..., return_dict_in_generate=True)` also returns them with
         the output (`output.peagle_stats`)."""
-        return _THREAD_STATS.__dict__.setdefault("by_head", weakref.WeakKeyDictionary()).get(self)
+        return _thread_stats().get(self)
 
     @last_generation_stats.setter
     def last_generation_stats(self, stats: Any) -> None:
-        _THREAD_STATS.__dict__.setdefault("by_head", weakref.WeakKeyDictionary())[self] = stats
+        _thread_stats()[self] = stats
 
     # ------------------------------------------------------------------ loading, saving and uploading
     # Registration points: this file imports nothing from the rest of peagle, because it ships as remote code

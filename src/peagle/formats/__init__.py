@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, SHAPE_FIELDS, PEagleConfig
+from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, PEagleConfig, refuse_shape_overrides
 from ..modeling_peagle import PEagleDrafter
 from . import eagle3, speculators, vllm
 from . import peagle as native
@@ -213,11 +213,7 @@ def config_overrides(kwargs: Mapping[str, Any], where: str | Path) -> dict[str, 
     which a converted layout applies as peagle's own layout does; the fields that size weights are refused."""
     fields = set(PEagleConfig.__dataclass_fields__) - {"dtype", "torch_dtype"}
     overrides = {k: v for k, v in kwargs.items() if k in fields}
-    shaped = sorted(set(overrides) & set(SHAPE_FIELDS))
-    if shaped:
-        raise ValueError(
-            f"{', '.join(shaped)} cannot be overridden when loading {where}: they size the stored weights."
-        )
+    refuse_shape_overrides(overrides, where)
     return overrides
 
 

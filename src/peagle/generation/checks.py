@@ -264,8 +264,7 @@ def check_decoding_inputs(
         )
     batch = int(input_ids.shape[0])
     check_generation_request(target, head, generation_config, batch_size=batch)
-    if input_ids.shape[1] == 0:
-        raise ValueError("generate() got an empty prompt (input_ids of length 0); give at least one token.")
+    _check_prompt_rows(input_ids, model_kwargs.get("attention_mask"))
     if streamer is not None and batch > 1:
         raise ValueError(
             f"streamer supports a single sequence; got a batch of {batch} prompts (as in transformers). Drop the "

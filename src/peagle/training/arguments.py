@@ -10,7 +10,6 @@ both apply them).  Head sizes left None follow the size rule (`peagle.sizing`, `
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from ..configuration_peagle import MAX_SPECULATIVE_TOKENS
+from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, number_problem
 from .losses import LOSS_TYPES
 
 RECIPE_DEFAULTS: dict[str, Any] = {
@@ -48,14 +47,9 @@ def _not_a_file(owner: Any, name: str) -> None:
 
 def _in_range(owner: Any, name: str, low: float, high: float | None, low_open: bool = False) -> None:
     """Refuse `owner.<name>` unless it is a finite number in [low, high] ((low, high] with `low_open`)."""
-    value = getattr(owner, name)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        bound = f"{'(' if low_open else '['}{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(
-            f"{name} is {value!r}; expected a finite number {'in ' if high is not None else ''}{bound}."
-        )
+    problem = number_problem(name, getattr(owner, name), low, high, low_open=low_open)
+    if problem:
+        raise ValueError(problem + ".")
 
 
 def parse_lr_scales(entries: list[str] | tuple[str, ...]) -> list[tuple[re.Pattern, float]]:

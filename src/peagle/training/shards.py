@@ -109,10 +109,12 @@ def check_token_ids(examples: Sequence[dict[str, Any]], vocab_size: int, source:
     """Raise `ValueError` naming `source` (a file or folder), the row and the id when an example holds a token id
     outside the target's vocabulary `[0, vocab_size)`."""
     for i, ex in enumerate(examples):
-        ids = ex["input_ids"]
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
+        ids = torch.as_tensor(ex["input_ids"])
+        if not ids.numel():
+            continue
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = high if high >= vocab_size else low
             raise ValueError(
                 f"{source}, example {i} (0-based row): token id {bad} is outside the target's vocabulary "
                 f"[0, {vocab_size}). Were these examples made with another target's tokenizer?"
