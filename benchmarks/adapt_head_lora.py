@@ -3,7 +3,7 @@
 The default head was trained on English chat and Python standard-library code prompts.  This script
 
 1. writes French prompts (instruction templates x topics; the held-out topics are never trained on),
-2. lets the target answer them itself (`peagle.training.distill.self_distill`, greedy, with a French system prompt),
+2. lets the target answer them itself (`peagle.data.distill.self_distill`, greedy, with a French system prompt),
    plus a few English prompts of the head's original domain (`--replay-prompts`, against forgetting),
 3. trains a LoRA adapter on the frozen head with `PEagleTrainer` (`peagle.integrations.peft.lora_for_training`),
 4. merges it (`peagle.integrations.peft.merge_lora`) and measures, before and after, on held-out French prompts AND on
@@ -40,14 +40,14 @@ from pathlib import Path
 
 import torch
 
+from peagle.data.distill import self_distill
+from peagle.data.prompts import chat_prompt_ids, check_not_evaluation, templated_chat_prompts
+from peagle.data.shards import save_examples
 from peagle.evaluation.timing import timed_generate
 from peagle.integrations.peft import head_vocab_coverage, lora_config, lora_for_training, merge_lora
 from peagle.modeling_peagle import PEagleDrafter
 from peagle.targets import default_drafter_path, load_default_target
-from peagle.training.distill import self_distill
-from peagle.training.prompts import chat_prompt_ids, check_not_evaluation, templated_chat_prompts
 from peagle.training.recipe import format_summary, train_head, training_arguments
-from peagle.training.shards import save_examples
 
 FRENCH_SYSTEM = "Tu es un assistant utile. Réponds toujours en français."
 
@@ -113,7 +113,7 @@ def french_prompts(seed: int) -> tuple[list[str], list[str]]:
 
 def english_replay_prompts(count: int, seed: int) -> list[str]:
     """`count` prompts of the default head's own domain (its templated chat prompts,
-    `peagle.training.prompts.templated_chat_prompts`), mixed into training so the head keeps its English
+    `peagle.data.prompts.templated_chat_prompts`), mixed into training so the head keeps its English
     acceptance; disjoint from `ENGLISH_HELDOUT`."""
     prompts = templated_chat_prompts()
     random.Random(seed).shuffle(prompts)

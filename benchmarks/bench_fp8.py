@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicCache
 
 import peagle
 from peagle import fp8
-from peagle.evaluation.evalsets import chat_prompt_tensor, load_humaneval, load_mtbench
+from peagle.data.evalsets import chat_prompt_tensor, load_humaneval, load_mtbench
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.targets import default_drafter_path, load_default_target
 

@@ -554,9 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench_results/long_context")
     args = ap.parse_args(argv)
 
+    from peagle.data.prompts import check_not_evaluation
+    from peagle.data.shards import load_examples
     from peagle.targets import default_drafter_path, load_default_drafter, load_default_target
-    from peagle.training.prompts import check_not_evaluation
-    from peagle.training.shards import load_examples
 
     if args.threads:
         torch.set_num_threads(args.threads)

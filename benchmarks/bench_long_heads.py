@@ -37,8 +37,8 @@ from peagle.evaluation.timing import machine_description
 
 def document_contexts(tokenizer, folder: str, count: int, length: int) -> list[list[int]]:
     """`count` contexts of up to `length` tokens from the documents of `folder`, each starting at another
-    document (`peagle.training.documents`)."""
-    from peagle.training.documents import document_examples, read_documents
+    document (`peagle.data.documents`)."""
+    from peagle.data.documents import document_examples, read_documents
 
     rows = document_examples(tokenizer, read_documents(folder), [length], count, seed=7, progress=False)
     return [r["input_ids"] for r in rows]
@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench_results/long_heads")
     args = ap.parse_args(argv)
 
+    from peagle.data.prompts import check_not_evaluation
+    from peagle.data.shards import load_examples
     from peagle.targets import load_default_drafter, load_default_target
-    from peagle.training.prompts import check_not_evaluation
-    from peagle.training.shards import load_examples
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from peagle.configuration_peagle import DEFAULT_NUM_HIDDEN_LAYERS, DEFAULT_NUM_PARALLEL_POSITIONS
+from peagle.data.shards import load_examples
 from peagle.evaluation.timing import machine_description
 from peagle.targets import DEFAULT_TARGET_NAME, load_target
 from peagle.training.arguments import PEagleTrainingArguments
 from peagle.training.recipe import build_head, training_arguments
-from peagle.training.shards import load_examples
 from peagle.training.trainer import PEagleTrainer
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>"
@@ -124,7 +124,7 @@ def main() -> None:
     )
     dataset, cache = examples, None
     if args.feature_cache:
-        from peagle.training.features import FeatureCache
+        from peagle.data.features import FeatureCache
 
         t0 = time.perf_counter()
         dataset = FeatureCache.build(

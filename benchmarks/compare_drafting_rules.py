@@ -30,13 +30,13 @@ import torch
 from tqdm.auto import tqdm
 
 from peagle import PEagleDrafter
-from peagle.evaluation.evalsets import chat_prompt_tensor
+from peagle.data.evalsets import chat_prompt_tensor
+from peagle.data.prompts import check_not_evaluation
+from peagle.data.shards import load_examples
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import PEagleGenerationStats
 from peagle.generation.calibration import prompts_of_examples
 from peagle.targets import default_drafter_path, load_default_target
-from peagle.training.prompts import check_not_evaluation
-from peagle.training.shards import load_examples
 
 CHAT_PROMPTS = (
     "How do I make a good first impression at a new job?",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def _rows(tokenizer, count: int):
-    from peagle.evaluation.evalsets import EVAL_SETS, chat_prompt_tensor
+    from peagle.data.evalsets import EVAL_SETS, chat_prompt_tensor
 
     texts = [t for pair in zip(EVAL_SETS["mtbench"](count), EVAL_SETS["humaneval"](count)) for t in pair]
     return [chat_prompt_tensor(tokenizer, t) for t in texts[:count]]

@@ -26,10 +26,10 @@ import torch
 import transformers
 
 from peagle import PEagleConfig, PEagleDrafter
+from peagle.data.shards import load_examples
+from peagle.data.vocab import choose_draft_vocab_size, draft_vocab_coverage
 from peagle.modeling_peagle import cache_kwarg
 from peagle.sizing import plan_head, round_cost
-from peagle.training.shards import load_examples
-from peagle.training.vocab import choose_draft_vocab_size, draft_vocab_coverage
 
 SIZES = [1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768]
 REPEATS = 3

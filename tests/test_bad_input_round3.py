@@ -252,7 +252,7 @@ def test_more_partitions_than_anchors_train_like_one(tmp_path):
 
 
 def test_token_ids_outside_the_vocabulary_name_the_file_and_row():
-    from peagle.training.shards import check_token_ids
+    from peagle.data.shards import check_token_ids
 
     rows = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 500]}]
     with pytest.raises(ValueError, match=r"--examples data.jsonl, example 1 \(0-based row\): token id 500"):

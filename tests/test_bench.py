@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from helpers import make_head, make_target
+from peagle.data.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
 from peagle.evaluation.bench import format_table, run_benchmark, summarize, write_results
-from peagle.evaluation.evalsets import is_evaluation_prompt, load_humaneval, load_mtbench
 from peagle.evaluation.timing import timed_generate
 
 

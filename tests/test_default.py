@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import peagle
-from peagle.evaluation.evalsets import chat_prompt_tensor
+from peagle.data.evalsets import chat_prompt_tensor
 from peagle.evaluation.timing import timed_generate
 from peagle.targets import cache_dir, default_drafter_path, default_target_path
 
@@ -76,7 +76,7 @@ def test_shipped_heads_decode_batches_losslessly(target_and_tokenizer, kind):
     """Real prompts of very different lengths, left-padded, at B = 3 and 8 (all K drafts verified, so rows
     accept different numbers each round): row for row plain batched greedy's output, and at B = 8 also with
     default settings."""
-    from peagle.evaluation.evalsets import EVAL_SETS
+    from peagle.data.evalsets import EVAL_SETS
 
     target, tok = target_and_tokenizer
     head = peagle.load_default_drafter(target, kind=kind)
@@ -160,8 +160,8 @@ def test_shipped_head_windows_its_drafter_after_a_long_context(target_and_tokeni
     """The shipped P-EAGLE head was trained on conversations of a few hundred tokens: after ~2K tokens of other
     held-out conversations its config's 256-slot drafter window drafts further than attending over the whole
     context (docs/training.md section 8.8), and both outputs are plain greedy's."""
+    from peagle.data.shards import load_examples
     from peagle.evaluation.long_inputs import build_input
-    from peagle.training.shards import load_examples
 
     target, tok = target_and_tokenizer
     head = peagle.load_default_drafter(target)

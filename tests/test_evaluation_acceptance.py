@@ -11,6 +11,7 @@ import torch
 from helpers import make_args, make_head
 from peagle.evaluation import acceptance as eval_acceptance
 from peagle.evaluation.acceptance import heldout_spec, pool_results, pooled_summary, summarise
+from peagle.evaluation.teacher_forced import evaluate_acceptance
 from peagle.generation import PEagleGenerationStats
 from peagle.training import save_examples
 
@@ -141,7 +142,7 @@ def test_greedy_references_are_what_decoding_reads(tiny_target, tmp_path):
     supervised, one shard per set), and the decoding walk over those references counts the new tokens and target
     passes that decoding with a head reports on the same prompts; the stored responses, which are longer and
     differ from the target's greedy continuation, count otherwise."""
-    from peagle.training.shards import read_manifest, read_shards
+    from peagle.data.shards import read_manifest, read_shards
     from peagle.training.trainer import PEagleTrainer
 
     torch.manual_seed(3)
@@ -188,12 +189,12 @@ def test_greedy_references_are_what_decoding_reads(tiny_target, tmp_path):
         assert ref["input_ids"] == plain[0].tolist()
         assert ref["loss_mask"] == [0] * len(prompt) + [1] * (plain.shape[1] - len(prompt))
 
-    walk = trainer.evaluate_acceptance(refs, num_speculative_tokens=3, progress=False, max_new_tokens=12)
+    walk = evaluate_acceptance(trainer, refs, num_speculative_tokens=3, progress=False, max_new_tokens=12)
     assert (walk["decoded_tokens"], walk["decoded_target_passes"]) == (
         decoded["new_tokens"],
         decoded["target_passes"],
     )
-    stored = trainer.evaluate_acceptance(
-        examples, num_speculative_tokens=3, progress=False, max_new_tokens=12
+    stored = evaluate_acceptance(
+        trainer, examples, num_speculative_tokens=3, progress=False, max_new_tokens=12
     )
     assert stored["decoded_tokens_per_target_pass"] != walk["decoded_tokens_per_target_pass"]

@@ -1,5 +1,6 @@
-"""No import circle among peagle's modules, lazy imports inside functions included; the configuration imports
-nothing from peagle (it ships as Hub remote code); nothing imports `peagle.cli`."""
+"""No import circle among peagle's modules, nor among its packages, lazy imports inside functions included; the
+configuration imports nothing from peagle (it ships as Hub remote code); nothing imports `peagle.cli`; data flows one
+way: data -> generation -> training -> evaluation."""
 
 from __future__ import annotations
 
@@ -86,12 +87,58 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_the_graph_sees_lazy_imports():
     graph = import_graph()
     assert "peagle.sizing" in graph["peagle.training.recipe"]  # imported inside build_head only
-    assert "peagle.training.shards" in graph["peagle.training.packing"]
+    assert "peagle.data.shards" in graph["peagle.data.packing"]
 
 
 def test_no_import_circle():
     new = [sorted(c) for c in circles(import_graph()) if c not in KNOWN_CIRCLES]
     assert not new, f"import circles: {new}"
+
+
+def package_of(module: str) -> str:
+    """The unit of the package graph: `peagle.<package>` for a module inside a sub-package, the module itself for
+    peagle's top-level modules (`peagle.modeling_peagle`, ...); `peagle` itself for its `__init__`."""
+    parts = module.split(".")
+    name = ".".join(parts[:2])
+    return name if (SRC / parts[1]).is_dir() or len(parts) > 2 else module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        if module == "peagle":  # the package's own __init__ re-exports everything: not a layer
+            continue
+        source = package_of(module)
+        packages.setdefault(source, set())
+        packages[source] |= {package_of(d) for d in deps if d != "peagle" and package_of(d) != source}
+    return packages
+
+
+def test_no_package_circle():
+    """Packages import each other one way only: generation, training and evaluation never import in a circle (they
+    share `peagle.data` instead), and no package reaches back into one that imports it."""
+    found = [sorted(c) for c in circles(package_graph(import_graph()))]
+    assert not found, f"package circles: {found}"
+
+
+def test_package_circles_are_found():
+    graph = {
+        "peagle.a.x": {"peagle.b.y"},
+        "peagle.b.y": set(),
+        "peagle.b.z": {"peagle.a.w"},
+        "peagle.a.w": set(),
+    }
+    assert circles(package_graph(graph)) == [frozenset({"peagle.a", "peagle.b"})]
+
+
+def test_data_flows_one_way():
+    """data imports none of generation, training, evaluation; generation none of training and evaluation; training
+    not evaluation."""
+    graph = package_graph(import_graph())
+    order = ["peagle.data", "peagle.generation", "peagle.training", "peagle.evaluation"]
+    for i, package in enumerate(order):
+        above = set(order[i + 1 :]) & graph[package]
+        assert not above, f"{package} imports {sorted(above)}"
 
 
 def test_circles_are_found():

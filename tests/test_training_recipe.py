@@ -7,7 +7,7 @@ import torch
 
 from helpers import make_head, make_target, tiny_tokenizer
 from peagle import PEagleConfig
-from peagle.evaluation import evalsets
+from peagle.data import evalsets
 from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
 from peagle.training.head_surgery import init_layers_from_target
 from peagle.training.recipe import format_summary

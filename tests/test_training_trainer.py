@@ -13,6 +13,7 @@ from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from helpers import greedy, make_args, make_head, make_target, random_examples, rel_diff, tiny_target_config
+from peagle.evaluation.teacher_forced import evaluate_acceptance
 from peagle.training import (
     FeatureCache,
     PEagleDataCollator,
@@ -443,7 +444,7 @@ def test_feature_cache_picks_a_dtype_the_targets_activations_fit(tmp_path, caplo
         big.get_input_embeddings().weight.mul_(1e7)  # the residual stream carries ~1e5
     data = random_examples(2, seed=11)
     ids = make_head(big).config.eagle_aux_hidden_state_layer_ids
-    with caplog.at_level("WARNING", logger="peagle.training.features"):
+    with caplog.at_level("WARNING", logger="peagle.data.features"):
         cache = FeatureCache.build(big, data, tmp_path / "big", ids, progress=False)
     assert cache.index["dtype"] == "torch.bfloat16" and cache.index["max_abs"] > 65504
     assert "beyond float16's range; storing them in bfloat16" in caplog.text
@@ -473,7 +474,7 @@ def test_feature_cache_picks_a_dtype_the_targets_activations_fit(tmp_path, caplo
     with pytest.raises(FloatingPointError, match=r"the feature cache .*old holds non-finite target features"):
         trainer.train()
     caplog.clear()
-    with caplog.at_level("WARNING", logger="peagle.training.features"):
+    with caplog.at_level("WARNING", logger="peagle.data.features"):
         rebuilt = FeatureCache.build(target, data, tmp_path / "old", ids, progress=False)
     assert "holds non-finite features" in caplog.text and math.isfinite(rebuilt.index["max_abs"])
 
@@ -590,7 +591,7 @@ def test_denormals_are_flushed_while_training_only(tmp_path, flush):
 def test_teacher_forced_acceptance_equals_drafting_rounds(tmp_path, mode):
     """evaluate_acceptance() measures, in one pass, the drafts that greedy verification accepts in a round started
     at every anchor: the same numbers as drafting each round with `head.draft` from the prefix."""
-    from peagle.training.features import capture_features
+    from peagle.data.features import capture_features
 
     target = make_target()
     torch.manual_seed(0)
@@ -604,7 +605,7 @@ def test_teacher_forced_acceptance_equals_drafting_rounds(tmp_path, mode):
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples)
     trainer.train()
     k = 3
-    measured = trainer.evaluate_acceptance(examples, num_speculative_tokens=k, progress=False)
+    measured = evaluate_acceptance(trainer, examples, num_speculative_tokens=k, progress=False)
 
     head.eval()
     runs = []
@@ -651,8 +652,8 @@ def test_decoding_walk_equals_generate(tmp_path, mode):
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=examples)
     trainer.train()
     k, cap = 3, 18
-    measured = trainer.evaluate_acceptance(
-        examples, num_speculative_tokens=k, progress=False, max_new_tokens=cap
+    measured = evaluate_acceptance(
+        trainer, examples, num_speculative_tokens=k, progress=False, max_new_tokens=cap
     )
 
     head.eval()

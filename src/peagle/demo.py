@@ -30,7 +30,7 @@ def run_demo(
     shipped head, which only fits the default target).  Returns True when every speculative output equals the
     plain greedy output.
     """
-    from .evaluation.evalsets import chat_prompt_tensor
+    from .data.evalsets import chat_prompt_tensor
     from .evaluation.timing import timed_generate
 
     check_demo_settings(num_speculative_tokens, confidence_threshold)

@@ -56,7 +56,7 @@ def target_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def prompts(target) -> list[torch.Tensor]:
-    from peagle.evaluation.evalsets import load_eval_prompts
+    from peagle.data.evalsets import load_eval_prompts
 
     return load_eval_prompts(target[1], ["mtbench"], PROMPTS)["mtbench"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peagle.evaluation import evalsets
+from peagle.data import evalsets
 from peagle.training import VLLMEngine, self_distill, synthesize_prompts, user_turn_template
 
 PROMPTS = [

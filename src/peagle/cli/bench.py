@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..data.evalsets import EVAL_SETS, load_eval_prompts
     from ..evaluation.bench import check_methods, format_table, run_benchmark, write_results
-    from ..evaluation.evalsets import EVAL_SETS, load_eval_prompts
     from ..evaluation.timing import timed_generate
     from ..integrations.vllm.process import VLLM_PYTHON_ENV
     from ..modeling_peagle import PEagleDrafter
@@ -274,8 +274,8 @@ def _with_heldout(args, prompts: dict) -> dict:
     """The evaluation prompts with the held-out examples' prompts (`--examples`, `--skip`, `--limit`) first."""
     if args.examples is None:
         return prompts
+    from ..data.shards import load_examples
     from ..generation.calibration import prompts_of_examples
-    from ..training.shards import load_examples
 
     held = prompts_of_examples(load_examples(args.examples))[args.skip :]
     return {"heldout": held[: args.limit] if args.limit else held, **prompts}

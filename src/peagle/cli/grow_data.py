@@ -8,7 +8,7 @@ from ._common import dataclass_from_args, dataclass_parent
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from ..training.growth import GrowDataArguments
+    from ..data.growth import GrowDataArguments
 
     return sub.add_parser(
         "grow-data",
@@ -18,7 +18,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.growth import GrowDataArguments, grow_data
+    from ..data.growth import GrowDataArguments, grow_data
 
     grow_data(dataclass_from_args(GrowDataArguments, args))
     return 0

@@ -26,9 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..data.packing import pack
+    from ..data.shards import MANIFEST, read_manifest
     from ..targets import DEFAULT_TARGET_NAME
-    from ..training.packing import pack
-    from ..training.shards import MANIFEST, read_manifest
 
     entries = pack(
         args.rows,

@@ -106,9 +106,9 @@ def show_sizing_log() -> None:
 def load_data(data):
     """Prompts, ready examples and chat template, checked before the target model loads; then the target."""
 
+    from ..data.prompts import check_chat_template, load_prompts
+    from ..data.shards import load_examples
     from ..targets import load_target_tokenizer
-    from ..training.prompts import check_chat_template, load_prompts
-    from ..training.shards import load_examples
 
     spec = "default" if _is_default(data.target) else data.target
     prompts = [p for path in data.prompts for p in load_prompts(path, limit=data.limit)]
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     device = "cpu" if training.use_cpu else "cuda"
     target, tokenizer = load_target(spec, dtype=getattr(torch, data.dtype), device=device)
     if examples is not None:
-        from ..training.shards import check_token_ids
+        from ..data.shards import check_token_ids
 
         check_token_ids(
             examples, int(target.config.get_text_config().vocab_size), f"--examples {data.examples}"

@@ -33,11 +33,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ..configuration_peagle import DEFAULT_NUM_SPECULATIVE_TOKENS
+from ..data.shards import load_examples
 from ..generation import PEagleGenerationStats
 from ..generation.calibration import prompts_of_examples
 from ..modeling_peagle import PEagleDrafter
 from ..runtime import DTYPE_CHOICES
-from ..training.shards import load_examples
+from .teacher_forced import evaluate_acceptance
 from .timing import timed_generate
 
 
@@ -156,8 +157,8 @@ def write_greedy(target, args) -> None:
     Held-out responses were generated in bfloat16 and longer; decoding runs this target in its own dtype, and where
     the two greedy continuations part, the walk over the stored response reads other text than decoding does.
     Over these references the walk reads decoding's own text."""
-    from ..training.distill import example_of
-    from ..training.shards import write_shard
+    from ..data.distill import example_of
+    from ..data.shards import write_shard
 
     for spec, (where, prompts) in prompt_sets(args).items():
         examples = [
@@ -264,8 +265,8 @@ def report(results: dict, k: int) -> None:
 def teacher_forced(target, args) -> dict:
     import tempfile
 
+    from ..data.features import FeatureCache
     from ..training.arguments import PEagleTrainingArguments
-    from ..training.features import FeatureCache
     from ..training.trainer import PEagleTrainer
 
     examples = load_examples(args.examples)[args.skip : args.skip + args.limit]
@@ -286,8 +287,8 @@ def teacher_forced(target, args) -> dict:
                 output_dir=tmp, per_device_eval_batch_size=4, report_to="none", disable_tqdm=True
             )
             trainer = PEagleTrainer(model=head, target_model=target, args=targs)
-            result = trainer.evaluate_acceptance(
-                cache, args.num_speculative_tokens, max_new_tokens=args.max_new_tokens
+            result = evaluate_acceptance(
+                trainer, cache, args.num_speculative_tokens, max_new_tokens=args.max_new_tokens
             )
         summary = Path(folder) / "train_summary.json"
         if summary.exists():

@@ -1,5 +1,5 @@
 """The decoding walk: what greedy decoding with K drafts every round yields through one example, from which drafts
-are correct at each anchor (counted teacher-forced in one pass by `PEagleTrainer.evaluate_acceptance`)."""
+are correct at each anchor (counted teacher-forced in one pass by `teacher_forced.evaluate_acceptance`)."""
 
 from __future__ import annotations
 

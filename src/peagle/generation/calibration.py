@@ -200,9 +200,9 @@ def calibrate_head_folder(
     import json
     from pathlib import Path
 
+    from ..data.shards import load_examples
     from ..modeling_peagle import PEagleDrafter
     from ..targets import load_target
-    from ..training.shards import load_examples
 
     rows = load_examples(examples)[skip : skip + limit]
     prompts = prompts_of_examples(rows)

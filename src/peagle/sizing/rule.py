@@ -17,7 +17,7 @@ module is the two rules `for_target` applies:
   the head `DEFAULT_LAYERS` (2) layers if the budgets then still afford that vocabulary, else 1 (with the
   floor kept even when one layer and the floor exceed the round budget: narrow or wide-and-shallow targets).  The draft
   vocabulary may then fill what the budgets leave, in steps of `VOCAB_STEP`, up to `min(V, VOCAB_CAP)` (EAGLE-3
-  heads use 32k); with training data `peagle.training.vocab.choose_draft_vocab_size` picks the smallest size in
+  heads use 32k); with training data `peagle.data.vocab.choose_draft_vocab_size` picks the smallest size in
   that range covering `VOCAB_COVERAGE`.
 
 Importing this module is cheap: torch and transformers are imported inside the functions that need them.
@@ -252,7 +252,7 @@ def plan_head(
         target: the target model or its config.
         overrides: `PEagleConfig` fields kept as given (and reported when the head then exceeds a budget); the
             others follow the rule.
-        needed_vocab: the draft vocabulary the training data needs (`peagle.training.vocab.coverage_vocab_size`:
+        needed_vocab: the draft vocabulary the training data needs (`peagle.data.vocab.coverage_vocab_size`:
             the smallest covering `VOCAB_COVERAGE` of its response tokens); None: `min(V, VOCAB_FLOOR)`.  The
             rule drops a layer rather than the vocabulary below this (or below the floor).
 

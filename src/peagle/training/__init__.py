@@ -5,14 +5,12 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
 - the method's pure functions: `cod` ([`cod_sample`], conditional drop), `masks` ([`peagle_attention_mask`] /
   [`peagle_block_mask`], the attention rule), `partition` ([`partition_plan`], Algorithm 1, earlier
   segments read as keys and values: `prefix`), `memory` ([`choose_num_segments`]: S from a byte budget), `losses`, `plan` ([`plan_example`]: the elements of one example and the drafter inputs);
-- data: `prompts` (chat formatting, prompt files and offline prompt sets, the MT-Bench/HumanEval guard),
-  `distill` ([`self_distill`], Magpie [`synthesize_prompts`]), `shards` (examples on disk: JSON lines and
-  token-id shards with a manifest), `vocab` ([`select_draft_vocab`], [`choose_draft_vocab_size`]), `features` (collator, [`FeatureCache`]);
+- the data it trains on lives in `peagle.data` (prompts, self-distillation, shards, vocabulary, features); its public
+  names are re-exported here, so `from peagle.training import self_distill` keeps working;
 - settings: `arguments` ([`PEagleTrainingArguments`], [`DataArguments`], [`HeadArguments`], [`LoraArguments`]);
 - training: `trainer` ([`PEagleTrainer`]); `optimizer` (trainable parameters, learning-rate groups); `callbacks`; `head_surgery` ([`grow_draft_vocab`] /
   [`resize_draft_vocab`]: a trained head with another draft vocabulary, [`grow_layers`]: one with more decoder
   layers); `recipe` ([`training_arguments`], [`build_head`], [`train_head`], which `peagle train` calls);
-- data tools behind `peagle grow-data` (`growth`) and `peagle pack` (`packing`).
 
 Example:
 
@@ -38,7 +36,7 @@ _EXPORTS = {
     "partition": ["Segment", "partition_boundaries", "partition_plan"],
     "memory": ["StepMemoryModel", "choose_num_segments", "parse_bytes"],
     "losses": ["distillation_loss", "target_draft_logits"],
-    "prompts": [
+    "..data.prompts": [
         "chat_prompt_ids",
         "user_turn_template",
         "check_not_evaluation",
@@ -48,11 +46,11 @@ _EXPORTS = {
         "stdlib_stub_prompts",
         "default_prompt_set",
     ],
-    "distill": ["generate_responses", "self_distill", "synthesize_prompts"],
-    "vllm_engine": ["VLLMEngine"],
-    "features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
-    "vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
-    "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
+    "..data.distill": ["generate_responses", "self_distill", "synthesize_prompts"],
+    "..data.vllm_engine": ["VLLMEngine"],
+    "..data.features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
+    "..data.vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
+    "..data.shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
     "plan": ["ExamplePlan", "plan_example", "parallel_drafter_inputs"],
     "arguments": ["PEagleTrainingArguments", "DataArguments", "HeadArguments", "LoraArguments"],
     "trainer": ["PEagleTrainer"],
@@ -62,17 +60,9 @@ _EXPORTS = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime imports are lazy
-    from .arguments import DataArguments, HeadArguments, LoraArguments, PEagleTrainingArguments  # noqa: F401
-    from .cod import cod_counts, cod_sample  # noqa: F401
-    from .distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
-    from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
-    from .head_surgery import grow_draft_vocab, grow_layers, resize_draft_vocab  # noqa: F401
-    from .losses import distillation_loss, target_draft_logits  # noqa: F401
-    from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
-    from .memory import StepMemoryModel, choose_num_segments, parse_bytes  # noqa: F401
-    from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
-    from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
-    from .prompts import (  # noqa: F401
+    from ..data.distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
+    from ..data.features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
+    from ..data.prompts import (  # noqa: F401
         chat_prompt_ids,
         check_not_evaluation,
         default_prompt_set,
@@ -82,17 +72,26 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
         stdlib_stub_prompts,
         user_turn_template,
     )
+    from ..data.shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
+    from ..data.vllm_engine import VLLMEngine  # noqa: F401
+    from ..data.vocab import choose_draft_vocab_size, draft_vocab_coverage, select_draft_vocab  # noqa: F401
+    from .arguments import DataArguments, HeadArguments, LoraArguments, PEagleTrainingArguments  # noqa: F401
+    from .cod import cod_counts, cod_sample  # noqa: F401
+    from .head_surgery import grow_draft_vocab, grow_layers, resize_draft_vocab  # noqa: F401
+    from .losses import distillation_loss, target_draft_logits  # noqa: F401
+    from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
+    from .memory import StepMemoryModel, choose_num_segments, parse_bytes  # noqa: F401
+    from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
+    from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
     from .recipe import build_head, end_distributed, train_head, training_arguments  # noqa: F401
-    from .shards import load_examples, read_shards, save_examples, write_shard  # noqa: F401
     from .trainer import PEagleTrainer  # noqa: F401
-    from .vllm_engine import VLLMEngine  # noqa: F401
-    from .vocab import choose_draft_vocab_size, draft_vocab_coverage, select_draft_vocab  # noqa: F401
 
 
 def __getattr__(name: str):
     """Import the submodule of a public name on first use (keeps `peagle train --help` and `import peagle` light)."""
     if name in _WHERE:
-        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        module = _WHERE[name]
+        value = getattr(importlib.import_module(module if module[0] == "." else f".{module}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

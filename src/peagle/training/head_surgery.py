@@ -40,7 +40,7 @@ def grow_draft_vocab(
     (docs/training.md, section 3).
     """
 
-    from .vocab import select_draft_vocab, token_counts
+    from ..data.vocab import select_draft_vocab, token_counts
 
     vocab_size = head.config.vocab_size
     own = head.draft_vocab_ids.cpu()

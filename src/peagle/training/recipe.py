@@ -96,10 +96,10 @@ def build_head(
     import torch
 
     from ..configuration_peagle import PEagleConfig
+    from ..data.vocab import coverage_vocab_size, select_draft_vocab
     from ..modeling_peagle import PEagleDrafter
     from ..sizing import plan_head
     from .head_surgery import eos_ids, init_layers_from_target, init_lm_head_from_target
-    from .vocab import coverage_vocab_size, select_draft_vocab
 
     for name, value in (("lm_head_init", lm_head_init), ("layers_init", layers_init)):
         if value not in ("target", "random"):
@@ -237,7 +237,7 @@ def train_head(
             greedy `generate()` rounds, with its held-out calibration error in `report` (0: no calibration; run
             `peagle calibrate` later; `"auto"`: min(32, 10% of the examples), none below 40 examples).
         documents: a folder of text files (or `"stdlib"`, the Python standard library's sources) whose text is added
-            as long teacher-forced examples ([`peagle.training.documents`]): `document_examples_per_length` of each
+            as long teacher-forced examples ([`peagle.data.documents`]): `document_examples_per_length` of each
             length from 2K tokens doubling up to the training `max_length` (and the target's position range),
             every token supervised by the target's own distribution.  Raise `max_length` (with
             `partition_memory_budget`) to train at 4K or 8K tokens.
@@ -281,7 +281,7 @@ def train_head(
             progress=progress,
         )
         if args.should_save:
-            from .shards import save_examples
+            from ..data.shards import save_examples
 
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
     else:
@@ -320,7 +320,7 @@ def check_prompts(
     tokenizer, prompts, num_magpie_prompts: int, num_code_prompts: int, plain_prompts: bool
 ) -> None:
     """Text and Magpie prompts need a chat template (or `plain_prompts`): checked before anything is generated."""
-    from .prompts import check_chat_template, is_token_ids
+    from ..data.prompts import check_chat_template, is_token_ids
 
     text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
     if num_magpie_prompts or text_prompts:
@@ -358,8 +358,8 @@ def distill_examples(
     progress: bool,
 ) -> list[dict[str, Any]]:
     """The target answers `prompts` (plus Magpie and standard-library coding prompts) itself: the examples."""
-    from .distill import self_distill, synthesize_prompts
-    from .prompts import stdlib_code_prompts
+    from ..data.distill import self_distill, synthesize_prompts
+    from ..data.prompts import stdlib_code_prompts
 
     prompts = list(prompts)
     if num_magpie_prompts:
@@ -389,7 +389,7 @@ def long_examples(
 ) -> list[dict[str, Any]]:
     """Teacher-forced examples from `documents` at every length the target's range and `args.max_length` allow
     (none, with a warning, where that is under 2K tokens)."""
-    from .documents import default_document_lengths, document_examples, read_documents
+    from ..data.documents import default_document_lengths, document_examples, read_documents
 
     if tokenizer is None:
         raise ValueError("documents need the target's tokenizer to encode their text.")
@@ -408,8 +408,8 @@ def long_examples(
 
 def checked_examples(examples: Sequence[dict[str, Any]], tokenizer) -> list[dict[str, Any]]:
     """Ready examples checked row by row, and (with a tokenizer) their prompts against the evaluation sets."""
-    from .prompts import check_not_evaluation
-    from .shards import check_example
+    from ..data.prompts import check_not_evaluation
+    from ..data.shards import check_example
 
     examples = [check_example(ex, f"train_head examples, row {i}") for i, ex in enumerate(examples)]
     if tokenizer is not None:
@@ -490,7 +490,7 @@ def training_dataset(
     target, examples, head, feature_cache, progress: bool
 ) -> tuple[Any, dict[str, Any] | None]:
     """The examples, or a [`FeatureCache`] of their target features (built or reused) with its description."""
-    from .features import FeatureCache
+    from ..data.features import FeatureCache
 
     if feature_cache is None:
         return examples, None

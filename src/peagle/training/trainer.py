@@ -34,10 +34,10 @@ from transformers.cache_utils import DynamicCache
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
-from ..evaluation.walk import decoding_walk
+from ..data.features import PEagleDataCollator, capture_features
+from ..data.shards import check_token_ids
 from .arguments import PEagleTrainingArguments, parse_lr_scales
 from .callbacks import COUNTS_FILE, TrainingCountsCallback
-from .features import PEagleDataCollator, capture_features
 from .losses import TargetDistribution
 from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
 from .memory import StepMemoryModel, choose_num_segments, parse_bytes
@@ -52,7 +52,6 @@ from .plan import (
     segment_rows,
 )
 from .prefix import PrefixKV
-from .shards import check_token_ids
 
 logger = logging.get_logger(__name__)
 
@@ -185,7 +184,7 @@ class PEagleTrainer(Trainer):
         self._last_partition_choice: tuple[int, int] | None = None
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
-        self._acceptance_records: list[torch.Tensor] | None = None  # set only inside evaluate_acceptance
+        self._acceptance_records: list[torch.Tensor] | None = None  # set only inside acceptance_records
         self._response_tokens = 0  # response tokens of the micro-batches trained by this process
         self._count_estimated = False  # resumed from a checkpoint that did not record the count
         self._seconds_before = 0.0  # training seconds recorded by the checkpoint this run resumed from
@@ -335,7 +334,7 @@ class PEagleTrainer(Trainer):
         """The target's distribution over the draft vocabulary at the positions segment `s` learns from (the window
         from its first anchor + 1 to its last anchor + K_train), once per segment: the elements that predict the
         same position share it, and a long example never holds its whole `(T, V_draft)` table at once.  Inside
-        [`evaluate_acceptance`] (while `_recording_acceptance()`), it also marks where the target's argmax over its
+        [`acceptance_records`] (while `_recording_acceptance()`), it also marks where the target's argmax over its
         whole vocabulary lies in the draft vocabulary: greedy verification accepts a draft only there."""
         lo = min(p.segments[s].start for p in plans) + 1
         hi = min(last_hidden.shape[1], max(p.segments[s].end for p in plans) + self.num_parallel_positions)
@@ -359,7 +358,7 @@ class PEagleTrainer(Trainer):
         return target
 
     def _recording_acceptance(self) -> bool:
-        """Whether [`evaluate_acceptance`] is running: the loss then also records each element's acceptance."""
+        """Whether [`acceptance_records`] is running: the loss then also records each element's acceptance."""
         return self._acceptance_records is not None
 
     def _loss_from_logits(self, logits, rows: SegmentRows, target: TargetDistribution, weights_by_depth=None):
@@ -697,95 +696,20 @@ class PEagleTrainer(Trainer):
         return int(count)
 
     @torch.no_grad()
-    def evaluate_acceptance(
-        self,
-        eval_dataset=None,
-        num_speculative_tokens: int | None = None,
-        progress: bool = True,
-        max_new_tokens: int | None = None,
-    ) -> dict[str, Any]:
-        """Acceptance of greedy verification on held-out examples, measured teacher-forced in one pass.
-
-        A drafting round that starts after token a proposes depths 0..K-1; greedy verification accepts the
-        leading drafts that equal the target's own greedy tokens. Up to the first miss, a drafter that sees its
-        own drafts (EAGLE-3) sees exactly the reference tokens, and a P-EAGLE drafter never sees them, so the
-        number of accepted drafts is the leading run of correct depths of the training elements of anchor a,
-        computed with every depth kept (no COD) against the target's argmax over its whole vocabulary. Every
-        anchor whose K labels lie in a response counts once: `tokens_per_target_pass` = 1 + mean run, the
-        quantity `generate()` reports, averaged over every possible round start instead of the starts one
-        decoding visits. Easy stretches of a response are crossed in few rounds and hard ones token by token, so
-        this average over anchors reads higher than decoding does; `decoded_tokens_per_target_pass` walks the
-        same grid as greedy decoding with K drafts every round would ([`decoding_walk`]: a round after anchor a
-        moves to anchor a + 1 + run, the prefill counts as a pass) and equals what `generate()` reports when the
-        responses are the target's own greedy continuations, at the cost of the one teacher-forced pass.
-
-        Args:
-            eval_dataset: examples (or a [`FeatureCache`]); default the trainer's `eval_dataset`.
-            num_speculative_tokens: K (default: K_train).
-            max_new_tokens: the decoding walk stops each response after this many tokens, as `generate()` with
-                `max_new_tokens` would (default: the whole response).
-
-        Returns:
-            dict with `tokens_per_target_pass`, `acceptance_by_depth` (share of anchors whose first d + 1 drafts
-            are all accepted), `accuracy_by_depth` (top-1 agreement at each depth on its own), `anchors`, and the
-            decoding walk's `decoded_tokens_per_target_pass`, `decoded_tokens` and `decoded_target_passes`.
-        """
-        from tqdm.auto import tqdm
-
-        k = int(num_speculative_tokens or self.num_parallel_positions)
-        if not 1 <= k <= self.num_parallel_positions:
-            raise ValueError(
-                f"num_speculative_tokens is {k}; expected 1..{self.num_parallel_positions} (K_train)."
-            )
-        model = self.model
-        was_training = model.training
-        model.eval()
-        runs, hits, counts = [], torch.zeros(k), torch.zeros(k)
-        walked_tokens = walked_passes = 0
-        loader = self.get_eval_dataloader(eval_dataset)
+    def acceptance_records(self, batch: dict) -> torch.Tensor:
+        """Run one evaluation batch with every depth kept (no COD) and return one row per supervised element:
+        `(row, anchor, depth, accepted)`, accepted meaning the draft equals the target's argmax over its whole
+        vocabulary (what greedy verification accepts). `peagle.evaluation.teacher_forced` builds on it."""
+        batch = self._prepare_inputs(batch)
+        plans = self.plan_batch(batch, step=0, keep_all=True)
+        self._acceptance_records = []
         try:
-            for batch in tqdm(loader, desc="acceptance", unit="batch", disable=not progress):
-                batch = self._prepare_inputs(batch)
-                plans = self.plan_batch(batch, step=0, keep_all=True)
-                self._acceptance_records = []
-                for _, run in self._segments(model, batch, plans):
-                    run()
-                records = self._acceptance_records
-                elements = torch.cat(records) if records else torch.zeros(0, 4, dtype=torch.long)
-                b_idx, anchor, depth, ok = elements.unbind(1)
-                bsz, length = batch["input_ids"].shape
-                grid = torch.zeros(bsz, length, self.num_parallel_positions)
-                grid[b_idx, anchor, depth] = ok.float()
-                loss_mask = batch["loss_mask"].cpu().bool()
-                labels = torch.arange(length)[:, None] + torch.arange(k)[None] + 2  # x_{a+d+2}
-                inside = labels < length
-                full = torch.zeros(bsz, length, dtype=torch.bool)
-                for b in range(bsz):
-                    full[b] = (loss_mask[b][labels.clamp(max=length - 1)] & inside).all(-1)
-                    made, passes = decoding_walk(grid[b, :, :k].bool(), loss_mask[b], max_new_tokens)
-                    walked_tokens += made
-                    walked_passes += passes
-                chains = grid[..., :k][full]
-                runs.append(chains.cumprod(-1).sum(-1))
-                hits += chains.sum(0)
-                counts += chains.shape[0]
+            for _, run in self._segments(self.model, batch, plans):
+                run()
+            records = self._acceptance_records
         finally:
             self._acceptance_records = None
-            model.train(was_training)
-        runs = torch.cat(runs) if runs else torch.zeros(0)
-        if runs.numel() == 0:
-            raise ValueError(f"no anchor has {k} response tokens after it in the evaluation examples.")
-        leading = [float((runs > d).float().mean()) for d in range(k)]
-        return {
-            "tokens_per_target_pass": 1.0 + float(runs.mean()),
-            "acceptance_by_depth": leading,
-            "accuracy_by_depth": (hits / counts.clamp(min=1)).tolist(),
-            "anchors": int(runs.numel()),
-            "num_speculative_tokens": k,
-            "decoded_tokens_per_target_pass": walked_tokens / walked_passes if walked_passes else 0.0,
-            "decoded_tokens": walked_tokens,
-            "decoded_target_passes": walked_passes,
-        }
+        return torch.cat(records) if records else torch.zeros(0, 4, dtype=torch.long)
 
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)

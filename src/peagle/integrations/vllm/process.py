@@ -3,7 +3,7 @@
 vLLM pins other transformers versions than peagle, so it lives in an environment of its own
 (`tests/interop/peer_env.sh` builds one); peagle runs `runner.py` (beside this module) in that interpreter as a child process.
 The benchmark's vLLM rows (`peagle.evaluation.bench.run_vllm`) and the vLLM engine of self-distillation
-(`peagle.training.vllm_engine`) both start it from here.
+(`peagle.data.vllm_engine`) both start it from here.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ median over `repeats`), `new_tokens` (per prompt), and the speculative counters 
 `num_accepted_tokens`, `accepted_per_pos`.  Requests run one at a time (concurrency 1, like `generate()`), after
 one warm-up request.
 
-With `--serve` it is instead a generation server for self-distillation (`peagle.training.vllm_engine`): the first
+With `--serve` it is instead a generation server for self-distillation (`peagle.data.vllm_engine`): the first
 line of stdin sets up the engine, `{"target": folder, "dtype": "bfloat16", "max_model_len": 2048}`, and it
 answers `READY`; every further line is a batch,
 

@@ -4,7 +4,7 @@
 runs the frozen target once and returns the drafter's inputs (aux features) and the target's last hidden state
 (for the loss); [`FeatureCache`] stores those features as safetensors shards when the same examples are trained on
 for many epochs.  Feature caches are large (~4.6 KB per token for SmolLM2) and stay out of git; the token-id
-data itself lives in [`peagle.training.shards`].
+data itself lives in [`peagle.data.shards`].
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pack self-distilled JSONL rows into compact token-id shards (`peagle.training.shards`), resumably.
+"""Pack self-distilled JSONL rows into compact token-id shards (`peagle.data.shards`), resumably.
 
 Reads rows `{"input_ids", "loss_mask", "source", ...}` (as `peagle grow-data` appends them to
 data/grow/rows.jsonl) and appends one shard per source to the shard folder.  Each shard's manifest entry records

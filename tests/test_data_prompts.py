@@ -8,7 +8,8 @@ import json
 import pytest
 
 from helpers import tiny_tokenizer
-from peagle.evaluation import evalsets
+from peagle.data.prompts import STUB_INSTRUCTIONS
+from peagle.data import evalsets
 from peagle.training import (
     check_not_evaluation,
     default_prompt_set,
@@ -17,7 +18,6 @@ from peagle.training import (
     stdlib_code_prompts,
     stdlib_stub_prompts,
 )
-from peagle.training.prompts import STUB_INSTRUCTIONS
 
 
 # ---------------------------------------------------------------------------------------------------- sources

@@ -42,10 +42,10 @@ def test_collator_says_how_much_max_length_cuts(caplog):
         {"input_ids": list(range(3, 13)), "loss_mask": [1] * 10},
         {"input_ids": [5, 6], "loss_mask": [0, 1]},
     ]
-    with caplog.at_level(logging.WARNING, logger="peagle.training.features"):
+    with caplog.at_level(logging.WARNING, logger="peagle.data.features"):
         PEagleDataCollator(max_length=10)(feats)
     assert not caplog.records  # nothing cut, nothing said
-    with caplog.at_level(logging.WARNING, logger="peagle.training.features"):
+    with caplog.at_level(logging.WARNING, logger="peagle.data.features"):
         PEagleDataCollator(max_length=4)(feats)
     text = caplog.text
     assert "1 of 2 examples" in text and "max_length=4" in text and "6 of their 10 tokens" in text

@@ -7,7 +7,7 @@ import doctest
 import pytest
 import torch
 
-from peagle.training import load_examples, save_examples, select_draft_vocab, vocab
+from peagle.data import load_examples, save_examples, select_draft_vocab, vocab
 
 
 def test_docstring_examples():

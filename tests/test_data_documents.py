@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import make_args, make_target, tiny_tokenizer
-from peagle.training.documents import default_document_lengths, document_examples, read_documents
+from peagle.data.documents import default_document_lengths, document_examples, read_documents
 
 WORDS = ["hello", "you", "are", "a", "helpful", "bot"]
 
@@ -19,7 +19,7 @@ def write_folder(root, files: dict[str, str | bytes]):
 
 
 def test_read_documents_keeps_text_files_in_order_and_skips_the_rest(tmp_path):
-    from peagle.evaluation.evalsets import load_mtbench
+    from peagle.data.evalsets import load_mtbench
 
     folder = write_folder(
         tmp_path,
@@ -67,7 +67,7 @@ def test_default_lengths_follow_the_targets_range():
 
 def test_train_head_adds_document_examples(tmp_path, monkeypatch):
     """`documents=` alone is enough data: the long examples are made at the lengths max_length allows."""
-    import peagle.training.documents as documents
+    import peagle.data.documents as documents
     from peagle.training.recipe import train_head
 
     monkeypatch.setattr(documents, "MIN_DOCUMENT_LENGTH", 32)  # tiny lengths for a tiny target

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers import make_target
-from peagle.training import load_examples, read_shards, save_examples, shards, write_shard
-from peagle.training.shards import parse_cycle_ranges, read_manifest
+from peagle.data.shards import parse_cycle_ranges, read_manifest
+from peagle.data import load_examples, read_shards, save_examples, shards, write_shard
 
 
 def test_docstring_examples():
@@ -247,7 +247,7 @@ def test_parse_cycle_ranges_reads_single_closed_and_open_ranges_and_names_a_bad_
 def test_dataset_folders_lists_the_shard_folders_of_a_dataset(tmp_path):
     """`peagle grow-data` skips and `peagle pack` refuses the cycles of every folder this lists: a held-out set added
     beside `train/` is covered without naming it anywhere."""
-    from peagle.training.shards import dataset_folders
+    from peagle.data.shards import dataset_folders
 
     for name in ("train", "heldout", "heldout-set3"):
         (tmp_path / name).mkdir()

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from helpers import SYSTEM, make_target, tiny_tokenizer
-from peagle.evaluation import evalsets
+from peagle.data import evalsets
 from peagle.training import chat_prompt_ids, self_distill, synthesize_prompts, user_turn_template
-from test_training_prompts import real_eval_prompts
+from test_data_prompts import real_eval_prompts
 
 
 def test_self_distill_batched_equals_one_by_one_and_masks_the_prompt():

@@ -12,7 +12,7 @@ trainer's loss reads the target's logits there), so every token of a document is
 
 Examples carry `source="documents"` and the `length` asked for; they are ready for `peagle train --examples` or
 [`peagle.training.recipe.train_head`]'s `examples`.  Evaluation sets never enter: a document whose text holds an
-MT-Bench or HumanEval prompt is skipped (`peagle.evaluation.evalsets.is_evaluation_prompt`).
+MT-Bench or HumanEval prompt is skipped (`peagle.data.evalsets.is_evaluation_prompt`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ..evaluation import evalsets
+from . import evalsets
 
 logger = logging.get_logger(__name__)
 

@@ -4,11 +4,11 @@ A *prompt* is a user string, a list of chat messages, or token ids already forma
 with the assistant prefix).  Sources here need no model: prompt files ([`load_prompts`]), coding prompts built
 from Python's standard library ([`stdlib_code_prompts`], and stubs to complete: [`stdlib_stub_prompts`]) and
 the default heads' templated set ([`default_prompt_set`]).  Prompts the target writes itself (Magpie) come from
-[`peagle.training.distill.synthesize_prompts`].
+[`peagle.data.distill.synthesize_prompts`].
 
 No source yields MT-Bench or HumanEval prompts: [`check_not_evaluation`] refuses user-given ones with a
 `ValueError` naming the prompt, [`drop_evaluation_prompts`] drops generated ones with a logged count
-(both through `peagle.evaluation.evalsets.is_evaluation_prompt`).
+(both through `peagle.data.evalsets.is_evaluation_prompt`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from ..evaluation import evalsets
+from . import evalsets
 
 logger = logging.get_logger(__name__)
 
