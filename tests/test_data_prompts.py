@@ -8,8 +8,8 @@ import json
 import pytest
 
 from helpers import tiny_tokenizer
-from peagle.data.prompts import STUB_INSTRUCTIONS
 from peagle.data import evalsets
+from peagle.data.prompts import STUB_INSTRUCTIONS
 from peagle.training import (
     check_not_evaluation,
     default_prompt_set,

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers import make_target
-from peagle.data.shards import parse_cycle_ranges, read_manifest
 from peagle.data import load_examples, read_shards, save_examples, shards, write_shard
+from peagle.data.shards import parse_cycle_ranges, read_manifest
 
 
 def test_docstring_examples():
