@@ -24,11 +24,11 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from ..configuration_peagle import PEagleConfig
 from .losses import TargetDistribution
 from .masks import peagle_attention_mask, peagle_block_mask
 from .plan import ExamplePlan, SegmentRows, parallel_drafter_inputs, prefix_rows, segment_rows
@@ -52,7 +52,7 @@ class StepSettings:
             autoregressive unroll runs all its steps but the last in it).
     """
 
-    config: Any
+    config: PEagleConfig
     num_parallel_positions: int
     draft_lm_weight: torch.Tensor
     softcap: float | None
@@ -207,7 +207,7 @@ class PartitionedStep:
             return self._autoregressive(s)
         return self._parallel(s)
 
-    def collect(self, result: SegmentPass, scaler: Any = None) -> None:
+    def collect(self, result: SegmentPass, scaler: torch.amp.GradScaler | None = None) -> None:
         """After the backward pass of `result`: add the gradient its prefix leaves received to the store, for the
         segments before it (divided by the loss scale of `scaler`, a `GradScaler`, when given)."""
         if self.prefix is None or not result.prefix_leaves:
@@ -244,7 +244,9 @@ class PartitionedStep:
         )
         self.prefix.record(view.cache, view.past, rows)
 
-    def _after_forward(self, view: _PrefixView, cache: DynamicCache | None, rows: SegmentRows):
+    def _after_forward(
+        self, view: _PrefixView, cache: DynamicCache | None, rows: SegmentRows
+    ) -> torch.Tensor | None:
         """Store a pass's depth-0 keys and values (in order), or return the surrogate that sends them the gradient
         of later segments (training, in reverse order)."""
         if self.prefix is None:
@@ -302,7 +304,13 @@ class PartitionedStep:
         target.offset = lo
         return target
 
-    def _score(self, logits, rows: SegmentRows, target: TargetDistribution, weights_by_depth=None):
+    def _score(
+        self,
+        logits: torch.Tensor,
+        rows: SegmentRows,
+        target: TargetDistribution,
+        weights_by_depth: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Loss sum and per-depth correct and total counts of the supervised columns of `rows`."""
         sub = rows.supervised[:, rows.width - rows.keep :]
         draft = logits[sub]
@@ -384,7 +392,9 @@ class PartitionedStep:
             loss = step_loss if loss is None else loss + step_loss
         return SegmentPass(loss, correct, total, surrogate, view.leaves)
 
-    def _unroll_hidden(self, rows: SegmentRows, previous) -> dict[str, torch.Tensor]:
+    def _unroll_hidden(
+        self, rows: SegmentRows, previous: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor]:
         """The hidden input of an unroll step: the target's features at the anchors for step 0, else the drafter's
         output hidden state of the same anchor's element one step before (`previous`: that step's hidden states
         and the column of each anchor in it)."""

@@ -377,9 +377,8 @@ class PEagleTrainer(Trainer):
                     result = step.run(s)
                 loss = result.loss * scale
                 self.accelerator.backward(loss if result.surrogate is None else loss + result.surrogate)
-            step.collect(
-                result, scaler
-            )  # the prefix this segment read: its gradient goes to the segments before
+            # the prefix this segment read: its gradient goes to the segments before
+            step.collect(result, scaler)
             total += loss.detach()
             self._record("train", result)
         self._stats["train"]["items"] += sum(p.num_supervised for p in plans)
