@@ -35,6 +35,7 @@ from peagle.evaluation.timing import machine_description
 from peagle.targets import DEFAULT_TARGET_NAME, load_target
 from peagle.training.arguments import PEagleTrainingArguments
 from peagle.training.recipe import build_head, training_arguments
+from peagle.training.step import PartitionedStep
 from peagle.training.trainer import PEagleTrainer
 
 MASK_TOKEN_ID = 16  # SmolLM2's "<empty_output>"
@@ -158,10 +159,12 @@ def main() -> None:
             model=head.attach_target(target), target_model=target, args=targs, train_dataset=dataset
         )
         trainer._features = timers.wrap("target features", trainer._features)
-        trainer._attention = timers.wrap("attention mask", trainer._attention)
-        trainer._prefix_pass = timers.wrap("prefix keys/values (forward, no grad)", trainer._prefix_pass)
-        trainer._loss_from_logits = timers.wrap("loss", trainer._loss_from_logits)
-        trainer._target_distribution = timers.wrap("loss", trainer._target_distribution)
+        PartitionedStep._attention = timers.wrap("attention mask", PartitionedStep._attention)
+        PartitionedStep._prefix_pass = timers.wrap(
+            "prefix keys/values (forward, no grad)", PartitionedStep._prefix_pass
+        )
+        PartitionedStep._score = timers.wrap("loss", PartitionedStep._score)
+        PartitionedStep._target_distribution = timers.wrap("loss", PartitionedStep._target_distribution)
         trainer.accelerator.backward = timers.wrap("backward", trainer.accelerator.backward)
         original_forward = head.forward
         head.forward = timers.wrap("drafter forward", original_forward)

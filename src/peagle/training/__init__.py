@@ -8,7 +8,7 @@ One module per concept (docs/DESIGN.md section 4 describes the method):
 - the data it trains on lives in `peagle.data` (prompts, self-distillation, shards, vocabulary, features); its public
   names are re-exported here, so `from peagle.training import self_distill` keeps working;
 - settings: `arguments` ([`PEagleTrainingArguments`], [`DataArguments`], [`HeadArguments`], [`LoraArguments`]);
-- training: `trainer` ([`PEagleTrainer`]); `optimizer` (trainable parameters, learning-rate groups); `callbacks`; `head_surgery` ([`grow_draft_vocab`] /
+- training: `trainer` ([`PEagleTrainer`]), `step` (its partitioned step per micro-batch); `optimizer` (trainable parameters, learning-rate groups); `callbacks`; `head_surgery` ([`grow_draft_vocab`] /
   [`resize_draft_vocab`]: a trained head with another draft vocabulary, [`grow_layers`]: one with more decoder
   layers); `recipe` ([`training_arguments`], [`build_head`], [`train_head`], which `peagle train` calls);
 

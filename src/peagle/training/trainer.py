@@ -7,8 +7,10 @@ One training step per micro-batch:
    splits them into `sequence_partitions` segments ([`peagle.training.plan`]); the supervised elements of the
    whole accumulated batch across all processes are counted (the loss normaliser);
 2. capture the frozen target's features once (one target forward per micro-batch, or a [`FeatureCache`]);
-3. for each segment: build the drafter inputs of its elements, forward, loss over the draft vocabulary divided
-   by the global count, `accelerator.backward` (under `no_sync` for all but the last segment).
+3. a [`PartitionedStep`] ([`peagle.training.step`]) stores the prefix keys and values, then for each segment (in
+   reverse order) builds the drafter inputs of its elements, forwards them and scores them against the target;
+   the trainer divides each segment's loss by the global count and runs `accelerator.backward` (under `no_sync`
+   for all but the last segment).
 
 Element inputs (docs/DESIGN.md section 4): element ``(a, 0)`` = token ``x_{a+1}``, features ``f_a``, position ``a``,
 label ``x_{a+2}``; element ``(a, d >= 1)`` = parallel slot (mask embedding, ``fc(mask_hidden)``), position
@@ -30,7 +32,6 @@ from typing import Any
 
 import torch
 from transformers import Trainer
-from transformers.cache_utils import DynamicCache
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
@@ -38,20 +39,11 @@ from ..data.features import PEagleDataCollator, capture_features
 from ..data.shards import check_token_ids
 from .arguments import PEagleTrainingArguments, parse_lr_scales
 from .callbacks import COUNTS_FILE, TrainingCountsCallback
-from .losses import TargetDistribution
-from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask
+from .masks import PEagleMaskTemplate
 from .memory import StepMemoryModel, choose_num_segments, parse_bytes
 from .optimizer import freeze_except, split_lr_groups
-from .plan import (
-    ExamplePlan,
-    SegmentRows,
-    cod_seed,
-    parallel_drafter_inputs,
-    plan_example,
-    prefix_rows,
-    segment_rows,
-)
-from .prefix import PrefixKV
+from .plan import ExamplePlan, cod_seed, plan_example
+from .step import AcceptanceRecorder, PartitionedStep, SegmentPass, StepSettings
 
 logger = logging.get_logger(__name__)
 
@@ -184,7 +176,6 @@ class PEagleTrainer(Trainer):
         self._last_partition_choice: tuple[int, int] | None = None
         self._draft_weight: torch.Tensor | None = None
         self._stats = {k: self._zero_stats() for k in ("train", "eval")}
-        self._acceptance_records: list[torch.Tensor] | None = None  # set only inside acceptance_records
         self._response_tokens = 0  # response tokens of the micro-batches trained by this process
         self._count_estimated = False  # resumed from a checkpoint that did not record the count
         self._seconds_before = 0.0  # training seconds recorded by the checkpoint this run resumed from
@@ -308,209 +299,8 @@ class PEagleTrainer(Trainer):
             self._head().config.eagle_aux_hidden_state_layer_ids,
         )
 
-    def _attention(self, rows: SegmentRows, key_rows: list[SegmentRows] | None = None):
-        """Mask of the queries `rows` over the keys (`key_rows` concatenated, the queries last; default the
-        queries themselves): a flex-attention `BlockMask` for flex heads, else a dense `(B, 1, Eq, Ek)` bool."""
-        keys = {}
-        if key_rows is not None:
-            keys = {
-                "key_anchor": torch.cat([r.anchor for r in key_rows], 1),
-                "key_depth": torch.cat([r.depth for r in key_rows], 1),
-                "key_valid": torch.cat([r.valid for r in key_rows], 1),
-            }
-        if self._head().config._attn_implementation == "flex_attention":
-            return peagle_block_mask(
-                rows.anchor,
-                rows.depth,
-                rows.valid,
-                pad_self=True,
-                block_size=self.args.flex_block_size,
-                **keys,
-            )
-        return peagle_attention_mask(rows.anchor, rows.depth, rows.valid, pad_self=True, **keys)[:, None]
-
-    # ----------------------------------------------------------------------------------------- losses
-    def _target_distribution(self, last_hidden: torch.Tensor, plans, s: int) -> TargetDistribution:
-        """The target's distribution over the draft vocabulary at the positions segment `s` learns from (the window
-        from its first anchor + 1 to its last anchor + K_train), once per segment: the elements that predict the
-        same position share it, and a long example never holds its whole `(T, V_draft)` table at once.  Inside
-        [`acceptance_records`] (while `_recording_acceptance()`), it also marks where the target's argmax over its
-        whole vocabulary lies in the draft vocabulary: greedy verification accepts a draft only there."""
-        lo = min(p.segments[s].start for p in plans) + 1
-        hi = min(last_hidden.shape[1], max(p.segments[s].end for p in plans) + self.num_parallel_positions)
-        lo = min(lo, hi)
-        last_hidden = last_hidden[:, lo:hi]
-        softcap = getattr(self.target_model.config, "final_logit_softcapping", None)
-        target = TargetDistribution.from_hidden(
-            last_hidden, self._draft_lm_weight(), softcap, self.args.loss_type
-        )
-        if not target.finite:
-            raise FloatingPointError(
-                f"the target's logits are not finite at global step {self.state.global_step}: the head would "
-                f"learn from NaN/inf ({self.args.loss_type} loss); check the target's dtype and weights."
-            )
-        if self._recording_acceptance():
-            head = self._head()
-            ids = head.draft_vocab_ids
-            lm = self.target_model.get_output_embeddings().weight.detach()
-            target.mark_global_argmax(last_hidden, lm, ids, softcap)
-        target.offset = lo
-        return target
-
-    def _recording_acceptance(self) -> bool:
-        """Whether [`acceptance_records`] is running: the loss then also records each element's acceptance."""
-        return self._acceptance_records is not None
-
-    def _loss_from_logits(self, logits, rows: SegmentRows, target: TargetDistribution, weights_by_depth=None):
-        """Loss sum, per-depth correct and total counts of the supervised columns of `rows`."""
-        sub = rows.supervised[:, rows.width - rows.keep :]
-        draft = logits[sub]
-        depth = rows.depth[:, rows.width - rows.keep :][sub]
-        anchor = rows.anchor[:, rows.width - rows.keep :][sub]
-        batch_idx = sub.nonzero()[:, 0]
-        pos = anchor + depth + 1  # the target's logits at p - 1 predict the label x_p, p = a + d + 2
-        weights = None if weights_by_depth is None else weights_by_depth[depth]
-        loss, correct = target.loss(draft, batch_idx, pos, weights)
-        if self._recording_acceptance():
-            accepted = correct & target.at(target.argmax_is_global, batch_idx, pos)
-            self._acceptance_records.append(torch.stack([batch_idx, anchor, depth, accepted.long()], 1).cpu())
-        k = self.num_parallel_positions
-        stats = (
-            torch.bincount(depth[correct], minlength=k)[:k].detach().cpu(),
-            torch.bincount(depth, minlength=k)[:k].detach().cpu(),
-        )
-        return loss, stats
-
-    def _prefix_cache(self, plans, s: int, prefix: PrefixKV | None, backward: bool, device):
-        """The cache a segment starts from (its prefix's keys and values; gradient leaves when it runs backward), the
-        key rows of that prefix, its length, and the call that collects the leaves' gradient after backward."""
-        if prefix is None:
-            return None, [], 0, None
-        past = max(p.segments[s].start for p in plans)
-        cache, leaves = prefix.cache(past, leaves=backward)
-        collect = functools.partial(prefix.collect, leaves) if leaves else None
-        return cache, [prefix_rows(plans, s, device)], past, collect
-
-    def _prefix_pass(self, model, inputs, plans, aux, s: int, prefix: PrefixKV) -> None:
-        """Forward the depth-0 elements of segment `s` after its prefix, without gradients, and store their keys
-        and values for the segments after it."""
-        ids = inputs["input_ids"]
-        rows = segment_rows(plans, s, depth=0).to(ids.device)
-        if rows.width == 0:
-            return
-        cache, key_rows, past, _ = self._prefix_cache(plans, s, prefix, False, ids.device)
-        model(
-            **parallel_drafter_inputs(
-                ids, aux, rows.anchor, rows.depth, rows.valid, self._head().config.mask_token_id
-            ),
-            attention_mask=self._attention(rows, key_rows + [rows]),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        prefix.record(cache, past, rows)
-
-    def _after_forward(self, prefix, cache, past: int, rows: SegmentRows, backward: bool):
-        """Store a forward pass's depth-0 keys and values (in order), or the surrogate that sends them the gradient
-        of later segments (in reverse order)."""
-        if prefix is None:
-            return None
-        if backward:
-            return prefix.surrogate(cache, past, rows)
-        prefix.record(cache, past, rows)
-        return None
-
-    def _parallel_segment(self, model, inputs, plans, aux, last, s: int, rows: SegmentRows, prefix, backward):
-        ids = inputs["input_ids"]
-        rows = rows.to(ids.device)
-        cache, key_rows, past, collect = self._prefix_cache(plans, s, prefix, backward, ids.device)
-        out = model(
-            **parallel_drafter_inputs(
-                ids, aux, rows.anchor, rows.depth, rows.valid, self._head().config.mask_token_id
-            ),
-            attention_mask=self._attention(rows, key_rows + [rows] if key_rows else None),
-            cache=cache,
-            use_cache=cache is not None,
-            logits_to_keep=max(rows.keep, 1),
-        )
-        surrogate = self._after_forward(prefix, cache, past, rows, backward)
-        if rows.keep == 0:  # keeps DDP's reducer fed when a process has nothing to learn from
-            return out.logits.sum() * 0.0, None, surrogate, collect
-        target = self._target_distribution(last, plans, s)
-        return (*self._loss_from_logits(out.logits, rows, target), surrogate, collect)
-
-    def _autoregressive_segment(
-        self, model, inputs, plans, aux, last, s: int, rows: SegmentRows, prefix, backward
-    ):
-        """EAGLE-3 training-time test over one segment: step d forwards the depth-d elements with a KV cache
-        holding the prefix and steps 0..d-1 (kept in the autograd graph)."""
-        ids = inputs["input_ids"]
-        device = ids.device
-        head = self._head()
-        steps = [segment_rows(plans, s, depth=d) for d in range(self.num_parallel_positions)]
-        steps = [r.to(device) for r in steps if r.width > 0]
-        decay = self.args.ttt_decay ** torch.arange(
-            self.num_parallel_positions, device=device, dtype=torch.float32
-        )
-        cache, key_rows, past, collect = self._prefix_cache(plans, s, prefix, backward, device)
-        if cache is None:
-            cache = DynamicCache(config=head.config)
-        target = self._target_distribution(last, plans, s) if rows.keep > 0 else None
-        loss = surrogate = None
-        correct = torch.zeros(self.num_parallel_positions, dtype=torch.long)
-        total = torch.zeros(self.num_parallel_positions, dtype=torch.long)
-        prev_hidden, lut = None, None
-        for i, rows in enumerate(steps):
-            tok = ids.gather(1, (rows.anchor + rows.depth + 1).clamp(max=ids.shape[1] - 1))
-            kwargs = {}
-            if i == 0:
-                kwargs["target_hidden_states"] = aux.gather(
-                    1, rows.anchor[..., None].expand(-1, -1, aux.shape[-1])
-                )
-            else:
-                src = lut.gather(1, rows.anchor).clamp(min=0)
-                kwargs["projected_hidden_states"] = prev_hidden.gather(
-                    1, src[..., None].expand(-1, -1, prev_hidden.shape[-1])
-                )
-            last_step = i == len(steps) - 1
-            sync = contextlib.nullcontext() if last_step else self.accelerator.no_sync(model)
-            with sync:
-                out = model(
-                    input_ids=tok,
-                    position_ids=rows.anchor + rows.depth,
-                    attention_mask=self._attention(rows, key_rows + steps[: i + 1]),
-                    parallel_mask=torch.zeros_like(rows.valid),
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=max(rows.keep, 1),
-                    **kwargs,
-                )
-            if i == 0:
-                surrogate = self._after_forward(prefix, cache, past, rows, backward)
-            prev_hidden = out.last_hidden_state
-            lut = torch.full((ids.shape[0], ids.shape[1] + 1), -1, dtype=torch.long, device=device)
-            cols = torch.arange(rows.width, device=device).expand_as(rows.anchor)
-            lut.scatter_(1, torch.where(rows.valid, rows.anchor, ids.shape[1]), cols)
-            if rows.keep > 0:
-                step_loss, (c, t) = self._loss_from_logits(out.logits, rows, target, decay)
-                correct += c
-                total += t
-            else:
-                step_loss = out.logits.sum() * 0.0
-            loss = step_loss if loss is None else loss + step_loss
-        return loss, (correct, total), surrogate, collect
-
-    def _segments(self, model, inputs: dict, plans: list[ExamplePlan], backward: bool = False):
-        """Yield `(is_last, run)` per segment pass; `run()` runs it lazily (so the caller can wrap it in `no_sync`)
-        and returns `(loss_sum, stats, surrogate, collect)`.
-
-        Segments run up to the last one with a supervised element.  Without `backward` they run in order, each
-        storing its depth-0 keys and values for the next ([`PrefixKV`]).  With `backward`, one pass without
-        gradients first stores every prefix, then the segments run in reverse order: the caller backpropagates
-        `loss_sum * scale + surrogate` (the surrogate carries the gradient later segments sent to this
-        segment's keys and values), then calls `collect(loss_scale)` (when not None), which adds the gradient of
-        the prefix this segment read to the store.
-        """
+    def _checked_features(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's features of a micro-batch; cached ones must be finite."""
         aux, last = self._features(inputs)
         if "target_hidden_states" in inputs and not bool(
             torch.isfinite(aux).all() and torch.isfinite(last).all()
@@ -521,39 +311,37 @@ class PEagleTrainer(Trainer):
                 f"{self.state.global_step}): its dtype cannot hold this target's activations. Delete it and build it "
                 "again (FeatureCache.build picks bfloat16 when float16 overflows), or train without --feature-cache."
             )
-        num_segments = len(plans[0].segments)
-        rows = [segment_rows(plans, s) for s in range(num_segments)]
-        supervised = [s for s in range(num_segments) if rows[s].keep > 0]
-        run = self._autoregressive_segment if self.autoregressive else self._parallel_segment
-        if (
-            not supervised
-        ):  # nothing supervised on this process: one zero-weight pass over the largest segment
-            s = max(range(num_segments), key=lambda j: rows[j].width)
-            if rows[s].width == 0:
-                raise ValueError(
-                    f"a batch has no training elements: examples need >= 3 tokens, got {[p.length for p in plans]}."
-                )
-            yield True, lambda: run(model, inputs, plans, aux, last, s, rows[s], None, backward)
-            return
-        end = max(supervised) + 1
-        prefix = PrefixKV(self._head().config, max(p.num_anchors for p in plans)) if end > 1 else None
-        # a segment that owns no anchor (more segments than a short example has anchors) has nothing to run
-        order = [s for s in range(end) if rows[s].width > 0]
-        if backward and prefix is not None:
-            with torch.no_grad(), self.compute_loss_context_manager():
-                for s in order[:-1]:
-                    self._prefix_pass(model, inputs, plans, aux, s, prefix)
-            order.reverse()
-        for j, s in enumerate(order):
-            yield (
-                j == len(order) - 1,
-                lambda s=s: run(model, inputs, plans, aux, last, s, rows[s], prefix, backward),
-            )
+        return aux, last
 
-    def _record(self, split: str, stats) -> None:
-        if stats is not None:
-            self._stats[split]["correct"] += stats[0]
-            self._stats[split]["total"] += stats[1]
+    def _partitioned_step(
+        self,
+        model,
+        inputs: dict,
+        plans: list[ExamplePlan],
+        backward: bool = False,
+        acceptance: AcceptanceRecorder | None = None,
+    ) -> PartitionedStep:
+        """The [`PartitionedStep`] of one micro-batch: its segment passes, their prefix store and their order."""
+        settings = StepSettings(
+            config=self._head().config,
+            num_parallel_positions=self.num_parallel_positions,
+            draft_lm_weight=self._draft_lm_weight(),
+            softcap=getattr(self.target_model.config, "final_logit_softcapping", None),
+            loss_type=self.args.loss_type,
+            ttt_decay=self.args.ttt_decay,
+            flex_block_size=self.args.flex_block_size,
+            global_step=self.state.global_step,
+            no_sync=functools.partial(self.accelerator.no_sync, model),
+        )
+        features = self._checked_features(inputs)
+        return PartitionedStep(
+            model, inputs, plans, features, settings, backward=backward, acceptance=acceptance
+        )
+
+    def _record(self, split: str, result: SegmentPass) -> None:
+        if result.correct is not None:
+            self._stats[split]["correct"] += result.correct
+            self._stats[split]["total"] += result.total
 
     # ----------------------------------------------------------------------------------------- Trainer API
     def training_step(
@@ -578,17 +366,21 @@ class PEagleTrainer(Trainer):
         scale = self.accelerator.num_processes / max(denom, 1.0)
         total = torch.zeros((), device=self.args.device)
         scaler = getattr(self.accelerator, "scaler", None)
-        for is_last, run in self._segments(model, inputs, plans, backward=True):
-            sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(model)
+        step = self._partitioned_step(model, inputs, plans, backward=True)
+        with self.compute_loss_context_manager():
+            step.store_prefix()
+        order = step.order
+        for s in order:
+            sync = contextlib.nullcontext() if s == order[-1] else self.accelerator.no_sync(model)
             with sync:
                 with self.compute_loss_context_manager():
-                    loss_sum, stats, surrogate, collect = run()
-                loss = loss_sum * scale
-                self.accelerator.backward(loss if surrogate is None else loss + surrogate)
-            if collect is not None:  # the prefix this segment read: its gradient goes to the segments before
-                collect(float(scaler.get_scale()) if scaler is not None else 1.0)
+                    result = step.run(s)
+                loss = result.loss * scale
+                self.accelerator.backward(loss if result.surrogate is None else loss + result.surrogate)
+            # the prefix this segment read: its gradient goes to the segments before
+            step.collect(result, scaler)
             total += loss.detach()
-            self._record("train", stats)
+            self._record("train", result)
         self._stats["train"]["items"] += sum(p.num_supervised for p in plans)
         self._response_tokens += int(inputs["loss_mask"].sum())
         if not bool(torch.isfinite(total)):
@@ -632,11 +424,12 @@ class PEagleTrainer(Trainer):
         denom = num_items_in_batch if num_items_in_batch is not None else sum(p.num_supervised for p in plans)
         loss = torch.zeros((), device=self.args.device)
         split = "train" if model.training else "eval"
-        for _, run in self._segments(model, inputs, plans):
-            loss_sum, stats, _, _ = run()
-            loss = loss + loss_sum
+        step = self._partitioned_step(model, inputs, plans)
+        for s in step.order:
+            result = step.run(s)
+            loss = loss + result.loss
             if split == "eval":
-                self._record(split, stats)
+                self._record(split, result)
         loss = loss / max(float(denom), 1.0)
         return (loss, None) if return_outputs else loss
 
@@ -702,14 +495,14 @@ class PEagleTrainer(Trainer):
         vocabulary (what greedy verification accepts). `peagle.evaluation.teacher_forced` builds on it."""
         batch = self._prepare_inputs(batch)
         plans = self.plan_batch(batch, step=0, keep_all=True)
-        self._acceptance_records = []
-        try:
-            for _, run in self._segments(self.model, batch, plans):
-                run()
-            records = self._acceptance_records
-        finally:
-            self._acceptance_records = None
-        return torch.cat(records) if records else torch.zeros(0, 4, dtype=torch.long)
+        head = self._head()
+        recorder = AcceptanceRecorder(
+            self.target_model.get_output_embeddings().weight.detach(), head.draft_vocab_ids
+        )
+        step = self._partitioned_step(self.model, batch, plans, acceptance=recorder)
+        for s in step.order:
+            step.run(s)
+        return recorder.records()
 
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
