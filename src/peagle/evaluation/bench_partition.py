@@ -377,7 +377,35 @@ def _arguments(cfg: dict, device, length: int, **chooser):
     )
 
 
+def _memory_mark(device) -> int:
+    """The memory held now (bytes; GPU: allocated, CPU: the RSS), with the peak mark reset to it."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    base = _status_kib("VmRSS") * 1024
+    if not _reset_peak_rss():
+        raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs); CPU memory is not measurable")
+    return base
+
+
+def _memory_peak(device, base: int) -> tuple[int, int]:
+    """`(the peak added above `base`, the whole peak)` in bytes since the last [`_memory_mark`]."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() - base, torch.cuda.max_memory_reserved()
+    total = _status_kib("VmHWM") * 1024
+    return total - base, total
+
+
 def measure_point(cfg: dict, length: int, partitions: int | str) -> dict:
+    """One (length, S) point in this process: a warm-up step (unless `cfg["warmup"]` is false), then
+    `cfg["repeats"]` timed training steps; the row of their median step and planning times, the peak memory the
+    steps add and the whole peak, the elements and the largest pass (S "auto": the S the trainer chose)."""
     import torch
 
     from ..training import PEagleDataCollator, PEagleTrainer
@@ -418,28 +446,13 @@ def measure_point(cfg: dict, length: int, partitions: int | str) -> dict:
 
     if cfg["warmup"]:
         step()  # warm-up (kernel selection, allocator pools, lazy buffers)
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = _status_kib("VmRSS") * 1024
-        if not _reset_peak_rss():
-            raise RuntimeError(
-                "cannot reset the peak RSS (/proc/self/clear_refs); CPU memory is not measurable"
-            )
+    base = _memory_mark(device)
     plan_times, step_times = [], []
     for _ in range(cfg["repeats"]):
         p, s, loss, plan = step()
         plan_times.append(p)
         step_times.append(s)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() - base
-        total = torch.cuda.max_memory_reserved()
-    else:
-        total = _status_kib("VmHWM") * 1024
-        peak = total - base
+    peak, total = _memory_peak(device, base)
     row = {
         "length": length,
         "partitions": partitions,
