@@ -43,7 +43,9 @@ interop: install
 	py="$$(bash tests/interop/peer_env.sh)" && \
 	PEAGLE_VLLM_PYTHON="$$py" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m interop tests/interop
 
+# ruff, and no tracked file over 1 MiB outside heads/ (.ci/check_file_sizes.py)
 lint: install
+	$(BIN)/python .ci/check_file_sizes.py
 	$(BIN)/ruff check src tests benchmarks examples heads/src
 	$(BIN)/ruff format --check src tests benchmarks examples heads/src
 

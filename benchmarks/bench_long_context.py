@@ -58,6 +58,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -201,63 +202,65 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
+@dataclass
+class LongContextSettings:
+    """How every context is measured (the command line's options; see the module docstring): `max_new_tokens` per
+    run, the `separator` ids after each earlier example, K every round (`num_assistant_tokens`; None: the head's
+    default rule), the round timing's `repeats` and `real_slots` (and whether it runs, `timing`), and the
+    `max_position_embeddings` of the target copy used past its trained range (`extend_positions`)."""
+
+    max_new_tokens: int = 64
+    separator: Sequence[int] = ()
+    num_assistant_tokens: int | None = None
+    repeats: int = 5
+    real_slots: int = 3
+    extend_positions: int = 32768
+    timing: bool = True
+
+
 def run_long_context(
     target,
     head,
     examples: Sequence[dict[str, Any]],
     contexts: Sequence[int],
     prompt_indices: Sequence[int],
-    max_new_tokens: int = 64,
-    separator: Sequence[int] = (),
-    num_assistant_tokens: int | None = None,
-    repeats: int = 5,
-    real_slots: int = 3,
-    extend_positions: int = 32768,
-    timing: bool = True,
+    settings: LongContextSettings | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Run both measurements at every context (see the module docstring) and return the JSON-ready results:
     `runs` (one per context and prompt), `timing` (one per context), `summary` (one per context) and `config`."""
+    settings = settings or LongContextSettings()
     trained = int(text_config(target).max_position_embeddings)
-    k = int(num_assistant_tokens or head.config.num_speculative_tokens)
+    k = int(settings.num_assistant_tokens or head.config.num_speculative_tokens)
     gen_kwargs: dict[str, Any] = {}
-    if num_assistant_tokens:
+    if settings.num_assistant_tokens:
         gen_kwargs = {
             "num_assistant_tokens": k,
             "num_assistant_tokens_schedule": "constant",
             "assistant_confidence_threshold": 0.0,
         }
     device = next(target.parameters()).device
+    inputs_at = {
+        c: [build_input(examples, i, c, settings.separator) for i in prompt_indices] for c in contexts
+    }
+    warm = torch.tensor([build_input(examples, prompt_indices[0], 0, settings.separator)[0]], device=device)
+    cost_timing = _warm_up(target, head, warm, [(c, inputs_at[c]) for c in contexts], settings, k, gen_kwargs)
     extended = None
     runs: list[dict[str, Any]] = []
     timings: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
-    # warm-up (and the cost rule's calibration, once) outside the measured runs
-    warm = torch.tensor([build_input(examples, prompt_indices[0], 0, separator)[0]], device=device)
-    timed_generate(target, warm, 4)
-    timed_generate(target, warm, 4, assistant=head, **gen_kwargs)
-    cost_timing: dict[str, float] = {}
-    if (
-        not num_assistant_tokens
-    ):  # the cost rule's context points, timed once per machine (as a first call would)
-        curve = cost_model_for(target, head, max(k, AUTO_TREE_NODES) + 1)
-        for context in contexts:
-            longest = max(len(build_input(examples, i, context, separator)[0]) for i in prompt_indices)
-            cost_timing[str(context)] = extend_to_context(
-                curve, target, head, longest + max_new_tokens, len(curve.verify_seconds)
-            )
     log(format_header())
     for context in contexts:
-        inputs = [build_input(examples, i, context, separator) for i in prompt_indices]
-        needed = max(len(ids) + max_new_tokens + k + 1 for ids, _ in inputs)
+        inputs = inputs_at[context]
+        needed = max(len(ids) + settings.max_new_tokens + k + 1 for ids, _ in inputs)
         past = needed > trained
         model, positions, refused = target, trained, None
-        if past and needed > extend_positions:
-            refused = f"needs {needed} positions; --extend-positions is {extend_positions}"
+        if past and needed > settings.extend_positions:
+            refused = f"needs {needed} positions; --extend-positions is {settings.extend_positions}"
         elif past:
             if extended is None:
-                extended = extended_copy(target, extend_positions)
-            model, positions = extended, extend_positions
+                extended = extended_copy(target, settings.extend_positions)
+            model, positions = extended, settings.extend_positions
         rows = []
         for (ids, info), index in zip(inputs, prompt_indices):
             row: dict[str, Any] = {"context": context, **info, "input_tokens": len(ids)}
@@ -267,42 +270,18 @@ def run_long_context(
                     raise ValueError(refused)
                 # plain first for even prompts, the head first for odd ones: neither run always gets the warmer
                 # or the colder process (a long prefill's time varies from run to run by a fifth here)
-                if len(rows) % 2 == 0:
-                    plain = timed_generate(model, x, max_new_tokens)
-                    run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
-                else:
-                    run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
-                    plain = timed_generate(model, x, max_new_tokens)
-                stats = run.stats
-                row.update(
-                    new_tokens=run.new_tokens,
-                    plain_new_tokens=plain.new_tokens,
-                    identical=run.output == plain.output,
-                    plain_target_passes=plain.target_calls,
-                    target_passes=run.target_calls,
-                    tokens_per_target_pass=stats.tokens_per_target_pass
-                    if stats
-                    else run.tokens_per_target_pass,
-                    plain_seconds=plain.seconds,
-                    seconds=run.seconds,
-                    plain_prefill_seconds=plain.prefill_seconds,
-                    prefill_seconds=run.prefill_seconds,
-                    drafter_seconds=run.drafter_seconds,
-                    stats=stats.to_dict() if stats else None,
-                    output=plain.output,
-                    **({} if run.output == plain.output else {"head_output": run.output}),
-                )
+                row.update(_compare(model, head, x, settings.max_new_tokens, gen_kwargs, len(rows) % 2 == 0))
             except Exception as exc:  # noqa: BLE001 - record any failure (e.g. out of memory) as the row's result
                 row["error"] = _error(exc)
                 log(f"context {context}, prompt {index}: failed: {row['error']}")
             rows.append(row)
         runs += rows
         tim: dict[str, Any] = {"context": context}
-        if timing:
+        if settings.timing:
             try:
                 if refused:
                     raise ValueError(refused)
-                tim.update(time_round(model, head, inputs[0][0], k, real_slots, repeats))
+                tim.update(time_round(model, head, inputs[0][0], k, settings.real_slots, settings.repeats))
             except Exception as exc:  # noqa: BLE001
                 tim["error"] = _error(exc)
                 log(f"context {context}, round timing: failed: {tim['error']}")
@@ -310,24 +289,90 @@ def run_long_context(
         entry = summarize_context(context, rows, tim, past, positions, trained)
         summary.append(entry)
         log(format_row(entry))
+    config = _run_config(head, contexts, prompt_indices, settings, k, trained)
     return {
         "runs": runs,
         "timing": timings,
         "summary": summary,
-        "config": {
-            "contexts": list(contexts),
-            "prompt_examples": list(prompt_indices),
-            "max_new_tokens": max_new_tokens,
-            "separator": list(separator),
-            "drafting_rule": f"K={k} every round" if num_assistant_tokens else "the head's default rule",
-            "k": k,
-            "real_slots": real_slots,
-            "repeats": repeats,
-            "target_max_position_embeddings": trained,
-            "extended_max_position_embeddings": extend_positions,
-            "head_max_position_embeddings": getattr(head.config, "max_position_embeddings", None),
-            "cost_timing_seconds": cost_timing,
-        },
+        "config": {**config, "cost_timing_seconds": cost_timing},
+    }
+
+
+def _warm_up(
+    target,
+    head,
+    warm: torch.Tensor,
+    inputs_at: list[tuple[int, list]],
+    settings: LongContextSettings,
+    k: int,
+    gen_kwargs: dict[str, Any],
+) -> dict[str, float]:
+    """Warm up outside the measured runs (and calibrate the cost rule once); under the default rule, time the
+    curve's context points for every context (`(context, its inputs)`) as a first call at that length would.
+    Returns the seconds spent timing per context."""
+    timed_generate(target, warm, 4)
+    timed_generate(target, warm, 4, assistant=head, **gen_kwargs)
+    cost_timing: dict[str, float] = {}
+    if not settings.num_assistant_tokens:  # the cost rule's context points, timed once per machine
+        curve = cost_model_for(target, head, max(k, AUTO_TREE_NODES) + 1)
+        for context, inputs in inputs_at:
+            longest = max(len(ids) for ids, _ in inputs)
+            cost_timing[str(context)] = extend_to_context(
+                curve, target, head, longest + settings.max_new_tokens, len(curve.verify_seconds)
+            )
+    return cost_timing
+
+
+def _compare(
+    model, head, x: torch.Tensor, max_new_tokens: int, gen_kwargs: dict[str, Any], plain_first: bool
+) -> dict[str, Any]:
+    """One input decoded plainly and with the head (in the order `plain_first` says): the row's measurements."""
+    if plain_first:
+        plain = timed_generate(model, x, max_new_tokens)
+        run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
+    else:
+        run = timed_generate(model, x, max_new_tokens, assistant=head, **gen_kwargs)
+        plain = timed_generate(model, x, max_new_tokens)
+    stats = run.stats
+    return dict(
+        new_tokens=run.new_tokens,
+        plain_new_tokens=plain.new_tokens,
+        identical=run.output == plain.output,
+        plain_target_passes=plain.target_calls,
+        target_passes=run.target_calls,
+        tokens_per_target_pass=stats.tokens_per_target_pass if stats else run.tokens_per_target_pass,
+        plain_seconds=plain.seconds,
+        seconds=run.seconds,
+        plain_prefill_seconds=plain.prefill_seconds,
+        prefill_seconds=run.prefill_seconds,
+        drafter_seconds=run.drafter_seconds,
+        stats=stats.to_dict() if stats else None,
+        output=plain.output,
+        **({} if run.output == plain.output else {"head_output": run.output}),
+    )
+
+
+def _run_config(
+    head,
+    contexts: Sequence[int],
+    prompt_indices: Sequence[int],
+    settings: LongContextSettings,
+    k: int,
+    trained: int,
+) -> dict[str, Any]:
+    """The JSON's `config`: what the run measured with."""
+    return {
+        "contexts": list(contexts),
+        "prompt_examples": list(prompt_indices),
+        "max_new_tokens": settings.max_new_tokens,
+        "separator": list(settings.separator),
+        "drafting_rule": f"K={k} every round" if settings.num_assistant_tokens else "the head's default rule",
+        "k": k,
+        "real_slots": settings.real_slots,
+        "repeats": settings.repeats,
+        "target_max_position_embeddings": trained,
+        "extended_max_position_embeddings": settings.extend_positions,
+        "head_max_position_embeddings": getattr(head.config, "max_position_embeddings", None),
     }
 
 
@@ -582,12 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     check_not_evaluation([prompt_part(examples[j]) for j in used], tokenizer, source="long-context contexts")
     separator = tokenizer("\n", add_special_tokens=False).input_ids
     t0 = time.perf_counter()
-    results = run_long_context(
-        target,
-        head,
-        examples,
-        contexts,
-        indices,
+    settings = LongContextSettings(
         max_new_tokens=args.max_new_tokens,
         separator=separator,
         num_assistant_tokens=args.num_assistant_tokens,
@@ -596,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         extend_positions=args.extend_positions,
         timing=not args.no_timing,
     )
+    results = run_long_context(target, head, examples, contexts, indices, settings)
     results["config"].update(
         examples=args.examples,
         head=str(args.head or default_drafter_path("peagle")),

@@ -24,6 +24,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +46,27 @@ def document_contexts(tokenizer, folder: str, count: int, length: int) -> list[l
     return [r["input_ids"] for r in rows]
 
 
-def run(
-    target, heads, examples, contexts, prompts, windows, k, trees, max_new_tokens, doc_contexts, sep, log
-):
-    runs = []
+@dataclass
+class Variants:
+    """What every input is decoded with, besides plain greedy: each head of `heads` at each drafter window of
+    `windows` (0: the whole context), with K = `k` drafts every round in chains and, when `trees` > 0, in draft
+    trees of up to `trees` nodes, `max_new_tokens` new tokens each."""
+
+    windows: list[int]
+    k: int
+    trees: int
+    max_new_tokens: int
+
+
+def long_inputs(
+    examples: list[dict[str, Any]],
+    contexts: list[int],
+    prompts: list[int],
+    doc_contexts: dict[int, list[list[int]]] | None,
+    sep: list[int],
+) -> Iterator[tuple[int, int, list[int], dict[str, Any]]]:
+    """`(context, prompt index, input ids, info)` for every context and prompt: earlier conversations before the
+    prompt ([`build_input`]) or, with `doc_contexts`, the document context of that length and prompt."""
     for context in contexts:
         for n, index in enumerate(prompts):
             if doc_contexts is None or context == 0:
@@ -56,39 +75,55 @@ def run(
                 prompt = prompt_part(examples[index])
                 ctx = doc_contexts[context][n][: max(0, context - len(prompt))]
                 ids, info = ctx + prompt, {"context_tokens": len(ctx), "prompt_example": index}
-            x = torch.tensor([ids])
-            plain = target.generate(x, do_sample=False, max_new_tokens=max_new_tokens)[0, len(ids) :].tolist()
-            for label, head in heads.items():
-                for window in windows:
-                    for kind, size in [("chain", 0)] + ([("tree", trees)] if trees else []):
-                        out = target.generate(
-                            x,
-                            assistant_model=head,
-                            do_sample=False,
-                            max_new_tokens=max_new_tokens,
-                            num_assistant_tokens=k,
-                            assistant_confidence_threshold=0.0,
-                            draft_tree_size=size,
-                            drafter_window=window,
-                            return_dict_in_generate=True,
-                        )
-                        stats = out.peagle_stats
-                        row = {
-                            "context": context,
-                            **info,
-                            "head": label,
-                            "window": window,
-                            "kind": kind,
-                            "tokens_per_target_pass": stats.tokens_per_target_pass,
-                            "new_tokens": stats.generated_tokens,
-                            "identical": out.sequences[0, len(ids) :].tolist() == plain,
-                        }
-                        runs.append(row)
-                        log(
-                            f"context {context:>5} ({info['context_tokens']:>5} tok) prompt {index:>3} {label:>8} "
-                            f"window {str(window):>5} {kind:>5}: {row['tokens_per_target_pass']:.2f} tok/pass"
-                            + ("" if row["identical"] else "  OUTPUT DIFFERS FROM PLAIN GREEDY")
-                        )
+            yield context, index, ids, info
+
+
+def run(
+    target,
+    heads: dict[str, Any],
+    inputs: Iterable[tuple[int, int, list[int], dict[str, Any]]],
+    variants: Variants,
+    log: Callable[[str], Any],
+) -> list[dict[str, Any]]:
+    """Decode every input of `inputs` ([`long_inputs`]) plainly and with every variant; one row per input and
+    variant, its tokens per target pass and whether its output is plain greedy's."""
+    runs = []
+    for context, index, ids, info in inputs:
+        x = torch.tensor([ids])
+        plain = target.generate(x, do_sample=False, max_new_tokens=variants.max_new_tokens)[
+            0, len(ids) :
+        ].tolist()
+        for label, head in heads.items():
+            for window in variants.windows:
+                for kind, size in [("chain", 0)] + ([("tree", variants.trees)] if variants.trees else []):
+                    out = target.generate(
+                        x,
+                        assistant_model=head,
+                        do_sample=False,
+                        max_new_tokens=variants.max_new_tokens,
+                        num_assistant_tokens=variants.k,
+                        assistant_confidence_threshold=0.0,
+                        draft_tree_size=size,
+                        drafter_window=window,
+                        return_dict_in_generate=True,
+                    )
+                    stats = out.peagle_stats
+                    row = {
+                        "context": context,
+                        **info,
+                        "head": label,
+                        "window": window,
+                        "kind": kind,
+                        "tokens_per_target_pass": stats.tokens_per_target_pass,
+                        "new_tokens": stats.generated_tokens,
+                        "identical": out.sequences[0, len(ids) :].tolist() == plain,
+                    }
+                    runs.append(row)
+                    log(
+                        f"context {context:>5} ({info['context_tokens']:>5} tok) prompt {index:>3} {label:>8} "
+                        f"window {str(window):>5} {kind:>5}: {row['tokens_per_target_pass']:.2f} tok/pass"
+                        + ("" if row["identical"] else "  OUTPUT DIFFERS FROM PLAIN GREEDY")
+                    )
     return runs
 
 
@@ -184,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.context_source != "conversations":
         docs = {c: document_contexts(tokenizer, args.context_source, len(prompts), c) for c in contexts if c}
     t0 = time.perf_counter()
-    runs = run(target, heads, examples, contexts, prompts, windows, args.k, args.trees, args.max_new_tokens,
-               docs, sep, print)  # fmt: skip
+    inputs = long_inputs(examples, contexts, prompts, docs, sep)
+    runs = run(target, heads, inputs, Variants(windows, args.k, args.trees, args.max_new_tokens), print)
     results = {
         "runs": runs,
         "summary": summarize(runs),

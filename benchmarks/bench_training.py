@@ -1,8 +1,8 @@
 """Training throughput of the standard recipe: response tokens trained per second and where the time goes.
 
 Runs `--steps` optimizer steps of `PEagleTrainer` on self-distilled examples (a shard folder or JSONL) for the
-embedded SmolLM2 target, with the head of the shipped recipe (2 layers, 8k draft vocabulary, the target's
-frozen embeddings, K_train 8 and COD 0.7 unless given), and splits the wall time with hooks into: target
+embedded SmolLM2 target, with the head of the standard recipe (its default depth, 8k draft vocabulary, the
+target's frozen embeddings, K_train 8 and COD 0.7 unless given), and splits the wall time with hooks into: target
 features (the frozen target's forward), drafter forward, backward, loss, attention-mask building, and the rest
 (data, optimizer, bookkeeping).  Prints a table and writes JSON.  Run it on an otherwise idle machine.
 
@@ -63,7 +63,8 @@ class Timers:
         return timed
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", required=True)
     ap.add_argument("--limit", type=int, default=256, help="examples to draw batches from")
@@ -107,10 +108,12 @@ def main() -> None:
     ap.add_argument("--sequence-partitions", type=int, default=1, help="S (the minimum, with a budget)")
     ap.add_argument("--partition-memory-budget", default=None, help="choose S from this size, e.g. 4GB")
     ap.add_argument("--out", default="bench_results/training.json")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return ap
 
+
+def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module, object, dict | None]:
+    """`(target, head, dataset, cache)`: the target, a fresh head of the recipe, the examples (or their feature
+    cache, built or loaded and timed here) and the cache's description (None without `--feature-cache`)."""
     examples = load_examples(args.examples)[: args.limit]
     target, _ = load_target(args.target, dtype=torch.bfloat16 if args.bf16 else torch.float32)
     head = build_head(
@@ -123,22 +126,54 @@ def main() -> None:
         mask_token_id=MASK_TOKEN_ID,
         target_model_name=DEFAULT_TARGET_NAME,
     )
-    dataset, cache = examples, None
-    if args.feature_cache:
-        from peagle.data.features import FeatureCache
+    if not args.feature_cache:
+        return target, head, examples, None
+    from peagle.data.features import FeatureCache
 
-        t0 = time.perf_counter()
-        dataset = FeatureCache.build(
-            target, examples, args.feature_cache, head.config.eagle_aux_hidden_state_layer_ids
-        )
-        cache = {
-            "path": args.feature_cache,
-            "build_or_load_seconds": time.perf_counter() - t0,
-            "tokens": dataset.index["num_tokens"],
-            "bytes": dataset.size_bytes,
-        }
-        print(f"{dataset} ready in {cache['build_or_load_seconds']:.1f} s")
-    timers = Timers()
+    t0 = time.perf_counter()
+    dataset = FeatureCache.build(
+        target, examples, args.feature_cache, head.config.eagle_aux_hidden_state_layer_ids
+    )
+    cache = {
+        "path": args.feature_cache,
+        "build_or_load_seconds": time.perf_counter() - t0,
+        "tokens": dataset.index["num_tokens"],
+        "bytes": dataset.size_bytes,
+    }
+    print(f"{dataset} ready in {cache['build_or_load_seconds']:.1f} s")
+    return target, head, dataset, cache
+
+
+def instrument(trainer: PEagleTrainer, head: torch.nn.Module, timers: Timers) -> dict[str, int]:
+    """Wrap the trainer's phases in `timers`; returns the running count of response tokens trained."""
+    trainer._features = timers.wrap("target features", trainer._features)
+    # the step object is built per micro-batch: its phases are timed on the class
+    PartitionedStep._attention = timers.wrap("attention mask", PartitionedStep._attention)
+    PartitionedStep._prefix_pass = timers.wrap(
+        "prefix keys/values (forward, no grad)", PartitionedStep._prefix_pass
+    )
+    PartitionedStep._score = timers.wrap("loss", PartitionedStep._score)
+    PartitionedStep._target_distribution = timers.wrap("loss", PartitionedStep._target_distribution)
+    trainer.accelerator.backward = timers.wrap("backward", trainer.accelerator.backward)
+    original_forward = head.forward
+    head.forward = timers.wrap("drafter forward", original_forward)
+    tokens = {"response": 0}
+    original_step = trainer.training_step
+
+    def counting_step(model, inputs, num_items_in_batch=None):
+        if "loss_mask" in inputs:
+            tokens["response"] += int(inputs["loss_mask"].sum())
+        return original_step(model, inputs, num_items_in_batch)
+
+    trainer.training_step = counting_step
+    return tokens
+
+
+def train_timed(args: argparse.Namespace, target, head, dataset, timers: Timers) -> tuple[float, int]:
+    """Train `--steps` optimizer steps (after one warm-up step unless `--no-warmup`) with the phases timed; returns
+    `(wall seconds, response tokens trained)` of the timed steps."""
+    from transformers import TrainerCallback
+
     with tempfile.TemporaryDirectory() as tmp:
         targs = training_arguments(
             tmp,
@@ -158,28 +193,8 @@ def main() -> None:
         trainer = PEagleTrainer(
             model=head.attach_target(target), target_model=target, args=targs, train_dataset=dataset
         )
-        trainer._features = timers.wrap("target features", trainer._features)
-        PartitionedStep._attention = timers.wrap("attention mask", PartitionedStep._attention)
-        PartitionedStep._prefix_pass = timers.wrap(
-            "prefix keys/values (forward, no grad)", PartitionedStep._prefix_pass
-        )
-        PartitionedStep._score = timers.wrap("loss", PartitionedStep._score)
-        PartitionedStep._target_distribution = timers.wrap("loss", PartitionedStep._target_distribution)
-        trainer.accelerator.backward = timers.wrap("backward", trainer.accelerator.backward)
-        original_forward = head.forward
-        head.forward = timers.wrap("drafter forward", original_forward)
-        tokens = {"response": 0}
-        original_step = trainer.training_step
-
-        def counting_step(model, inputs, num_items_in_batch=None):
-            if "loss_mask" in inputs:
-                tokens["response"] += int(inputs["loss_mask"].sum())
-            return original_step(model, inputs, num_items_in_batch)
-
-        trainer.training_step = counting_step
+        tokens = instrument(trainer, head, timers)
         start = {}
-
-        from transformers import TrainerCallback
 
         class Clock(TrainerCallback):
             def on_train_begin(self, args_, state, control, **kw):
@@ -196,7 +211,11 @@ def main() -> None:
         trainer.add_callback(Clock())
         trainer.train()
         wall = time.perf_counter() - start["t"]
-    trained = tokens["response"] - start["tokens"]
+    return wall, tokens["response"] - start["tokens"]
+
+
+def report(args: argparse.Namespace, wall: float, trained: int, timers: Timers, cache: dict | None) -> None:
+    """Print the throughput and the split of the wall time; write the JSON to `--out`."""
     split = dict(timers.seconds)
     split["other (data, optimizer, bookkeeping)"] = max(0.0, wall - sum(split.values()))
     result = {
@@ -216,6 +235,16 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, head, dataset, cache = build(args)
+    timers = Timers()
+    wall, trained = train_timed(args, target, head, dataset, timers)
+    report(args, wall, trained, timers, cache)
 
 
 if __name__ == "__main__":

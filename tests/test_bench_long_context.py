@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_contex
 def _script():
     spec = importlib.util.spec_from_file_location("bench_long_context", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up while the module runs
     spec.loader.exec_module(module)
     return module
 
@@ -64,10 +66,10 @@ def test_run_long_context_rows_summary_and_files(tmp_path):
     target = make_target()  # max_position_embeddings 512: the 600-token context runs past it
     head = make_head(target)
     lines: list[str] = []
+    settings = bench.LongContextSettings(max_new_tokens=6, separator=[3], repeats=1, extend_positions=2048)
     res = bench.run_long_context(
-        target, head, _examples(16), [0, 100, 600], [6, 7], max_new_tokens=6, separator=[3],
-        repeats=1, extend_positions=2048, log=lines.append,
-    )  # fmt: skip
+        target, head, _examples(16), [0, 100, 600], [6, 7], settings, log=lines.append
+    )
     summary = res["summary"]
     assert [s["context"] for s in summary] == [0, 100, 600]
     assert [s["past_trained_range"] for s in summary] == [False, False, True]
@@ -90,10 +92,8 @@ def test_a_context_past_the_extended_range_is_recorded_not_raised():
     bench = _script()
     target = make_target()
     head = make_head(target)
-    res = bench.run_long_context(
-        target, head, _examples(16), [600], [6], max_new_tokens=4, repeats=1, extend_positions=520,
-        log=lambda line: None,
-    )  # fmt: skip
+    settings = bench.LongContextSettings(max_new_tokens=4, repeats=1, extend_positions=520)
+    res = bench.run_long_context(target, head, _examples(16), [600], [6], settings, log=lambda line: None)
     (s,) = res["summary"]
     assert s["failed"] == 1 and s["tokens_per_target_pass"] is None and s["identical"] is None
     assert "--extend-positions is 520" in res["runs"][0]["error"] and "520" in s["timing_error"]

@@ -1,10 +1,9 @@
-"""benchmarks/bench_partition.py: the memory guard's predictions and skips and the markdown table (pure functions
-on synthetic rows), one point measured in this process, and one tiny run of the script (behaviour only: nothing
-here is timed or compared by speed)."""
+"""peagle.evaluation.bench_partition (behind benchmarks/bench_partition.py): the memory guard's predictions and skips
+and the markdown table (pure functions on synthetic rows), one point measured in this process, and one tiny run of
+the script (behaviour only: nothing here is timed or compared by speed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,17 +12,11 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_partition.py"
+from peagle.evaluation import bench_partition as bp
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("peagle_bench_partition", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bp = _load()
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_partition.py"
+DEFAULT_HEAD_CONFIG = ROOT / bp.SHIPPED_HEAD_CONFIG
 
 
 def _row(length, s, mib, step=1.0, **extra):
@@ -174,8 +167,8 @@ def test_fixed_segment_length_series():
 
 
 def test_head_shape_defaults_to_the_shipped_head():
-    assert bp.DEFAULT_HEAD_CONFIG.is_file()
-    shipped = bp.read_head_config(bp.DEFAULT_HEAD_CONFIG)
+    assert DEFAULT_HEAD_CONFIG.is_file()
+    shipped = bp.read_head_config(DEFAULT_HEAD_CONFIG)
     assert shipped == bp.SHIPPED_HEAD  # the fallback matches the file
     assert (shipped["layers"], shipped["hidden"], shipped["heads"], shipped["kv_heads"]) == (4, 576, 9, 3)
     assert shipped["frozen_embeddings"] and shipped["draft_vocab"] == 8192 and shipped["k"] == 8
@@ -210,11 +203,11 @@ def test_gradient_check_compares_partition_counts(tmp_path):
 
 def test_one_point_in_process_and_the_budget_row(tmp_path):
     cfg = _tiny_cfg(tmp_path)
-    row = bp._measure_inner(cfg, 64, 2)
+    row = bp.measure_point(cfg, 64, 2)
     assert row["partitions"] == 2 and row["length"] == 64
     assert 0 < row["largest_pass"] < row["elements"]
     assert row["peak_total_mib"] >= row["peak_mem_mib"] and row["step_s"] > 0 and row["plan_s"] >= 0
-    auto = bp._measure_inner(cfg, 64, "auto")
+    auto = bp.measure_point(cfg, 64, "auto")
     assert auto["partitions"] == "auto" and auto["budget"] == "4GB"
     if "error" in auto:  # a peagle without the argument: an error row, not a crash
         assert "partition_memory_budget" in auto["error"]

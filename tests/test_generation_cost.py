@@ -13,6 +13,7 @@ import torch
 from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
 from peagle.generation import candidates as candidates_mod
 from peagle.generation import cost as cost_mod
+from peagle.generation import cost_cache
 from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
 from peagle.generation.candidates import PEagleCandidateGenerator
 from peagle.generation.cost import VerifyCostModel
@@ -205,7 +206,7 @@ def test_unwritable_cost_cache_warns_once_and_generation_goes_on(target, monkeyp
             root.chmod(0o500)
     monkeypatch.setenv("PEAGLE_COST_CACHE", str(root))
     cost_mod.forget_cost_models()
-    cost_mod._UNWRITABLE.clear()
+    cost_cache._UNWRITABLE.clear()
     if where == "read-only":
         probe = root / "probe"
         try:

@@ -1,0 +1,320 @@
+"""Timing the verify-cost curve: target passes over n new tokens per row after a context (the reference curve,
+[`measure_cost_model`]; a longer context's point, [`measure_context_point`]; a plain step of R rows,
+[`measure_plain_step`]) and drafter rounds, each the median of a few passes after a warm-up."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from ..modeling_peagle import cache_kwarg
+from .cost_cache import cost_model_key
+from .cost_model import VerifyCostModel, monotone
+
+CALIBRATION_CONTEXT = 256
+"""Context length (tokens) the calibration times its verify passes at (the reference context)."""
+
+
+def measured_points(max_tokens: int) -> list[int]:
+    """The n a calibration times: every n up to 12 (chains), then 16, 24, 32, 48, 72, 108, ... (trees: steps of 8
+    up to 32, then half again the last) and `max_tokens` itself; the curve is interpolated in between.
+
+    >>> measured_points(40)
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 16, 24, 32, 40]
+    >>> measured_points(120)[12:]
+    [16, 24, 32, 48, 72, 108, 120]
+    """
+    points = list(range(1, min(max_tokens, 12) + 1))
+    n = 16
+    while n < max_tokens:
+        points.append(n)
+        n = n + n // 2 if n >= 32 else n + 8
+    if points[-1] != max_tokens:
+        points.append(max_tokens)
+    return points
+
+
+def interpolate(points: list[int], seconds: list[float], max_tokens: int) -> list[float]:
+    """`[max_tokens]` seconds for n = 1..max_tokens, linear between the measured `points`.
+
+    >>> interpolate([1, 2, 4], [1.0, 2.0, 4.0], 4)
+    [1.0, 2.0, 3.0, 4.0]
+    """
+    out = []
+    for n in range(1, max_tokens + 1):
+        i = bisect.bisect_left(points, n)
+        if points[i] == n:
+            out.append(seconds[i])
+            continue
+        n0, n1, s0, s1 = points[i - 1], points[i], seconds[i - 1], seconds[i]
+        out.append(s0 + (s1 - s0) * (n - n0) / (n1 - n0))
+    return out
+
+
+@torch.no_grad()
+def measure_cost_model(
+    target: Any,
+    head: Any = None,
+    max_tokens: int = 11,
+    context: int = CALIBRATION_CONTEXT,
+    repeats: int = 3,
+    batch_size: int = 1,
+) -> VerifyCostModel:
+    """Time target passes over n = 1..max_tokens new tokens per row for `batch_size` rows after a `context`-token
+    cache (median of `repeats`; the n of [`measured_points`], interpolated in between), and one drafter round (of
+    as many rows) when `head` is given: a calibrated [`VerifyCostModel`]."""
+    from transformers.cache_utils import DynamicCache
+
+    device = next(target.parameters()).device
+    text = target.config.get_text_config()
+    vocab = int(text.vocab_size)
+    # a target with a short position range (learned positions, e.g. GPT-2) is timed at a shorter context
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    if positions:
+        context = max(1, min(context, int(positions) - max_tokens))
+    gen = torch.Generator().manual_seed(0)
+    rows = max(1, int(batch_size))
+    prefix = torch.randint(0, vocab, (rows, context), generator=gen).to(device)
+    cache = DynamicCache(config=target.config)  # the measurement's own cache, never the user's
+    target(input_ids=prefix, use_cache=True, **cache_kwarg(cache))
+    # sliding-window layers drop what falls out of the window unless told to keep it until the next crop; after
+    # the prefill (as transformers' assisted decoding does), so the prefix itself is trimmed to the window
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    points = measured_points(max_tokens)
+    seconds = []
+    for n in points:
+        ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
+        seconds.append(_time_pass(target, cache, ids, None, repeats, sync))
+    seconds = monotone(interpolate(points, seconds, max_tokens))
+    model = VerifyCostModel(
+        seconds, key=cost_model_key(target, head, rows), source="calibrated", context=context
+    )
+    if head is not None:
+        model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
+            head, target, max_tokens - 1, repeats, rows
+        )
+    return model
+
+
+def context_point_tokens(max_tokens: int) -> list[int]:
+    """The n a longer context times: 1 (a plain step), 2, 8 (a chain's round) and the longest, the rest
+    interpolated (the growth with the context is smooth in n beyond the plain step).
+
+    >>> context_point_tokens(33), context_point_tokens(4)
+    ([1, 2, 8, 33], [1, 2, 4])
+    """
+    return sorted({n for n in (1, 2, 8, max_tokens) if n <= max_tokens})
+
+
+def max_cost_context(target: Any, max_tokens: int) -> int | None:
+    """The longest context a curve is timed at: the target's position range less the tokens verified (None
+    when the config names no range)."""
+    text = target.config.get_text_config()
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    return max(1, int(positions) - max_tokens) if positions else None
+
+
+@torch.no_grad()
+def measure_context_point(
+    target: Any,
+    head: Any,
+    context: int,
+    max_tokens: int,
+    repeats: int = 2,
+    batch_size: int = 1,
+) -> dict[str, Any]:
+    """Time target passes over n tokens per row ([`context_point_tokens`]) and one drafter round after
+    `context` tokens: a context point of [`VerifyCostModel`].
+
+    No prefill of `context` tokens runs: a short real prefix is prefilled, and the cache's keys and values are
+    repeated to `context` slots (a pass costs the same whatever the cached values are), so the point takes a
+    few passes.  Raises `NotImplementedError` for caches whose layers are not plain or sliding-window key/value
+    tensors (the curve then follows the context through its online factors only)."""
+    device = next(target.parameters()).device
+    text = target.config.get_text_config()
+    vocab = int(text.vocab_size)
+    rows = max(1, int(batch_size))
+    gen = torch.Generator().manual_seed(2)
+    cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    ns, seconds = context_point_tokens(max_tokens), []
+    for n in ns:
+        ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
+        mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
+        seconds.append(_time_pass(target, cache, ids, mask, repeats, sync))
+    del cache
+    drafter = 0.0
+    if head is not None:
+        drafter = _time_drafter_at(head, target, max_tokens - 1, repeats, rows, context)
+    return {"context": int(context), "n": ns, "seconds": seconds, "drafter_seconds": drafter}
+
+
+@torch.no_grad()
+def measure_plain_step(target: Any, rows: int, context: int, repeats: int = 3) -> float:
+    """Seconds of one plain step (one new token per row, a 2D attention mask from 2 rows on) for `rows` rows
+    after `context` cached tokens (median of `repeats` after a warm-up)."""
+    device = next(target.parameters()).device
+    vocab = int(target.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(4)
+    cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
+    mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
+    return _time_pass(target, cache, ids, mask, repeats, sync)
+
+
+def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: int, gen, device) -> Any:
+    """A DynamicCache that reads as `context` tokens long: a short prefix prefilled, then each layer's keys and
+    values repeated along the sequence (sliding-window layers: up to their window)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    prefix = min(32, context)
+    cache = DynamicCache(config=config)
+    ids = torch.randint(0, vocab, (rows, prefix), generator=gen).to(device)
+    model(input_ids=ids, use_cache=True, **cache_kwarg(cache))
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or layer.keys is None:
+            raise NotImplementedError(f"cannot lengthen a {type(layer).__name__} cache layer")
+        slots = context
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            slots = min(context, layer.sliding_window - 1)
+            layer.cumulative_length = context
+        _lengthen(layer, slots)
+    return cache
+
+
+def _lengthen(layer: Any, slots: int) -> None:
+    """A cache layer's keys and values repeated along the sequence to `slots` entries."""
+    reps = -(-slots // layer.keys.shape[-2])
+    layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+    layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+
+
+def _drafter_inputs(
+    head: Any, target: Any, rows: int, length: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random `(tokens (rows, length), features (rows, length, 3 H_t))` for timing the drafter (its embeddings
+    attached to the target's where it shares them)."""
+    width = 3 * int(head.config.target_hidden_size)
+    dtype = next(head.parameters()).dtype
+    gen = torch.Generator().manual_seed(seed)
+    if head.config.embed_from_target and head.embed_tokens is None:
+        head.attach_target(target)
+    ctx = torch.randint(0, int(head.config.vocab_size), (rows, length), generator=gen).to(head.device)
+    feats = torch.randn(rows, length, width, generator=gen).to(head.device, dtype)
+    return ctx, feats
+
+
+def _time_drafter_at(head: Any, target: Any, k: int, repeats: int, rows: int, context: int) -> float:
+    """Seconds of one drafting round (3 real slots + K-1 parallel ones, or one autoregressive pass) after
+    `context` slots in the drafter's cache."""
+    from transformers.cache_utils import DynamicCache
+
+    # an autoregressive head's round is timed to its first pass (more passes: drafter_step_seconds)
+    one_pass = head.config.drafting_mode == "autoregressive"
+    select = lambda logits, depth: (logits.argmax(-1), None, one_pass)  # noqa: E731
+    cache = DynamicCache(config=head.config)
+    ctx, feats = _drafter_inputs(head, target, rows, 35, seed=3)
+    head.draft_round(ctx[:, :32], feats[:, :32], 1, cache, 0, select=select)
+    if cache.get_seq_length() > 32:
+        cache.crop(-(cache.get_seq_length() - 32))
+    for layer in cache.layers:
+        _lengthen(layer, context)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        head.draft_round(ctx[:, 32:], feats[:, 32:], max(k, 1), cache, context, select=select)
+        times.append(time.perf_counter() - t0)
+        cache.crop(-(cache.get_seq_length() - context))
+    return statistics.median(times[1:])
+
+
+def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -> tuple[float, float]:
+    """Seconds of one drafting round (real slots of a typical round + K-1 parallel slots, or one autoregressive
+    pass) after a short context, and of one more autoregressive pass."""
+    from transformers.cache_utils import DynamicCache
+
+    ctx, feats = _drafter_inputs(head, target, rows, 64, seed=1)
+    select = lambda logits, depth: (logits.argmax(-1), None, False)  # noqa: E731
+    times, steps = [], []
+    for _ in range(repeats + 1):
+        cache = DynamicCache(config=head.config)
+        head.draft_round(ctx[:, :61], feats[:, :61], 1, cache, 0, select=select)
+        t0 = time.perf_counter()
+        head.draft_round(ctx[:, 61:], feats[:, 61:], max(k, 1), cache, 61, select=select)
+        times.append(time.perf_counter() - t0)
+        if head.config.drafting_mode == "autoregressive":
+            t0 = time.perf_counter()
+            head.draft_round(ctx[:, 61:62], feats[:, 61:62], 1, cache, 64, select=select)
+            steps.append(time.perf_counter() - t0)
+    first = statistics.median(times[1:])
+    if head.config.drafting_mode == "autoregressive" and k > 1:
+        step = statistics.median(steps[1:])
+        first = max(first - step * (k - 1), step)
+        return first, step
+    return first, 0.0
+
+
+def _time_pass(
+    target: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor | None, repeats: int, sync
+) -> float:
+    """Median seconds of `repeats` target passes over `ids` on `cache` after one warm-up pass (the first pass of a
+    shape allocates, and is slower); each pass is cropped off the cache again."""
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        target(
+            input_ids=ids,
+            attention_mask=mask,
+            use_cache=True,
+            logits_to_keep=ids.shape[1],
+            **cache_kwarg(cache),
+        )
+        sync()
+        times.append(time.perf_counter() - t0)
+        cache.crop(-ids.shape[1])
+    return statistics.median(times[1:])
+
+
+def context_fits_in_memory(target: Any, rows: int, context: int) -> bool:
+    """Whether a lengthened copy of the target's cache (`rows` x `context` tokens) takes at most a quarter of
+    the memory available now (CPU: the free physical memory; CUDA: the device's free memory)."""
+    text = target.config.get_text_config()
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
+    dim = getattr(text, "head_dim", None) or (
+        text.hidden_size // text.num_attention_heads if getattr(text, "num_attention_heads", None) else None
+    )
+    if not (layers and heads and dim):
+        return True
+    param = next(target.parameters())
+    need = 2 * layers * heads * dim * param.element_size() * rows * context
+    try:
+        if param.device.type == "cuda":
+            free = torch.cuda.mem_get_info(param.device)[0]
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return True
+    return need <= free // 4
+
+
+__all__ = [
+    "CALIBRATION_CONTEXT",
+    "context_fits_in_memory",
+    "context_point_tokens",
+    "interpolate",
+    "max_cost_context",
+    "measure_context_point",
+    "measure_cost_model",
+    "measure_plain_step",
+    "measured_points",
+]
