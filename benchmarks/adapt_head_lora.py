@@ -47,6 +47,7 @@ from peagle.evaluation.timing import timed_generate
 from peagle.integrations.peft import head_vocab_coverage, lora_config, lora_for_training, merge_lora
 from peagle.modeling_peagle import PEagleDrafter
 from peagle.targets import default_drafter_path, load_default_target
+from peagle.training import DataArguments
 from peagle.training.recipe import format_summary, train_head, training_arguments
 
 FRENCH_SYSTEM = "Tu es un assistant utile. Réponds toujours en français."
@@ -261,7 +262,7 @@ def main() -> None:
         output_dir=out,
         examples=examples + replay,
         head=model,
-        feature_cache=out / "features",
+        data_args=DataArguments(feature_cache=str(out / "features"), calibration_examples="0"),
         training_args=training_arguments(
             out / "checkpoints",
             num_parallel_positions=head.config.num_parallel_positions,
