@@ -248,7 +248,7 @@ def test_cli_push_prepare_only(tmp_path, capsys):
         "push",
         str(tmp_path / "head"),
         "org/smol-peagle",
-        "--prepare-only",
+        "--prepare_only",
         str(out),
         "--bench",
         str(_bench_json(tmp_path)),
@@ -295,7 +295,7 @@ def test_push_with_a_file_that_is_not_json_writes_nothing(tmp_path):
     latin = tmp_path / "training.json"
     latin.write_bytes(b'{"data": "caf\xe9"}')
     out = tmp_path / "up"
-    base = ["push", str(tmp_path / "head"), "org/smol-peagle", "--prepare-only", str(out)]
+    base = ["push", str(tmp_path / "head"), "org/smol-peagle", "--prepare_only", str(out)]
     with pytest.raises(SystemExit, match=rf"benchmark file {re.escape(str(bad))} is not JSON \(line 1"):
         main([*base, "--bench", str(bad)])
     assert not out.exists()

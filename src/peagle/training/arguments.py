@@ -3,9 +3,9 @@
 to build or continue) and [`LoraArguments`] (adapting an existing head).
 
 `peagle train` parses the four with `HfArgumentParser`, the pattern of transformers' own examples: each flag is its
-field's name (`--cod_ratio`, also spelled `--cod-ratio`), with the field's default and help.  `RECIPE_DEFAULTS` are
-the recipe's choices where they differ from `TrainingArguments`' own (`recipe.training_arguments` and the command
-both apply them).  Head sizes left None follow the size rule (`peagle.sizing`, `PEagleConfig.for_target`).
+field's name (`--cod_ratio`), with the field's default and help.  Python code builds the same objects and hands them
+to `recipe.train_head`, so each default exists once, here.  `RECIPE_DEFAULTS` are the recipe's choices where they
+differ from `TrainingArguments`' own (`recipe.training_arguments` and the command both apply them).  Head sizes left None follow the size rule (`peagle.sizing`, `PEagleConfig.for_target`).
 """
 
 from __future__ import annotations
