@@ -18,6 +18,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, number_problem
+from ..data.distill import GenerationSettings
 from .losses import LOSS_TYPES
 
 RECIPE_DEFAULTS: dict[str, Any] = {
@@ -191,8 +192,13 @@ class DataArguments:
         default=None,
         metadata={"help": "ready examples: a .jsonl with input_ids, loss_mask, or a shard folder"},
     )
-    max_new_tokens: int = field(default=256, metadata={"help": "response length cap for self-distillation"})
-    generation_batch_size: int = field(default=8, metadata={"help": "prompts per generate() call"})
+    max_new_tokens: int = field(
+        default=GenerationSettings.max_new_tokens,
+        metadata={"help": "response length cap for self-distillation"},
+    )
+    generation_batch_size: int = field(
+        default=GenerationSettings.batch_size, metadata={"help": "prompts per generate() call"}
+    )
     chat_template: str | None = field(
         default=None, metadata={"help": "a Jinja chat template file for a target whose tokenizer has none"}
     )
@@ -200,8 +206,12 @@ class DataArguments:
         default=False,
         metadata={"help": "no chat template: each prompt is encoded as plain text (not with Magpie prompts)"},
     )
-    do_sample: bool = field(default=False, metadata={"help": "sample responses instead of greedy decoding"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (with do_sample)"})
+    do_sample: bool = field(
+        default=GenerationSettings.do_sample, metadata={"help": "sample responses instead of greedy decoding"}
+    )
+    temperature: float = field(
+        default=GenerationSettings.temperature, metadata={"help": "sampling temperature (with do_sample)"}
+    )
     feature_cache: str | None = field(default=None, metadata={"help": "cache target features in this folder"})
     documents: str | None = field(
         default=None,
