@@ -192,7 +192,9 @@ def test_generation_settings_objects_and_keywords_are_one_set_of_settings():
     prompts = [[1, 5, 9], [1, 7, 8]]
     settings = GenerationSettings(max_new_tokens=5, do_sample=True, seed=3, progress=False)
     by_object = self_distill(target, prompts, settings)
-    assert by_object == self_distill(target, prompts, max_new_tokens=5, do_sample=True, seed=3, progress=False)
+    assert by_object == self_distill(
+        target, prompts, max_new_tokens=5, do_sample=True, seed=3, progress=False
+    )
     assert self_distill(target, prompts, settings, seed=4) != by_object and settings.seed == 3
     with pytest.raises(TypeError, match="max_tokens"):
         self_distill(target, prompts, max_tokens=5)

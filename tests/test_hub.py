@@ -236,6 +236,11 @@ def test_push_to_hub_uploads_the_prepared_folder(tmp_path, monkeypatch):
     ):
         assert name in files, name
     assert "HEAD_REPO: str | None = 'org/smol-peagle'" in recipe
+    # every other keyword is the upload folder's or the card's; a misspelt one fails before anything is created
+    calls.clear()
+    with pytest.raises(TypeError, match="licence"):
+        head.push_to_hub("org/smol-peagle", licence="mit")
+    assert calls == {}
 
 
 def test_cli_push_prepare_only(tmp_path, capsys):

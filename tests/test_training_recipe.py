@@ -388,3 +388,26 @@ def test_build_head_refuses_a_head_without_layers(layers):
     """A config saying 0 layers described a head that had 1 (the fused layer): its vLLM export did not reload."""
     with pytest.raises(ValueError, match=f"num_hidden_layers is {layers}; expected an integer >= 1"):
         build_head(make_target(), head_args=HeadArguments(num_hidden_layers=layers))
+
+
+def test_public_functions_of_the_training_api_take_at_most_ten_parameters():
+    """Settings travel in dataclasses (`PEagleTrainingArguments`, `DataArguments`, `HeadArguments`,
+    `GenerationSettings`, ...) or keywords forwarded to the function that reads them, never in long signatures."""
+    import importlib
+    import inspect
+
+    from peagle.cli import COMMANDS
+
+    modules = [
+        "peagle.training.recipe",
+        "peagle.training.arguments",
+        "peagle.data.distill",
+        "peagle.integrations.hub",
+    ]
+    modules += ["peagle.cli", "peagle.cli._common"] + [f"peagle.cli.{c.replace('-', '_')}" for c in COMMANDS]
+    for name in modules:
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or not inspect.isfunction(value) or value.__module__ != name:
+                continue
+            assert len(inspect.signature(value).parameters) <= 10, f"{name}.{attr}"
