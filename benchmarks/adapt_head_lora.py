@@ -25,7 +25,7 @@ Outputs under `--out`: the adapter (`adapter_config.json`, `adapter_model.safete
 Usage (the numbers in the README come from this command, on 1 CPU thread):
     python benchmarks/adapt_head_lora.py --out runs/lora-fr
 The same adaptation from the command line, on your own prompts:
-    peagle train --lora --prompts prompts_fr.txt --max-new-tokens 128 --max-steps 100 --lr 2e-3 -o runs/lora-fr
+    peagle train --lora --prompts prompts_fr.txt --max_new_tokens 128 --max_steps 100 --learning_rate 2e-3 --output_dir runs/lora-fr
 """
 
 from __future__ import annotations
