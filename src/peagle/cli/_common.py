@@ -151,18 +151,16 @@ class DeprecatedFlag(argparse.Action):
         self.replacement(parser, namespace, values, new)
 
 
-SETTINGS_METADATA = ("positional", "switch", "parse", "old_flags")
-"""The field metadata keys peagle's dataclass bridge reads, beside `HfArgumentParser`'s own (`help`, `choices`):
-`positional` (the field is a positional argument, not a flag), `switch` (a boolean flag that takes no value, as
-argparse's `store_true`: `--private HEAD` is not read as `--private=HEAD`), `parse` (an argparse type function that parses and
-checks the value, e.g. [`positive_int`], so a bad value is a usage error) and `old_flags` (former spellings, kept as
-hidden deprecated aliases)."""
-
-
 @functools.cache
 def _settings_parser_type() -> type:
     """`HfArgumentParser` with one spelling per flag: the field's name (`--max_new_tokens`); every other spelling it
-    would add (`--max-new-tokens`, `--no-speed`) and each field's `old_flags` become hidden [`DeprecatedFlag`]s."""
+    would add (`--max-new-tokens`, `--no-speed`) and each field's `old_flags` become hidden [`DeprecatedFlag`]s.
+
+    It reads four field metadata keys beside `HfArgumentParser`'s own (`help`, `choices`, `metavar`):
+    `positional` (the field is a positional argument, not a flag), `switch` (a boolean flag that takes no value, as
+    argparse's `store_true`: `--private HEAD` is not read as `--private=HEAD`), `parse` (an argparse type function
+    that parses and checks the value, e.g. [`positive_int`], so a bad value is a usage error) and `old_flags`
+    (former spellings, kept as hidden deprecated aliases)."""
     from transformers import HfArgumentParser
 
     class SettingsParser(HfArgumentParser):
