@@ -58,17 +58,17 @@ demo: install
 
 # the K table of docs/benchmarks.md section 0 (about 25 min on the 2-core CPU); `peagle bench` alone sweeps K=1..10
 bench: install
-	$(BIN)/peagle bench --limit 16 --ks 3,7 --repeats 1 --max-new-tokens 128
+	$(BIN)/peagle bench --limit 16 --ks 3,7 --repeats 1 --max_new_tokens 128
 
 # the README's results table: the default rule with trees against plain greedy and the chain-only rule, on
 # held-out, MT-Bench and HumanEval prompts (about 20 min on the 2-core CPU; docs/benchmarks.md section 15.3)
 bench-tree: install
-	$(BIN)/peagle bench --tree-sizes 0 --lookups 0 --examples training_data/smollm2-135m-instruct/heldout --skip 48 \
-		--limit 5 --datasets mtbench,humaneval --max-new-tokens 128 --ks 7 --out bench_results/tree
+	$(BIN)/peagle bench --tree_sizes 0 --lookups 0 --examples training_data/smollm2-135m-instruct/heldout --skip 48 \
+		--limit 5 --datasets mtbench,humaneval --max_new_tokens 128 --ks 7 --out bench_results/tree
 
 # plain batched greedy against the heads at B = 1, 2, 4, 8 (16 prompts, 128 tokens; over 40 min on an AVX2 machine)
 bench-batch: install
-	$(BIN)/peagle bench --batch-sizes 1,2,4,8 --limit 8 --max-new-tokens 128 --out bench_results/batch
+	$(BIN)/peagle bench --batch_sizes 1,2,4,8 --limit 8 --max_new_tokens 128 --out bench_results/batch
 
 # the checks for a CUDA GPU (lossless fp32/bf16 at B = 1 and 8, a 1B cost curve, the batch table, FP8 kernels);
 # about 8 min on one GPU, no downloads; on a machine without one it says so and exits 0

@@ -25,7 +25,7 @@ Outputs under `--out`: the adapter (`adapter_config.json`, `adapter_model.safete
 Usage (the numbers in the README come from this command, on 1 CPU thread):
     python benchmarks/adapt_head_lora.py --out runs/lora-fr
 The same adaptation from the command line, on your own prompts:
-    peagle train --lora --prompts prompts_fr.txt --max-new-tokens 128 --max-steps 100 --lr 2e-3 -o runs/lora-fr
+    peagle train --lora --prompts prompts_fr.txt --max_new_tokens 128 --max_steps 100 --learning_rate 2e-3 --output_dir runs/lora-fr
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from peagle.evaluation.timing import timed_generate
 from peagle.integrations.peft import head_vocab_coverage, lora_config, lora_for_training, merge_lora
 from peagle.modeling_peagle import PEagleDrafter
 from peagle.targets import default_drafter_path, load_default_target
+from peagle.training import DataArguments
 from peagle.training.recipe import format_summary, train_head, training_arguments
 
 FRENCH_SYSTEM = "Tu es un assistant utile. Réponds toujours en français."
@@ -261,7 +262,7 @@ def main() -> None:
         output_dir=out,
         examples=examples + replay,
         head=model,
-        feature_cache=out / "features",
+        data_args=DataArguments(feature_cache=str(out / "features"), calibration_examples="0"),
         training_args=training_arguments(
             out / "checkpoints",
             num_parallel_positions=head.config.num_parallel_positions,

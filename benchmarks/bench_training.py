@@ -33,7 +33,7 @@ from peagle.configuration_peagle import DEFAULT_NUM_HIDDEN_LAYERS, DEFAULT_NUM_P
 from peagle.data.shards import load_examples
 from peagle.evaluation.timing import machine_description
 from peagle.targets import DEFAULT_TARGET_NAME, load_target
-from peagle.training.arguments import PEagleTrainingArguments
+from peagle.training.arguments import HeadArguments, PEagleTrainingArguments
 from peagle.training.recipe import build_head, training_arguments
 from peagle.training.step import PartitionedStep
 from peagle.training.trainer import PEagleTrainer
@@ -119,11 +119,13 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module, o
     head = build_head(
         target,
         examples,
-        num_hidden_layers=args.num_layers,
-        draft_vocab_size=8192,
+        HeadArguments(
+            num_hidden_layers=args.num_layers,
+            draft_vocab_size=8192,
+            embed_from_target=True,
+            mask_token_id=MASK_TOKEN_ID,
+        ),
         num_parallel_positions=args.num_parallel_positions,
-        embed_from_target=True,
-        mask_token_id=MASK_TOKEN_ID,
         target_model_name=DEFAULT_TARGET_NAME,
     )
     if not args.feature_cache:

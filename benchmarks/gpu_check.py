@@ -5,7 +5,7 @@
    dtype.
 2. The verify-cost curve of a randomly initialised Llama of about 1B parameters in bfloat16 at B = 1 and 8:
    seconds to verify n = 1..8 tokens per row (on a GPU the curve is nearly flat: the cost rule then drafts K).
-3. The batch table: `peagle bench --batch-sizes 1,2,4,8` on the embedded target (16 prompts, 128 new tokens).
+3. The batch table: `peagle bench --batch_sizes 1,2,4,8` on the embedded target (16 prompts, 128 new tokens).
 4. The FP8 kernel tests (`pytest -m gpu tests/test_fp8.py`).
 
 Writes `gpu_check.json` (and the batch table's JSON and PNG) under `--out`.  On a machine without a CUDA GPU
@@ -111,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             "-m",
             "peagle.cli",
             "bench",
-            "--batch-sizes",
+            "--batch_sizes",
             "1,2,4,8",
             "--limit",
             "8",
-            "--max-new-tokens",
+            "--max_new_tokens",
             "128",
             "--out",
             str(out),

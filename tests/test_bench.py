@@ -99,7 +99,7 @@ def test_demo_command_passes_its_options(monkeypatch):
     seen = {}
     monkeypatch.setattr(peagle.demo, "run_demo", lambda **kw: seen.update(kw) or True)
     args = build_parser().parse_args(
-        ["demo", "--dtype", "bfloat16", "--confidence-threshold", "0.3", "-k", "5"]
+        ["demo", "--dtype", "bfloat16", "--confidence_threshold", "0.3", "--num_speculative_tokens", "5"]
     )
     assert args.func(args) == 0
     assert seen == {
@@ -111,12 +111,12 @@ def test_demo_command_passes_its_options(monkeypatch):
         "target": None,
         "head": None,
     }
-    args = build_parser().parse_args(["demo", "--head-dtype", "float32", "--target", "t/x", "--head", "h/y"])
+    args = build_parser().parse_args(["demo", "--head_dtype", "float32", "--target", "t/x", "--head", "h/y"])
     assert args.func(args) == 0
     assert seen["dtype"] == "float32" and seen["head_dtype"] == "float32"
     assert (seen["target"], seen["head"]) == ("t/x", "h/y")
     assert build_parser().parse_args(["bench"]).head_dtype == "auto"
-    assert build_parser().parse_args(["bench", "--head-dtype", "float32"]).head_dtype == "float32"
+    assert build_parser().parse_args(["bench", "--head_dtype", "float32"]).head_dtype == "float32"
 
 
 def test_run_benchmark_default_rule_rows():
@@ -150,8 +150,8 @@ def test_bench_command_validates_before_loading(monkeypatch):
         (["bench", "--ks", "0,3"], "integers >= 1"),
         (["bench", "--methods", "greedy,nope"], "unknown methods"),
         (["bench", "--datasets", "nope"], "unknown datasets"),
-        (["bench", "--tree-sizes", "8,-1"], "integers >= 0"),
-        (["bench", "--tree-sizes", "8", "--datasets", ""], "needs prompts"),
+        (["bench", "--tree_sizes", "8,-1"], "integers >= 0"),
+        (["bench", "--tree_sizes", "8", "--datasets", ""], "needs prompts"),
         (["bench", "--skip", "-3"], "--skip must be >= 0"),
     ):
         with pytest.raises(SystemExit, match=message):
@@ -159,7 +159,7 @@ def test_bench_command_validates_before_loading(monkeypatch):
 
 
 def test_batch_benchmark_rows_summary_and_files(tmp_path):
-    """`peagle bench --batch-sizes`: every method at every B on the same prompts, each row checked against plain
+    """`peagle bench --batch_sizes`: every method at every B on the same prompts, each row checked against plain
     batched greedy and against batch 1; a table and a plot (behaviour only, nothing compared by speed)."""
     from peagle.evaluation.bench_batch import format_batch_table, run_batch_benchmark, write_batch_results
 
@@ -202,7 +202,7 @@ def test_demo_refuses_k_out_of_range_before_loading(monkeypatch, capsys, k):
     monkeypatch.setattr(peagle.targets, "load_target", no_loading)
     monkeypatch.setattr(peagle.targets, "load_default_target", no_loading)
     with pytest.raises(SystemExit) as exit_:
-        main(["demo", "-k", k])
+        main(["demo", "--num_speculative_tokens", k])
     assert exit_.value.code != 0 and "expected an integer in [1, 64]" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"num_speculative_tokens is 0; expected an integer in \[1, 64\]"):
         peagle.demo.run_demo(num_speculative_tokens=0)
@@ -211,7 +211,7 @@ def test_demo_refuses_k_out_of_range_before_loading(monkeypatch, capsys, k):
 
 
 def test_tree_benchmark_rows_summary_and_files(tmp_path):
-    """`peagle bench --tree-sizes`: chains and trees of each budget for each head, with and without the lookup
+    """`peagle bench --tree_sizes`: chains and trees of each budget for each head, with and without the lookup
     branch, prompt lookup alone and the default-rule rows, each checked against greedy; a table and a plot."""
     from peagle.evaluation.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
     from peagle.generation.cost import VerifyCostModel

@@ -180,3 +180,34 @@ def test_vllm_engine_needs_an_environment_and_a_model_folder(tmp_path, monkeypat
         vllm_python()
     with pytest.raises(ValueError, match="config.json"):
         VLLMEngine(tmp_path)
+
+
+def test_generation_settings_objects_and_keywords_are_one_set_of_settings():
+    """`self_distill(target, prompts, settings)` equals the same fields given as keywords; keywords replace the
+    settings' fields (transformers' `generate(generation_config, **kwargs)`); an unknown one is refused; the
+    recipe's data settings default to the generation settings' own values."""
+    from peagle.training import DataArguments, GenerationSettings, MagpieSettings
+
+    target = make_target()
+    prompts = [[1, 5, 9], [1, 7, 8]]
+    settings = GenerationSettings(max_new_tokens=5, do_sample=True, seed=3, progress=False)
+    by_object = self_distill(target, prompts, settings)
+    assert by_object == self_distill(
+        target, prompts, max_new_tokens=5, do_sample=True, seed=3, progress=False
+    )
+    assert self_distill(target, prompts, settings, seed=4) != by_object and settings.seed == 3
+    with pytest.raises(TypeError, match="max_tokens"):
+        self_distill(target, prompts, max_tokens=5)
+    prefix, suffix = [1, 3, 5, 6], [2, 3, 7]
+    magpie = MagpieSettings(max_new_tokens=6, min_new_tokens=1, seed=2, progress=False)
+    kw = dict(prefix_ids=prefix, suffix_ids=suffix)
+    assert synthesize_prompts(target, 3, magpie, **kw) == synthesize_prompts(
+        target, 3, **kw, max_new_tokens=6, min_new_tokens=1, seed=2, progress=False
+    )
+    data = DataArguments()
+    assert (data.max_new_tokens, data.generation_batch_size, data.do_sample, data.temperature) == (
+        GenerationSettings.max_new_tokens,
+        GenerationSettings.batch_size,
+        GenerationSettings.do_sample,
+        GenerationSettings.temperature,
+    )

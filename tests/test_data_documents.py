@@ -68,6 +68,7 @@ def test_default_lengths_follow_the_targets_range():
 def test_train_head_adds_document_examples(tmp_path, monkeypatch):
     """`documents=` alone is enough data: the long examples are made at the lengths max_length allows."""
     import peagle.data.documents as documents
+    from peagle.training import DataArguments, HeadArguments
     from peagle.training.recipe import train_head
 
     monkeypatch.setattr(documents, "MIN_DOCUMENT_LENGTH", 32)  # tiny lengths for a tiny target
@@ -78,11 +79,8 @@ def test_train_head_adds_document_examples(tmp_path, monkeypatch):
         target,
         tiny_tokenizer(),
         output_dir=tmp_path / "head",
-        documents=folder,
-        document_examples_per_length=2,
-        num_hidden_layers=1,
-        draft_vocab_size=128,
+        data_args=DataArguments(documents=folder, document_examples_per_length=2),
+        head_args=HeadArguments(num_hidden_layers=1, draft_vocab_size=128),
         training_args=args,
-        progress=False,
     )
     assert summary["examples"] == 4 and summary["tokens"] == 2 * 32 + 2 * 64

@@ -310,9 +310,10 @@ def test_a_shard_whose_loss_mask_holds_a_2_is_refused(tmp_path):
 
 
 def test_train_head_refuses_in_memory_examples_with_a_bad_loss_mask(tmp_path):
-    from peagle.training import train_head
+    from peagle.training import train_head, training_arguments
 
     target = make_target()
     bad = [{"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 2, 1]}]
+    args = training_arguments(tmp_path / "head" / "checkpoints", max_steps=1, use_cpu=True, progress=False)
     with pytest.raises(ValueError, match=r"row 0: loss_mask holds 2"):
-        train_head(target, output_dir=tmp_path / "head", examples=bad, training_args={"max_steps": 1})
+        train_head(target, output_dir=tmp_path / "head", examples=bad, training_args=args)

@@ -138,7 +138,7 @@ def test_decoding_several_heads_runs_plain_greedy_once_per_prompt(tiny_target, t
 
 
 def test_greedy_references_are_what_decoding_reads(tiny_target, tmp_path):
-    """`--write-greedy` writes plain greedy's continuation of each prompt (prompt unsupervised, new tokens
+    """`--write_greedy` writes plain greedy's continuation of each prompt (prompt unsupervised, new tokens
     supervised, one shard per set), and the decoding walk over those references counts the new tokens and target
     passes that decoding with a head reports on the same prompts; the stored responses, which are longer and
     differ from the target's greedy continuation, count otherwise."""

@@ -27,7 +27,7 @@ from peagle.sizing import (
     round_cost,
     target_step_cost,
 )
-from peagle.training import PEagleTrainer, build_head
+from peagle.training import HeadArguments, PEagleTrainer, build_head
 
 WINDOW = 8  # sliding window of the tiny targets that have one: generation runs past it, so rollbacks cross it
 COMMON = dict(
@@ -273,7 +273,7 @@ def test_draft_trees_reach_the_attention_intact(family, attn):
 
 def test_one_partitioned_training_step(family, target, tmp_path):
     examples = random_examples(4, seed=1)
-    head = build_head(target, examples, num_hidden_layers=1, mask_token_id=127)
+    head = build_head(target, examples, HeadArguments(num_hidden_layers=1, mask_token_id=127))
     assert head.config.embed_from_target and head.config.draft_vocab_size == 128
     emb = target.get_input_embeddings().weight.detach().clone()
     rows = target.get_output_embeddings().weight.detach()
@@ -462,7 +462,7 @@ def test_draft_vocabulary_size_comes_from_the_data():
     assert choose_draft_vocab_size(ex, 40_000, 8192, 32_768) == 8192  # never below the floor
     assert choose_draft_vocab_size(ex, 40_000, 1024, 2048) == 2048  # never above the cap
     with pytest.raises(ValueError, match="chosen from training examples"):
-        build_head(target, draft_vocab_size=64)
+        build_head(target, head_args=HeadArguments(draft_vocab_size=64))
 
 
 # ---------------------------------------------------------------------------------------------- refusals

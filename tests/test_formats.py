@@ -817,11 +817,11 @@ def test_export_fails_when_what_it_wrote_does_not_reload_with_its_values(tmp_pat
 @pytest.mark.parametrize(
     "flags",
     [
-        ["--layout", "speculators", "--num-speculative-tokens", "-5"],
-        ["--layout", "peagle", "-k", "0"],
-        ["--layout", "vllm", "-k", "3e7"],
-        ["--max-shard-size=-5GB"],
-        ["--max-shard-size", "lots"],
+        ["--layout", "speculators", "--num_speculative_tokens", "-5"],
+        ["--layout", "peagle", "--num_speculative_tokens", "0"],
+        ["--layout", "vllm", "--num_speculative_tokens", "3e7"],
+        ["--max_shard_size=-5GB"],
+        ["--max_shard_size", "lots"],
     ],
 )
 def test_cli_export_refuses_k_out_of_range(tmp_path, capsys, flags):
@@ -843,7 +843,7 @@ def test_cli_export_peagle_layout_reloads_with_the_given_k(tmp_path, capsys):
     out = tmp_path / "out"
     assert (
         main(
-            ["export", str(folder), "--out", str(out), "--layout", "peagle", "--num-speculative-tokens", "3"]
+            ["export", str(folder), "--out", str(out), "--layout", "peagle", "--num_speculative_tokens", "3"]
         )
         == 0
     )

@@ -35,7 +35,7 @@ def test_calibrate_command_writes_the_config(tmp_path, capsys):
     argv += [
         "--target",
         str(tmp_path / "target"),
-        "--max-new-tokens",
+        "--max_new_tokens",
         "24",
         "--report",
         str(tmp_path / "r.json"),
@@ -59,8 +59,8 @@ def test_calibrate_command_refuses_counts_it_cannot_use(tmp_path, capsys):
     for flags, words in (
         (["--skip", "-5"], "expected an integer >= 0, got '-5'"),
         (["--limit", "0"], "expected an integer >= 1, got '0'"),
-        (["--max-new-tokens", "0"], "expected an integer >= 1, got '0'"),
-        (["-k", "0"], "expected an integer in [1, 64], got '0'"),
+        (["--max_new_tokens", "0"], "expected an integer >= 1, got '0'"),
+        (["--num_speculative_tokens", "0"], "expected an integer in [1, 64], got '0'"),
     ):
         with pytest.raises(SystemExit) as exit_:
             main(["calibrate", str(tmp_path / "head"), "--examples", str(tmp_path / "x.jsonl"), *flags])
@@ -101,7 +101,7 @@ def test_calibrate_costs_retimes_the_curves_and_resets_their_factors(tmp_path, c
     make_head(target, num_speculative_tokens=3).save_pretrained(tmp_path / "head")
     argv = ["calibrate", str(tmp_path / "head"), "--costs", "--target", str(tmp_path / "target")]
     try:
-        assert main([*argv, "--batch-sizes", "1,2", "--contexts", "300,100000"]) == 0
+        assert main([*argv, "--batch_sizes", "1,2", "--contexts", "300,100000"]) == 0
         out = capsys.readouterr().out
         assert (
             "B=1 L=256" in out and "B=2 L=300" in out and "L=100000" not in out

@@ -236,6 +236,11 @@ def test_push_to_hub_uploads_the_prepared_folder(tmp_path, monkeypatch):
     ):
         assert name in files, name
     assert "HEAD_REPO: str | None = 'org/smol-peagle'" in recipe
+    # every other keyword is the upload folder's or the card's; a misspelt one fails before anything is created
+    calls.clear()
+    with pytest.raises(TypeError, match="licence"):
+        head.push_to_hub("org/smol-peagle", licence="mit")
+    assert calls == {}
 
 
 def test_cli_push_prepare_only(tmp_path, capsys):
@@ -248,7 +253,7 @@ def test_cli_push_prepare_only(tmp_path, capsys):
         "push",
         str(tmp_path / "head"),
         "org/smol-peagle",
-        "--prepare-only",
+        "--prepare_only",
         str(out),
         "--bench",
         str(_bench_json(tmp_path)),
@@ -295,7 +300,7 @@ def test_push_with_a_file_that_is_not_json_writes_nothing(tmp_path):
     latin = tmp_path / "training.json"
     latin.write_bytes(b'{"data": "caf\xe9"}')
     out = tmp_path / "up"
-    base = ["push", str(tmp_path / "head"), "org/smol-peagle", "--prepare-only", str(out)]
+    base = ["push", str(tmp_path / "head"), "org/smol-peagle", "--prepare_only", str(out)]
     with pytest.raises(SystemExit, match=rf"benchmark file {re.escape(str(bad))} is not JSON \(line 1"):
         main([*base, "--bench", str(bad)])
     assert not out.exists()

@@ -231,3 +231,116 @@ def test_train_refuses_sizes_a_head_cannot_have(tmp_path, capsys, flags, words):
     assert exit_.value.code != 0
     assert words in str(exit_.value.code), exit_.value.code
     assert not (tmp_path / "head").exists()
+
+
+def test_each_training_default_is_defined_once(tmp_path, monkeypatch):
+    """`peagle train` with no setting flags, the dataclasses' own defaults and what `train_head` uses when given no
+    settings are one set of values: no default lives in the command or in `train_head`."""
+    import dataclasses
+    import inspect
+
+    from peagle.cli import build_parser
+    from peagle.cli.train import parse_settings
+    from peagle.training import recipe
+    from peagle.training.arguments import DataArguments, HeadArguments, LoraArguments
+    from peagle.training.recipe import train_head, training_arguments
+
+    data, head, lora, training = parse_settings(
+        build_parser().parse_args(["train", "--output_dir", str(tmp_path)])
+    )
+    assert (data, head, lora) == (DataArguments(), HeadArguments(), LoraArguments())
+    recipe_args = training_arguments(tmp_path / "checkpoints", use_cpu=training.use_cpu)
+    derived = {
+        "disable_tqdm",
+        "logging_dir",
+    }  # computed in __post_init__ (the progress bar, a timestamped folder)
+    for f in dataclasses.fields(training):
+        if f.init and f.name not in derived:
+            assert getattr(training, f.name) == getattr(recipe_args, f.name), f.name
+    # train_head's keywords carry no setting of their own: each default is None or empty
+    for name, parameter in inspect.signature(train_head).parameters.items():
+        assert parameter.default in (inspect.Parameter.empty, None, ()), name
+    seen = {}
+
+    def stop(examples, calibration_examples):
+        seen["calibration_examples"] = calibration_examples
+        raise InterruptedError
+
+    monkeypatch.setattr(recipe, "split_calibration", stop)
+    with pytest.raises(InterruptedError):
+        train_head(
+            make_target(), output_dir=tmp_path / "h", examples=[{"input_ids": [1, 5], "loss_mask": [0, 1]}]
+        )
+    assert seen["calibration_examples"] == DataArguments().calibration_examples == "auto"
+
+
+OLD_SPELLINGS = {
+    "bench": ([], [
+        ("--max-new-tokens 5", "--max_new_tokens 5"), ("--vllm-python py", "--vllm_python py"),
+        ("--ar-head h", "--ar_head h"), ("--head-dtype float32", "--head_dtype float32"),
+        ("--confidence-threshold 0.5", "--confidence_threshold 0.5"), ("--batch-sizes 1,2", "--batch_sizes 1,2"),
+        ("--tree-sizes 0,8", "--tree_sizes 0,8"), ("--no-speed", "--no_speed"),
+        ("--no-default-rule", "--no_default_rule"),
+    ]),
+    "calibrate": (["head"], [
+        ("--batch-sizes 1,2", "--batch_sizes 1,2"), ("--max-new-tokens 5", "--max_new_tokens 5"),
+        ("-k 3", "--num_speculative_tokens 3"), ("--num-speculative-tokens 3", "--num_speculative_tokens 3"),
+        ("--head-dtype float32", "--head_dtype float32"),
+    ]),
+    "export": (["head", "--out", "o"], [
+        ("-k 3", "--num_speculative_tokens 3"), ("--num-speculative-tokens 3", "--num_speculative_tokens 3"),
+        ("--allow-pickle", "--allow_pickle"), ("--max-shard-size 1GB", "--max_shard_size 1GB"),
+    ]),
+    "push": (["head", "me/repo"], [
+        ("--base-model m", "--base_model m"), ("--allow-pickle", "--allow_pickle"),
+        ("--prepare-only d", "--prepare_only d"),
+    ]),
+    "pack": (["rows.jsonl", "shards"], [("--max-tokens-per-shard 7", "--max_tokens_per_shard 7")]),
+    "demo": ([], [
+        ("--max-new-tokens 5", "--max_new_tokens 5"), ("-k 3", "--num_speculative_tokens 3"),
+        ("--num-speculative-tokens 3", "--num_speculative_tokens 3"),
+        ("--confidence-threshold 0.5", "--confidence_threshold 0.5"), ("--head-dtype float32", "--head_dtype float32"),
+    ]),
+    "train": (["--output_dir", "x"], [
+        ("--cod-ratio 0.5", "--cod_ratio 0.5"), ("--no-embed-from-target", "--no_embed_from_target"),
+    ]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(OLD_SPELLINGS))
+def test_old_flag_spellings_still_work_hidden_and_deprecated(command, capsys):
+    """Every flag is spelled as its field (`--max_new_tokens`); the old dash spellings (and `-k`) parse to the same
+    settings for one more release, say on stderr which flag replaces them, and are not in `--help`."""
+    import re
+
+    from peagle.cli import build_parser
+
+    base, pairs = OLD_SPELLINGS[command]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    help_text = capsys.readouterr().out
+    for old, new in pairs:
+        want = vars(build_parser().parse_args([command, *base, *new.split()]))
+        assert capsys.readouterr().err == ""
+        got = vars(build_parser().parse_args([command, *base, *old.split()]))
+        assert {k: v for k, v in got.items() if k != "func"} == {k: v for k, v in want.items() if k != "func"}
+        flag, new_flag = old.split()[0], new.split()[0]
+        err = capsys.readouterr().err
+        assert f"peagle {command}: {flag} is deprecated" in err and f"use {new_flag}" in err, err
+        assert new_flag in help_text and not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text), (
+            flag
+        )
+
+
+def test_every_parser_refuses_abbreviated_flags(capsys):
+    """`allow_abbrev` is off on `peagle` and on every sub-command: a prefix of a flag is an error, not the flag."""
+    from peagle.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert not parser.allow_abbrev and set(commands) == set(COMMANDS)
+    for name, sub in commands.items():
+        assert not sub.allow_abbrev, name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--max_new", "5"])
+    assert "--max_new" in capsys.readouterr().err

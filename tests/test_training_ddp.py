@@ -73,7 +73,7 @@ def _recipe(out: Path) -> None:
     """`train_head` in both processes writes the head and its files once, from rank 0."""
     from helpers import make_target, random_examples
     from peagle import PEagleDrafter
-    from peagle.training import train_head, training_arguments
+    from peagle.training import HeadArguments, train_head, training_arguments
 
     save = PEagleDrafter.save_pretrained
     rank = os.environ.get("RANK", "0")
@@ -90,7 +90,7 @@ def _recipe(out: Path) -> None:
     )  # fmt: skip
     train_head(
         make_target(), output_dir=out, examples=random_examples(8, seed=5), training_args=args,
-        draft_vocab_size=64, progress=False,
+        head_args=HeadArguments(draft_vocab_size=64),
     )  # fmt: skip
 
 

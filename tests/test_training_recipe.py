@@ -8,7 +8,14 @@ import torch
 from helpers import make_head, make_target, tiny_tokenizer
 from peagle import PEagleConfig
 from peagle.data import evalsets
-from peagle.training import PEagleTrainingArguments, build_head, train_head, training_arguments
+from peagle.training import (
+    DataArguments,
+    HeadArguments,
+    PEagleTrainingArguments,
+    build_head,
+    train_head,
+    training_arguments,
+)
 from peagle.training.head_surgery import init_layers_from_target
 from peagle.training.recipe import format_summary
 
@@ -44,13 +51,15 @@ def test_build_head_config_and_draft_vocabulary():
     head = build_head(
         target,
         examples,
-        drafting_mode="autoregressive",
-        num_hidden_layers=1,
-        draft_vocab_size=16,
+        HeadArguments(
+            drafting_mode="autoregressive",
+            num_hidden_layers=1,
+            draft_vocab_size=16,
+            embed_from_target=True,
+            mask_token_id=100,
+        ),
         num_parallel_positions=5,
         num_speculative_tokens=3,
-        embed_from_target=True,
-        mask_token_id=100,
         target_model_name="tiny",
     )
     cfg = head.config
@@ -63,6 +72,8 @@ def test_build_head_config_and_draft_vocabulary():
     full = build_head(target, attn_implementation="eager")
     assert full.config.draft_vocab_size == 128 and full.config._attn_implementation == "eager"
     with pytest.raises(ValueError, match="examples"):
+        build_head(target, head_args=HeadArguments(draft_vocab_size=16))
+    with pytest.raises(TypeError, match=r"\['draft_vocab_size'\] in head_args"):
         build_head(target, draft_vocab_size=16)
 
 
@@ -89,7 +100,7 @@ def test_train_head_with_argument_object_and_evaluation_guard(tmp_path, monkeypa
             tok,
             output_dir=tmp_path / "h4",
             prompts=["hi"],
-            generation_batch_size=0,
+            data_args=DataArguments(generation_batch_size=0),
             training_args=args,
         )
 
@@ -102,7 +113,7 @@ def test_sizing_log_says_given_only_for_what_the_caller_gave(caplog):
     assert "draft_vocab_size: 128 (the size rule's)" in caplog.text and "(given)" not in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="peagle.sizing"):
-        build_head(target, examples, draft_vocab_size=16, num_hidden_layers=1)
+        build_head(target, examples, HeadArguments(draft_vocab_size=16, num_hidden_layers=1))
     assert "draft_vocab_size: 16 (given)" in caplog.text and "num_hidden_layers: 1 (given)" in caplog.text
     caplog.clear()
     wide = make_target(vocab_size=9216)  # above the 8,192 floor: the size comes from the data
@@ -128,8 +139,8 @@ def test_train_head_fits_the_draft_calibration_on_held_out_examples(tmp_path):
     ]
     args = one_step_args(tmp_path)
     head, summary = train_head(
-        target, output_dir=tmp_path / "head", examples=examples, training_args=args, calibration_examples=4,
-        draft_vocab_size=64, progress=False,
+        target, output_dir=tmp_path / "head", examples=examples, training_args=args,
+        data_args=DataArguments(calibration_examples=4), head_args=HeadArguments(draft_vocab_size=64),
     )  # fmt: skip
     assert summary["examples"] == 8  # 4 held out
     saved = PEagleDrafter.from_pretrained(tmp_path / "head").config.draft_calibration
@@ -137,7 +148,11 @@ def test_train_head_fits_the_draft_calibration_on_held_out_examples(tmp_path):
     assert len(saved["x"]) >= 1 and summary["calibration"] == saved["report"]
     with pytest.raises(ValueError, match="leaves nothing to train on"):
         train_head(
-            target, output_dir=tmp_path / "h2", examples=examples, training_args=args, calibration_examples=12
+            target,
+            output_dir=tmp_path / "h2",
+            examples=examples,
+            training_args=args,
+            data_args=DataArguments(calibration_examples=12),
         )
 
 
@@ -151,7 +166,9 @@ def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
         {"input_ids": torch.randint(3, 120, (30,), generator=g).tolist(), "loss_mask": [0] * 6 + [1] * 24}
         for _ in range(4)
     ]
-    head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=64, num_parallel_positions=3)
+    head = build_head(
+        target, examples, HeadArguments(num_hidden_layers=1, draft_vocab_size=64), num_parallel_positions=3
+    )
     head.config.draft_calibration = {"method": "isotonic", "x": [[0.0, 1.0]], "y": [[0.0, 1.0]]}
     args = one_step_args(tmp_path)
     with caplog.at_level("WARNING", logger="peagle.training"):
@@ -161,7 +178,6 @@ def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
             examples=examples,
             head=head,
             training_args=args,
-            progress=False,
         )
     assert trained.config.draft_calibration is None and "peagle calibrate" in caplog.text
     assert PEagleDrafter.from_pretrained(tmp_path / "head").config.draft_calibration is None
@@ -169,7 +185,7 @@ def test_train_head_drops_a_continued_heads_stale_calibration(tmp_path, caplog):
 
 def test_build_head_layers_from_the_targets_last_layers():
     target = make_target()
-    head = build_head(target, num_hidden_layers=2, layers_init="target")
+    head = build_head(target, head_args=HeadArguments(num_hidden_layers=2, layers_init="target"))
     source = target.model.layers[-2:]
     hidden = head.config.hidden_size
     fused, plain = head.layers
@@ -182,12 +198,15 @@ def test_build_head_layers_from_the_targets_last_layers():
     assert torch.equal(fused.hidden_norm.weight, source[0].input_layernorm.weight)
     for (name, ours), theirs in zip(plain.state_dict().items(), source[1].state_dict().values()):
         assert torch.equal(ours, theirs), name
-    random = build_head(target, num_hidden_layers=2)
+    random = build_head(target, head_args=HeadArguments(num_hidden_layers=2))
     assert not torch.equal(random.layers[1].mlp.up_proj.weight, source[1].mlp.up_proj.weight)
     with pytest.raises(ValueError, match="decoder layers"):
-        build_head(make_target(num_hidden_layers=1), num_hidden_layers=2, layers_init="target")
+        build_head(
+            make_target(num_hidden_layers=1),
+            head_args=HeadArguments(num_hidden_layers=2, layers_init="target"),
+        )
     with pytest.raises(ValueError, match="layers_init"):
-        build_head(target, layers_init="copy")
+        build_head(target, head_args=HeadArguments(layers_init="copy"))
     target.model.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(8))  # another layer family
     with pytest.raises(ValueError, match="shares no weight"):
         init_layers_from_target(random, target)
@@ -202,7 +221,9 @@ def test_resize_draft_vocab_keeps_trained_rows_and_maps_the_targets_rows_for_new
     target = make_target(hidden_size=16, intermediate_size=32)
     rows_of = target.get_output_embeddings().weight.detach()
     examples = [{"input_ids": list(range(3, 120)), "loss_mask": [1] * 117}]
-    head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=40, num_parallel_positions=3)
+    head = build_head(
+        target, examples, HeadArguments(num_hidden_layers=1, draft_vocab_size=40), num_parallel_positions=3
+    )
     own = head.draft_vocab_ids
     mapping = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -223,7 +244,9 @@ def test_resize_draft_vocab_keeps_trained_rows_and_maps_the_targets_rows_for_new
     new.save_pretrained(tmp_path / "grown")
     assert PEagleDrafter.from_pretrained(tmp_path / "grown").config.draft_vocab_size == 43
 
-    few = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=8, num_parallel_positions=3)
+    few = build_head(
+        target, examples, HeadArguments(num_hidden_layers=1, draft_vocab_size=8), num_parallel_positions=3
+    )
     few_ids = few.draft_vocab_ids
     with torch.no_grad():
         few.lm_head.weight.copy_(3 * rows_of[few_ids])
@@ -232,18 +255,20 @@ def test_resize_draft_vocab_keeps_trained_rows_and_maps_the_targets_rows_for_new
 
 
 def test_train_head_grows_a_continued_heads_draft_vocabulary(tmp_path, caplog):
-    """train_head(head=..., draft_vocab_size=larger) keeps every id the head had, adds the examples' most frequent
+    """train_head(head=..., head_args=HeadArguments(draft_vocab_size=larger)) keeps every id the head had, adds the examples' most frequent
     others, logs the coverage before and after, and trains the grown head."""
     target = make_target(eos_token_id=2)
     first = [{"input_ids": list(range(3, 40)), "loss_mask": [1] * 37}]
-    head = build_head(target, first, num_hidden_layers=1, draft_vocab_size=32, num_parallel_positions=3)
+    head = build_head(
+        target, first, HeadArguments(num_hidden_layers=1, draft_vocab_size=32), num_parallel_positions=3
+    )
     own = set(head.draft_vocab_ids.tolist())
     later = [{"input_ids": [5] * 4 + list(range(60, 100)) * 2, "loss_mask": [0] * 4 + [1] * 80}] * 2
     args = one_step_args(tmp_path)
     with caplog.at_level("INFO", logger="peagle.training"):
         trained, summary = train_head(
             target, output_dir=tmp_path / "head", examples=later, head=head, training_args=args,
-            draft_vocab_size=48, progress=False,
+            head_args=HeadArguments(draft_vocab_size=48),
         )  # fmt: skip
     ids = set(trained.t2d.nonzero().flatten().tolist())
     assert summary["draft_vocab_size"] == 48 and own <= ids and len(ids & set(range(60, 100))) == 16
@@ -284,18 +309,20 @@ def test_grow_layers_appends_layers_that_add_nothing_until_trained(tmp_path, hav
 
 
 def test_train_head_grows_a_continued_heads_layers(tmp_path):
-    """train_head(head=..., num_hidden_layers=more) appends layers and trains them: their zeroed output
+    """train_head(head=..., head_args=HeadArguments(num_hidden_layers=more)) appends layers and trains them: their zeroed output
     projections move, and the summary records the new depth."""
     target = make_target(eos_token_id=2)
     examples = [{"input_ids": list(range(3, 40)), "loss_mask": [0] * 5 + [1] * 32}]
-    head = build_head(target, examples, num_hidden_layers=1, draft_vocab_size=32, num_parallel_positions=3)
+    head = build_head(
+        target, examples, HeadArguments(num_hidden_layers=1, draft_vocab_size=32), num_parallel_positions=3
+    )
     args = training_arguments(
         tmp_path / "ckpt", num_parallel_positions=3, max_steps=1, gradient_accumulation_steps=1, use_cpu=True,
         save_strategy="no", progress=False, warmup_steps=0, learning_rate=1e-2,
     )  # fmt: skip
     trained, summary = train_head(
         target, output_dir=tmp_path / "head", examples=examples, head=head, training_args=args,
-        num_hidden_layers=2, progress=False,
+        head_args=HeadArguments(num_hidden_layers=2),
     )  # fmt: skip
     assert summary["num_hidden_layers"] == 2 and trained.config.num_hidden_layers == 2
     assert trained.layers[1].mlp.down_proj.weight.abs().sum() > 0
@@ -332,8 +359,8 @@ def test_train_head_over_a_folder_holding_a_sharded_head_leaves_only_the_new_hea
         for _ in range(4)
     ]
     head, _ = train_head(
-        target, output_dir=out, examples=examples, training_args=one_step_args(tmp_path), draft_vocab_size=64,
-        progress=False,
+        target, output_dir=out, examples=examples, training_args=one_step_args(tmp_path),
+        head_args=HeadArguments(draft_vocab_size=64),
     )  # fmt: skip
     assert not (out / "model.safetensors.index.json").exists()
     assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
@@ -360,4 +387,27 @@ def test_check_saved_head_refuses_a_folder_that_does_not_reload_with_the_head(tm
 def test_build_head_refuses_a_head_without_layers(layers):
     """A config saying 0 layers described a head that had 1 (the fused layer): its vLLM export did not reload."""
     with pytest.raises(ValueError, match=f"num_hidden_layers is {layers}; expected an integer >= 1"):
-        build_head(make_target(), num_hidden_layers=layers)
+        build_head(make_target(), head_args=HeadArguments(num_hidden_layers=layers))
+
+
+def test_public_functions_of_the_training_api_take_at_most_ten_parameters():
+    """Settings travel in dataclasses (`PEagleTrainingArguments`, `DataArguments`, `HeadArguments`,
+    `GenerationSettings`, ...) or keywords forwarded to the function that reads them, never in long signatures."""
+    import importlib
+    import inspect
+
+    from peagle.cli import COMMANDS
+
+    modules = [
+        "peagle.training.recipe",
+        "peagle.training.arguments",
+        "peagle.data.distill",
+        "peagle.integrations.hub",
+    ]
+    modules += ["peagle.cli", "peagle.cli._common"] + [f"peagle.cli.{c.replace('-', '_')}" for c in COMMANDS]
+    for name in modules:
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or not inspect.isfunction(value) or value.__module__ != name:
+                continue
+            assert len(inspect.signature(value).parameters) <= 10, f"{name}.{attr}"

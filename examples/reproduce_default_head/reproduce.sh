@@ -26,5 +26,5 @@ peagle evaluate --heads "$OUT/head" --examples "$DATA/heldout:48:16" --num_specu
 
 # 4. the model card, in the upload folder (nothing is uploaded)
 peagle push "$OUT/head" you/SmolLM2-135M-Instruct-peagle --target default \
-    --training "$OUT/head/train_summary.json" --prepare-only "$OUT/card"
+    --training "$OUT/head/train_summary.json" --prepare_only "$OUT/card"
 echo "head: $OUT/head   card: $OUT/card/README.md   held-out: $OUT/heldout.json"

@@ -16,7 +16,7 @@ def test_bench_vllm_rows(tmp_path, capsys):
     length, next to the transformers rows (wiring only: one prompt, 16 tokens; no timing is asserted)."""
     out = tmp_path / "bench"
     args = ["bench", "--methods", "greedy,peagle,vllm,vllm-peagle", "--datasets", "mtbench", "--limit", "1"]
-    args += ["--ks", "3", "--max-new-tokens", "16", "--repeats", "1", "--no-default-rule", "--out", str(out)]
+    args += ["--ks", "3", "--max_new_tokens", "16", "--repeats", "1", "--no_default_rule", "--out", str(out)]
     assert main(args) == 0
     table = capsys.readouterr().out
     results = json.loads((out / "bench.json").read_text())
@@ -36,7 +36,7 @@ def test_push_prepare_only_with_default_target(tmp_path):
     shipped = peagle.targets.default_drafter_path("peagle")
     out = tmp_path / "upload"
     assert (
-        main(["push", str(shipped), "me/smollm2-peagle", "--target", "default", "--prepare-only", str(out)])
+        main(["push", str(shipped), "me/smollm2-peagle", "--target", "default", "--prepare_only", str(out)])
         == 0
     )
     back, ref = peagle.load_head(out), peagle.load_head(shipped)

@@ -3,86 +3,104 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
-from ._common import DTYPES, add_head_dtype_argument, add_target_argument
+from ._common import DTYPES, dataclass_parent, head_dtype_field, target_field
+
+
+@dataclass
+class BenchArguments:
+    """The settings of `peagle bench` (each field is a flag of the same name)."""
+
+    limit: int | None = field(default=None, metadata={"help": "prompts per set (default: all; 80 and 164)"})
+    ks: str = field(
+        default="1,2,3,4,5,6,7,8,9,10", metadata={"help": "comma-separated K values (fixed K rows)"}
+    )
+    max_new_tokens: int = 128
+    repeats: int = field(default=3, metadata={"help": "timed repeats per run; the median is kept"})
+    datasets: str = "mtbench,humaneval"
+    methods: str = field(
+        default="greedy,peagle,eagle3,pld",
+        metadata={
+            "help": "comma-separated: greedy, peagle, eagle3, pld; with a vLLM environment also vllm, vllm-peagle, "
+            "vllm-eagle3 (vLLM plain / with the head's vLLM export, same prompts and lengths)"
+        },
+    )
+    vllm_python: str | None = field(
+        default=None,
+        metadata={
+            "help": "Python interpreter of a vLLM environment, for the vllm* methods (default: $PEAGLE_VLLM_PYTHON)"
+        },
+    )
+    target: str | None = target_field()
+    head: str | None = field(
+        default=None,
+        metadata={"help": "P-EAGLE head folder (default: the shipped head; needed with --target)"},
+    )
+    ar_head: str | None = field(
+        default=None,
+        metadata={
+            "help": "autoregressive head folder (default: the shipped EAGLE-3 head; with --target: none, rows "
+            "skipped)"
+        },
+    )
+    dtype: str = field(default="float32", metadata={"choices": DTYPES, "help": "target dtype"})
+    head_dtype: str = head_dtype_field()
+    out: str = field(default="bench_results", metadata={"help": "folder for bench.json and bench.png"})
+    confidence_threshold: float = field(
+        default=0.0,
+        metadata={
+            "help": "assistant_confidence_threshold of the fixed-K rows (default 0: K drafts every round)"
+        },
+    )
+    batch_sizes: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated batch sizes, e.g. 1,2,4,8: run the batched benchmark instead (plain batched "
+            "greedy against the heads at each B on the same left-padded prompts; writes bench_batch.json/.png)"
+        },
+    )
+    tree_sizes: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated draft-tree node budgets, e.g. 0,8,16,32,64 (0: the chain): run the tree "
+            "benchmark instead (tokens per target pass against the budget for each head, with and without "
+            "prompt-lookup branches, K = the first of --ks; writes bench_tree.json/.png)"
+        },
+    )
+    lookups: str = field(
+        default="0,10",
+        metadata={
+            "help": "tree benchmark: prompt-lookup branch lengths to try (0: none); also rows of prompt lookup alone"
+        },
+    )
+    examples: str | None = field(
+        default=None,
+        metadata={
+            "help": "tree and batch benchmarks: held-out examples (shards or JSONL) whose prompts form a set of "
+            "their own ('heldout'); with --skip and --limit"
+        },
+    )
+    skip: int = field(default=0, metadata={"help": "examples to skip in --examples"})
+    speed: bool = field(
+        default=True,
+        metadata={"help": "tree benchmark: time the default-rule rows (--no_speed: acceptance only)"},
+    )
+    default_rule: bool = field(
+        default=True,
+        metadata={
+            "help": "run each head with its default rule (cost-aware drafting) too (--no_default_rule: skip those "
+            "rows)"
+        },
+    )
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "bench", help="greedy vs P-EAGLE vs EAGLE-3 head vs prompt lookup on MT-Bench and HumanEval"
+    return sub.add_parser(
+        "bench",
+        help="greedy vs P-EAGLE vs EAGLE-3 head vs prompt lookup on MT-Bench and HumanEval",
+        parents=[dataclass_parent(BenchArguments)],
     )
-    p.add_argument("--limit", type=int, default=None, help="prompts per set (default: all; 80 and 164)")
-    p.add_argument("--ks", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated K values (fixed K rows)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per run; the median is kept")
-    p.add_argument("--datasets", default="mtbench,humaneval")
-    p.add_argument(
-        "--methods",
-        default="greedy,peagle,eagle3,pld",
-        help="comma-separated: greedy, peagle, eagle3, pld; with a vLLM environment also vllm, vllm-peagle, "
-        "vllm-eagle3 (vLLM plain / with the head's vLLM export, same prompts and lengths)",
-    )
-    p.add_argument(
-        "--vllm-python",
-        default=None,
-        help="Python interpreter of a vLLM environment, for the vllm* methods (default: $PEAGLE_VLLM_PYTHON)",
-    )
-    add_target_argument(p)
-    p.add_argument(
-        "--head", default=None, help="P-EAGLE head folder (default: the shipped head; needed with --target)"
-    )
-    p.add_argument(
-        "--ar-head",
-        default=None,
-        help="autoregressive head folder (default: the shipped EAGLE-3 head; with --target: none, rows skipped)",
-    )
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="target dtype")
-    add_head_dtype_argument(p)
-    p.add_argument("--out", default="bench_results", help="folder for bench.json and bench.png")
-    p.add_argument(
-        "--confidence-threshold",
-        type=float,
-        default=0.0,
-        help="assistant_confidence_threshold of the fixed-K rows (default 0: K drafts every round)",
-    )
-    p.add_argument(
-        "--batch-sizes",
-        default=None,
-        help="comma-separated batch sizes, e.g. 1,2,4,8: run the batched benchmark instead (plain batched greedy "
-        "against the heads at each B on the same left-padded prompts; writes bench_batch.json/.png)",
-    )
-    p.add_argument(
-        "--tree-sizes",
-        default=None,
-        help="comma-separated draft-tree node budgets, e.g. 0,8,16,32,64 (0: the chain): run the tree benchmark "
-        "instead (tokens per target pass against the budget for each head, with and without prompt-lookup "
-        "branches, K = the first of --ks; writes bench_tree.json/.png)",
-    )
-    p.add_argument(
-        "--lookups",
-        default="0,10",
-        help="tree benchmark: prompt-lookup branch lengths to try (0: none); also rows of prompt lookup alone",
-    )
-    p.add_argument(
-        "--examples",
-        default=None,
-        help="tree and batch benchmarks: held-out examples (shards or JSONL) whose prompts form a set of their own "
-        "('heldout'); with --skip and --limit",
-    )
-    p.add_argument("--skip", type=int, default=0, help="examples to skip in --examples")
-    p.add_argument(
-        "--no-speed",
-        dest="speed",
-        action="store_false",
-        help="tree benchmark: skip the timed default-rule rows (acceptance only)",
-    )
-    p.add_argument(
-        "--no-default-rule",
-        dest="default_rule",
-        action="store_false",
-        help="skip the rows that run each head with its default rule (cost-aware drafting)",
-    )
-    return p
 
 
 def _ints(text: str, name: str, low: int = 1) -> list[int]:
@@ -99,18 +117,18 @@ def run(args: argparse.Namespace) -> int:
     # validate everything before anything heavy loads
     ks = _ints(args.ks, "ks")
     if args.batch_sizes is not None:
-        _ints(args.batch_sizes, "batch-sizes")
+        _ints(args.batch_sizes, "batch_sizes")
     if args.tree_sizes is not None:
-        _ints(args.tree_sizes, "tree-sizes", low=0)
+        _ints(args.tree_sizes, "tree_sizes", low=0)
         _ints(args.lookups, "lookups", low=0)
         if args.examples is None and not args.datasets.strip():
-            raise SystemExit("peagle bench: --tree-sizes needs prompts: --datasets and/or --examples")
+            raise SystemExit("peagle bench: --tree_sizes needs prompts: --datasets and/or --examples")
     if args.skip < 0:
         raise SystemExit(f"peagle bench: --skip must be >= 0, got {args.skip}")
     if args.limit is not None and args.limit < 1:
         raise SystemExit(f"peagle bench: --limit must be >= 1, got {args.limit}")
     if args.repeats < 1 or args.max_new_tokens < 1:
-        raise SystemExit("peagle bench: --repeats and --max-new-tokens must be >= 1")
+        raise SystemExit("peagle bench: --repeats and --max_new_tokens must be >= 1")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     import os
@@ -147,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         if path is None and not default_target:  # the shipped heads fit only the embedded target
             if method == "peagle":
                 raise SystemExit(f"peagle bench: --target {args.target} needs --head (a head trained for it)")
-            print(f"peagle bench: no --ar-head for --target {args.target}: skipping the eagle3 rows")
+            print(f"peagle bench: no --ar_head for --target {args.target}: skipping the eagle3 rows")
             methods.remove(method)
             continue
         folder = path or default_drafter_path(method)
@@ -183,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
-    """`--batch-sizes`: the batched benchmark on the prompts of every set, interleaved (mixed lengths)."""
+    """`--batch_sizes`: the batched benchmark on the prompts of every set, interleaved (mixed lengths)."""
     import itertools
 
     import torch
@@ -195,7 +213,7 @@ def _run_batches(args, target, tokenizer, prompts, heads, head_dtype) -> int:
         write_batch_results,
     )
 
-    sizes = _ints(args.batch_sizes, "batch-sizes")
+    sizes = _ints(args.batch_sizes, "batch_sizes")
     prompts = _with_heldout(args, prompts)
     mixed = [p for group in itertools.zip_longest(*prompts.values()) for p in group if p is not None]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -230,9 +248,7 @@ def _record_run(results: dict, args: argparse.Namespace, head_dtype) -> None:
     results["machine"] = machine_description()
     results["head_dtype"] = str(head_dtype).removeprefix("torch.")
     results["command"] = "peagle bench " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if k not in ("func", "command") and v is not None
+        f"--{k} {v}" for k, v in vars(args).items() if k not in ("func", "command") and v is not None
     )
 
 
@@ -282,7 +298,7 @@ def _with_heldout(args, prompts: dict) -> dict:
 
 
 def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
-    """`--tree-sizes`: tokens per target pass against the node budget (both heads, with and without lookup)."""
+    """`--tree_sizes`: tokens per target pass against the node budget (both heads, with and without lookup)."""
     import torch
 
     from ..evaluation.bench_tree import format_tree_table, run_tree_benchmark, write_tree_results
@@ -299,7 +315,7 @@ def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
         target,
         prompts,
         heads,
-        tree_sizes=_ints(args.tree_sizes, "tree-sizes", low=0),
+        tree_sizes=_ints(args.tree_sizes, "tree_sizes", low=0),
         num_speculative_tokens=k,
         lookups=_ints(args.lookups, "lookups", low=0),
         max_new_tokens=args.max_new_tokens,
@@ -332,7 +348,7 @@ def _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks):
                 continue
             if path is None and target_spec != "default":
                 raise SystemExit(
-                    f"peagle bench: vllm-{method} with --target {target_spec} needs --head / --ar-head"
+                    f"peagle bench: vllm-{method} with --target {target_spec} needs --head / --ar_head"
                 )
             head = PEagleDrafter.from_pretrained(path or default_drafter_path(method), dtype=torch.float32)
             head_dirs[method] = export(head, f"{tmp}/{method}", layout="vllm", target_model=target)

@@ -5,61 +5,76 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._common import (
     DTYPES,
-    add_head_dtype_argument,
-    add_num_speculative_tokens_argument,
-    add_target_argument,
+    dataclass_parent,
+    head_dtype_field,
     non_negative_int,
+    num_speculative_tokens_field,
+    positional,
     positive_int,
+    target_field,
 )
 
 
+@dataclass
+class CalibrateArguments:
+    """The settings of `peagle calibrate` (`head` is positional; each other field is a flag of the same name)."""
+
+    head: str = positional(
+        "head folder in peagle's layout (its config.json is updated in place); with --costs also 'default' "
+        "(the shipped head)"
+    )
+    examples: str | None = field(
+        default=None,
+        metadata={
+            "help": "held-out self-distilled examples (a shard folder, or JSONL rows with input_ids/loss_mask): "
+            "the prompt part of each is generated from; never an evaluation set (required unless --costs)"
+        },
+    )
+    costs: bool = field(
+        default=False,
+        metadata={
+            "switch": True,
+            "help": "instead: time the cost rule's verify-cost curves of this target, head, dtype and thread count "
+            "anew (the reference curve and --contexts, at each of --batch_sizes) and replace the cached ones with "
+            "their online corrections; run it on an otherwise idle machine",
+        },
+    )
+    batch_sizes: str = field(
+        default="1", metadata={"help": "with --costs: comma-separated batch sizes to time (default 1)"}
+    )
+    contexts: str = field(
+        default="1024,2048,4096,8192",
+        metadata={
+            "help": "with --costs: longer contexts to time (those beyond the target's range are skipped; others "
+            "are timed lazily when a call reaches them)"
+        },
+    )
+    target: str | None = target_field()
+    limit: int = field(default=32, metadata={"parse": positive_int, "help": "examples to use (default 32)"})
+    skip: int = field(
+        default=0,
+        metadata={"parse": non_negative_int, "help": "skip the first N examples (e.g. those trained on)"},
+    )
+    max_new_tokens: int = field(default=128, metadata={"parse": positive_int})
+    num_speculative_tokens: int | None = num_speculative_tokens_field(
+        "drafts per round (default: the head's K)"
+    )
+    dtype: str = field(default="float32", metadata={"choices": DTYPES, "help": "target dtype"})
+    head_dtype: str = head_dtype_field()
+    report: str | None = field(default=None, metadata={"help": "also write the ECE report to this JSON file"})
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    return sub.add_parser(
         "calibrate",
         help="fit the head's draft-probability calibration (used by cost-aware drafting) on held-out prompts",
+        parents=[dataclass_parent(CalibrateArguments)],
     )
-    p.add_argument(
-        "head",
-        help="head folder in peagle's layout (its config.json is updated in place); with --costs also 'default' "
-        "(the shipped head)",
-    )
-    p.add_argument(
-        "--examples",
-        default=None,
-        help="held-out self-distilled examples (a shard folder, or JSONL rows with input_ids/loss_mask): the "
-        "prompt part of each is generated from; never an evaluation set (required unless --costs)",
-    )
-    p.add_argument(
-        "--costs",
-        action="store_true",
-        help="instead: time the cost rule's verify-cost curves of this target, head, dtype and thread count anew "
-        "(the reference curve and --contexts, at each of --batch-sizes) and replace the cached ones with their "
-        "online corrections; run it on an otherwise idle machine",
-    )
-    p.add_argument(
-        "--batch-sizes", default="1", help="with --costs: comma-separated batch sizes to time (default 1)"
-    )
-    p.add_argument(
-        "--contexts",
-        default="1024,2048,4096,8192",
-        help="with --costs: longer contexts to time (those beyond the target's range are skipped; others are "
-        "timed lazily when a call reaches them)",
-    )
-    add_target_argument(p)
-    p.add_argument("--limit", type=positive_int, default=32, help="examples to use (default 32)")
-    p.add_argument(
-        "--skip", type=non_negative_int, default=0, help="skip the first N examples (e.g. those trained on)"
-    )
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    add_num_speculative_tokens_argument(p, "drafts per round (default: the head's K)")
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="target dtype")
-    add_head_dtype_argument(p)
-    p.add_argument("--report", default=None, help="also write the ECE report to this JSON file")
-    return p
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -80,7 +95,7 @@ def run_costs(args: argparse.Namespace) -> int:
     from ..runtime import resolve_dtype
     from ..targets import load_default_drafter, load_target
 
-    sizes = _int_list(args.batch_sizes, "--batch-sizes")
+    sizes = _int_list(args.batch_sizes, "--batch_sizes")
     contexts = _int_list(args.contexts, "--contexts")
     dtype = getattr(torch, args.dtype)
     target, _ = load_target(args.target or "default", dtype=dtype)

@@ -4,39 +4,48 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from ._common import (
     DTYPES,
-    add_confidence_argument,
-    add_head_dtype_argument,
-    add_num_speculative_tokens_argument,
-    add_target_argument,
+    confidence_field,
+    dataclass_parent,
+    head_dtype_field,
+    num_speculative_tokens_field,
     positive_int,
+    target_field,
 )
 
 
+@dataclass
+class DemoArguments:
+    """The settings of `peagle demo` (each field is a flag of the same name)."""
+
+    max_new_tokens: int = field(default=128, metadata={"parse": positive_int})
+    num_speculative_tokens: int | None = num_speculative_tokens_field(
+        "K, draft tokens per round (default: the head's)"
+    )
+    confidence_threshold: float | None = confidence_field()
+    dtype: str = field(
+        default="float32",
+        metadata={"choices": DTYPES, "help": "target dtype (bfloat16: faster here, not bit-identical)"},
+    )
+    head_dtype: str = head_dtype_field()
+    target: str | None = target_field()
+    head: str | None = field(
+        default=None,
+        metadata={
+            "help": "head folder or Hub id, any layout (default: the shipped head; needed with --target)"
+        },
+    )
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    return sub.add_parser(
         "demo",
         help="generate with and without a head (default: the shipped head on the embedded SmolLM2 target)",
+        parents=[dataclass_parent(DemoArguments)],
     )
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    add_num_speculative_tokens_argument(p, "K, draft tokens per round (default: the head's)")
-    add_confidence_argument(p)
-    p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=DTYPES,
-        help="target dtype (bfloat16: faster here, not bit-identical)",
-    )
-    add_head_dtype_argument(p)
-    add_target_argument(p)
-    p.add_argument(
-        "--head",
-        default=None,
-        help="head folder or Hub id, any layout (default: the shipped head; needed with --target)",
-    )
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,54 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._common import add_num_speculative_tokens_argument
+from ._common import dataclass_parent, num_speculative_tokens_field, positional
 
 VERIFIER_CHOICES = ("local", "hub")
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "export", help="convert a head (any known layout) to the vllm, speculators or peagle layout"
-    )
-    p.add_argument("head", help="head folder or Hub repo id, in any layout peagle reads")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--layout", choices=["vllm", "speculators", "peagle"], default="vllm")
-    p.add_argument(
-        "--target",
-        default=None,
-        help="target path, Hub id or 'default'; needed when the head "
-        "shares the target's embeddings or lacks embed_tokens / lm_head",
-    )
-    p.add_argument(
-        "--verifier",
-        default=None,
-        metavar="local|hub|NAME_OR_PATH",
-        help="where the speculators layout says the target lives (speculators_config.verifier.name_or_path): "
-        "'local' (the default with --target: the target's folder, so speculators loads the export offline), "
-        "'hub' (its Hub id, for publishing), or a folder / Hub id given as is",
-    )
-    add_num_speculative_tokens_argument(p, "K to record (default: the head's)")
-    p.add_argument(
-        "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="write even where --out holds a model other than a head (e.g. the target's folder), replacing it",
-    )
-    p.add_argument(
-        "--max-shard-size",
-        type=shard_size,
-        default="5GB",
-        help="largest weight file, e.g. 500MB (default 5GB)",
-    )
-    return p
-
-
 def shard_size(value: str) -> str:
-    """argparse type of `--max-shard-size`: a positive size with a unit (`500MB`, `5GB`; KB, MB, GB, TB)."""
+    """argparse type of `--max_shard_size`: a positive size with a unit (`500MB`, `5GB`; KB, MB, GB, TB)."""
     from huggingface_hub.serialization._base import parse_size_to_int
 
     try:
@@ -60,6 +22,53 @@ def shard_size(value: str) -> str:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive size such as 500MB or 5GB, got {value!r}")
     return value
+
+
+@dataclass
+class ExportArguments:
+    """The settings of `peagle export` (`head` is positional; each other field is a flag of the same name)."""
+
+    head: str = positional("head folder or Hub repo id, in any layout peagle reads")
+    out: str = field(metadata={"help": "output folder"})
+    layout: str = field(default="vllm", metadata={"choices": ["vllm", "speculators", "peagle"]})
+    target: str | None = field(
+        default=None,
+        metadata={
+            "help": "target path, Hub id or 'default'; needed when the head shares the target's embeddings or lacks "
+            "embed_tokens / lm_head"
+        },
+    )
+    verifier: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "local|hub|NAME_OR_PATH",
+            "help": "where the speculators layout says the target lives (speculators_config.verifier.name_or_path): "
+            "'local' (the default with --target: the target's folder, so speculators loads the export offline), "
+            "'hub' (its Hub id, for publishing), or a folder / Hub id given as is",
+        },
+    )
+    num_speculative_tokens: int | None = num_speculative_tokens_field("K to record (default: the head's)")
+    allow_pickle: bool = field(
+        default=False, metadata={"switch": True, "help": "permit .bin/.pt checkpoints (unpickling runs code)"}
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "switch": True,
+            "help": "write even where --out holds a model other than a head (e.g. the target's folder), replacing it",
+        },
+    )
+    max_shard_size: str = field(
+        default="5GB", metadata={"parse": shard_size, "help": "largest weight file, e.g. 500MB (default 5GB)"}
+    )
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        "export",
+        help="convert a head (any known layout) to the vllm, speculators or peagle layout",
+        parents=[dataclass_parent(ExportArguments)],
+    )
 
 
 def target_locations(spec: str, target=None) -> tuple[str | None, str | None]:

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 
-from ._common import positive_int
+from ._common import dataclass_parent, positional, positive_int
+
+
+@dataclass
+class PackArguments:
+    """The settings of `peagle pack` (`rows` and `folder` are positional; each other field is a flag of the same
+    name)."""
+
+    rows: str = positional("JSONL of rows with input_ids, loss_mask and source")
+    folder: str = positional("shard folder (created if needed)")
+    target: str = field(
+        default="default",
+        metadata={"help": "name of the model that generated the rows ('default': SmolLM2)"},
+    )
+    dtype: str = field(
+        default="bfloat16",
+        metadata={"help": "dtype the target generated in, for rows that do not name theirs"},
+    )
+    source: str = field(default="unknown", metadata={"help": "source of rows without a 'source' field"})
+    max_tokens_per_shard: int = field(default=4_000_000, metadata={"parse": positive_int})
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "pack", help="pack self-distilled JSONL rows (peagle grow-data) into token-id shards, resumably"
+    return sub.add_parser(
+        "pack",
+        help="pack self-distilled JSONL rows (peagle grow-data) into token-id shards, resumably",
+        parents=[dataclass_parent(PackArguments)],
     )
-    p.add_argument("rows", help="JSONL of rows with input_ids, loss_mask and source")
-    p.add_argument("folder", help="shard folder (created if needed)")
-    p.add_argument(
-        "--target", default="default", help="name of the model that generated the rows ('default': SmolLM2)"
-    )
-    p.add_argument(
-        "--dtype", default="bfloat16", help="dtype the target generated in, for rows that do not name theirs"
-    )
-    p.add_argument("--source", default="unknown", help="source of rows without a 'source' field")
-    p.add_argument("--max-tokens-per-shard", type=positive_int, default=4_000_000)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

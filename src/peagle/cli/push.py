@@ -3,42 +3,57 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
+
+from ._common import dataclass_parent, positional
+
+
+@dataclass
+class PushArguments:
+    """The settings of `peagle push` (`head` and `repo_id` are positional; each other field is a flag of the same
+    name)."""
+
+    head: str = positional("head folder or Hub repo id, in any layout peagle reads")
+    repo_id: str = positional("destination Hub repo, e.g. you/SmolLM2-135M-Instruct-peagle")
+    target: str | None = field(
+        default=None, metadata={"help": "target path, Hub id or 'default' (checked against the head)"}
+    )
+    bench: str | None = field(
+        default=None, metadata={"help": "benchmark JSON (peagle bench) for the acceptance/speedup table"}
+    )
+    training: str | None = field(
+        default=None, metadata={"help": "JSON file describing training data and budget"}
+    )
+    license: str | None = field(
+        default=None,
+        metadata={
+            "help": "the card's license (default: the target's: its folder's card, its family's (Gemma: gemma), "
+            "apache-2.0 for the default target, else 'other')"
+        },
+    )
+    base_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "the target's Hub id for the card's base_model (default: the name the head or the target "
+            "folder records)"
+        },
+    )
+    private: bool = field(default=False, metadata={"switch": True})
+    token: str | None = None
+    allow_pickle: bool = field(
+        default=False, metadata={"switch": True, "help": "permit .bin/.pt checkpoints (unpickling runs code)"}
+    )
+    prepare_only: str | None = field(
+        default=None, metadata={"metavar": "DIR", "help": "write the upload folder to DIR, do not upload"}
+    )
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "push", help="upload a head to the Hub with a model card, remote code and custom_generate/"
+    return sub.add_parser(
+        "push",
+        help="upload a head to the Hub with a model card, remote code and custom_generate/",
+        parents=[dataclass_parent(PushArguments)],
     )
-    p.add_argument("head", help="head folder or Hub repo id, in any layout peagle reads")
-    p.add_argument("repo_id", help="destination Hub repo, e.g. you/SmolLM2-135M-Instruct-peagle")
-    p.add_argument(
-        "--target", default=None, help="target path, Hub id or 'default' (checked against the head)"
-    )
-    p.add_argument(
-        "--bench", default=None, help="benchmark JSON (peagle bench) for the acceptance/speedup table"
-    )
-    p.add_argument("--training", default=None, help="JSON file describing training data and budget")
-    p.add_argument(
-        "--license",
-        default=None,
-        help="the card's license (default: the target's: its folder's card, its family's (Gemma: gemma), "
-        "apache-2.0 for the default target, else 'other')",
-    )
-    p.add_argument(
-        "--base-model",
-        default=None,
-        help="the target's Hub id for the card's base_model (default: the name the head or the target folder "
-        "records)",
-    )
-    p.add_argument("--private", action="store_true")
-    p.add_argument("--token", default=None)
-    p.add_argument(
-        "--allow-pickle", action="store_true", help="permit .bin/.pt checkpoints (unpickling runs code)"
-    )
-    p.add_argument(
-        "--prepare-only", default=None, metavar="DIR", help="write the upload folder to DIR, do not upload"
-    )
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

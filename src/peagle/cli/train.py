@@ -136,28 +136,6 @@ def warn_slow_bf16(training, data) -> None:
         )
 
 
-def base_head_for(head, lora, target):
-    """The head to continue (`--base_head`, or the shipped one with `--lora`), with its adapter; None: build."""
-    from ..training.recipe import load_head_for_training
-
-    if not (lora.lora or head.base_head):
-        return None
-    config = None
-    if lora.lora:
-        from ..integrations.peft import lora_config
-
-        modules = lora.lora_target_modules.split(",") if lora.lora_target_modules else None
-        config = lora_config(
-            r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout, target_modules=modules
-        )
-    path = head.base_head
-    if path is None:
-        from ..targets import default_drafter_path
-
-        path = default_drafter_path("peagle")
-    return load_head_for_training(path, target, lora=config)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -178,35 +156,20 @@ def run(args: argparse.Namespace) -> int:
         )
     if tokenizer is not None and template is not None:
         tokenizer.chat_template = template
-    head = base_head_for(head_args, lora, target)
-    resume = training.resume_from_checkpoint
+    if lora.lora and head_args.base_head is None:  # the shipped head of the default target
+        from ..targets import default_drafter_path
+
+        head_args.base_head = str(default_drafter_path("peagle"))
     head, summary = train_head(
         target,
         tokenizer,
         output_dir=args.output_dir,
+        training_args=training,
+        data_args=data,
+        head_args=head_args,
+        lora_args=lora,
         prompts=prompts,
         examples=examples,
-        num_magpie_prompts=data.num_magpie_prompts,
-        num_code_prompts=data.num_code_prompts,
-        max_new_tokens=data.max_new_tokens,
-        generation_batch_size=data.generation_batch_size,
-        do_sample=data.do_sample,
-        temperature=data.temperature,
-        plain_prompts=data.plain_prompts,
-        num_hidden_layers=head_args.num_hidden_layers,
-        draft_vocab_size=head_args.draft_vocab_size,
-        drafting_mode=head_args.drafting_mode,
-        embed_from_target=head_args.embed_from_target,
-        mask_token_id=head_args.mask_token_id,
-        lm_head_init=head_args.lm_head_init,
-        layers_init=head_args.layers_init,
-        feature_cache=data.feature_cache,
-        calibration_examples=data.calibration_examples,
-        documents=data.documents,
-        document_examples_per_length=data.document_examples_per_length,
-        training_args=training,
-        resume_from_checkpoint=True if resume == "last" else resume,
-        head=head,
     )
     print(format_summary(summary))
     if lora.lora and training.should_save:

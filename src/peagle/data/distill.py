@@ -13,7 +13,10 @@ HumanEval prompts (see [`peagle.data.prompts.check_not_evaluation`]).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.utils import logging
@@ -30,6 +33,60 @@ from .prompts import (
 )
 
 logger = logging.get_logger(__name__)
+
+
+@dataclass
+class GenerationSettings:
+    """How the target continues prompts in self-distillation ([`generate_responses`], [`self_distill`]): the
+    decoding, the batching and the progress bar.  Like transformers' `generate(generation_config, **kwargs)`, the
+    functions taking one also take any of its fields as keywords, which replace the settings' values.
+
+    Args:
+        max_new_tokens: cap on each continuation.
+        batch_size: prompts per `generate` call (prompts are length-sorted to limit padding).
+        do_sample, temperature, top_p: decoding; sampling is seeded by `seed` without touching the global RNG.
+        pad_token_id: padding id (default the config's, else the first EOS id).
+        eos_token_id: stop id(s) (default the generation config's).
+        progress: show a progress bar.
+    """
+
+    max_new_tokens: int = 256
+    batch_size: int = 8
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    pad_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    progress: bool = True
+
+
+@dataclass
+class MagpieSettings(GenerationSettings):
+    """[`GenerationSettings`] of Magpie prompt synthesis ([`synthesize_prompts`]): always sampled (`do_sample` is
+    not read), shorter turns, bigger batches, and when a user turn ends and counts.
+
+    Args:
+        stop_token_ids: end of the user turn (default: the first suffix token plus the target's EOS ids).
+        min_new_tokens: drop user turns shorter than this.
+        max_rounds: sampling rounds to find `num_prompts` distinct turns (then fewer are returned).
+    """
+
+    max_new_tokens: int = 96
+    batch_size: int = 16
+    do_sample: bool = True
+    stop_token_ids: Sequence[int] | None = None
+    min_new_tokens: int = 3
+    max_rounds: int = 10
+
+
+def settings_with(kind: type, settings: GenerationSettings | None, changes: dict[str, Any]):
+    """`settings` (default: `kind()`) with the fields named in `changes` replaced; an unknown name raises
+    `TypeError`."""
+    settings = kind() if settings is None else settings
+    if not isinstance(settings, kind):
+        settings = kind(**dataclasses.asdict(settings))
+    return dataclasses.replace(settings, **changes) if changes else settings
 
 
 def eos_token_ids(target, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
@@ -53,17 +110,10 @@ def through_first_stop(ids: Sequence[int], stops: Sequence[int]) -> list[int]:
 def generate_responses(
     target,
     prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings | None = None,
     *,
-    max_new_tokens: int = 256,
-    batch_size: int = 8,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    pad_token_id: int | None = None,
-    eos_token_id: int | list[int] | None = None,
-    progress: bool = True,
     desc: str = "generating",
+    **changes: Any,
 ) -> list[list[int]]:
     """Continue each prompt with the target: batched, left-padded `generate`, greedy or sampled.
 
@@ -71,16 +121,19 @@ def generate_responses(
         target: a causal LM with `generate`, or a [`VLLMEngine`] (the same continuations from a vLLM process,
             continuously batched: `batch_size` and `pad_token_id` do not apply).
         prompts: token ids of each prompt (`(T_i,)` each).
-        max_new_tokens: cap on each continuation.
-        batch_size: prompts per `generate` call (prompts are length-sorted to limit padding).
-        do_sample, temperature, top_p: decoding; sampling is seeded by `seed` without touching the global RNG.
-        pad_token_id: padding id (default the config's, else the first EOS id).
-        eos_token_id: stop id(s) (default the generation config's).
+        settings: [`GenerationSettings`] (default: its defaults).
+        desc: the progress bar's label.
+        changes: [`GenerationSettings`] fields replacing those of `settings` (`max_new_tokens=64`, ...).
 
     Returns:
         One list of new token ids per prompt (input order), each ending at and including its first EOS.
     """
     from tqdm.auto import tqdm
+
+    settings = settings_with(GenerationSettings, settings, changes)
+    max_new_tokens, batch_size, progress = settings.max_new_tokens, settings.batch_size, settings.progress
+    do_sample, temperature, top_p, seed = settings.do_sample, settings.temperature, settings.top_p, settings.seed
+    pad_token_id, eos_token_id = settings.pad_token_id, settings.eos_token_id
 
     eos = eos_token_ids(target, eos_token_id)
     if getattr(target, "continuous_batching", False):  # a VLLMEngine: continuous batching in the vLLM process
@@ -140,19 +193,12 @@ def generate_responses(
 def self_distill(
     target,
     prompts: Sequence[Prompt],
+    settings: GenerationSettings | None = None,
     *,
     tokenizer=None,
     system: str | None = None,
-    max_new_tokens: int = 256,
-    batch_size: int = 8,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    eos_token_id: int | list[int] | None = None,
-    pad_token_id: int | None = None,
-    progress: bool = True,
     plain_prompts: bool = False,
+    **changes: Any,
 ) -> list[dict[str, list[int]]]:
     """Build training examples whose responses are regenerated by the target itself.
 
@@ -164,7 +210,7 @@ def self_distill(
         system: system prompt of text prompts.
         plain_prompts: encode text prompts as plain text, without the chat template (targets without one; the
             target continues the text); otherwise a tokenizer without a chat template raises `ValueError`.
-        other arguments: see [`generate_responses`].
+        settings, changes: the decoding, as in [`generate_responses`] ([`GenerationSettings`]).
 
     Returns:
         Examples `{"input_ids": prompt + response, "loss_mask": [0] * len(prompt) + [1] * len(response)}`
@@ -192,20 +238,8 @@ def self_distill(
         logger.info(
             "self_distill: token-id prompts without a tokenizer are not checked against MT-Bench/HumanEval"
         )
-    responses = generate_responses(
-        target,
-        ids,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        do_sample=do_sample,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        progress=progress,
-        desc="self-distillation",
-    )
+    settings = settings_with(GenerationSettings, settings, changes)
+    responses = generate_responses(target, ids, settings, desc="self-distillation")
     return [example_of(p, r) for p, r in zip(ids, responses) if len(r) > 0]
 
 
@@ -220,20 +254,13 @@ def example_of(prompt: Sequence[int], response: Sequence[int]) -> dict[str, list
 def synthesize_prompts(
     target,
     num_prompts: int,
+    settings: MagpieSettings | None = None,
     *,
     tokenizer=None,
     system: str | None = None,
     prefix_ids: Sequence[int] | None = None,
     suffix_ids: Sequence[int] | None = None,
-    stop_token_ids: Sequence[int] | None = None,
-    max_new_tokens: int = 96,
-    min_new_tokens: int = 3,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    batch_size: int = 16,
-    seed: int = 0,
-    max_rounds: int = 10,
-    progress: bool = True,
+    **changes: Any,
 ) -> list[list[int]]:
     """Magpie-style prompt synthesis: the target writes user turns itself.
 
@@ -249,13 +276,15 @@ def synthesize_prompts(
             Without a tokenizer, turns are not checked.
         system: system prompt of the template prefix (with `tokenizer`).
         prefix_ids, suffix_ids: explicit template pieces (tokenizer-free path).
-        stop_token_ids: end of the user turn (default: the first suffix token plus the target's EOS ids).
-        min_new_tokens: drop user turns shorter than this.
-        temperature, top_p, seed: sampling.
+        settings: [`MagpieSettings`]: sampling (`temperature`, `top_p`, `seed`), turn length, batching, the stop ids,
+            `min_new_tokens` and `max_rounds` (default: its defaults).
+        changes: [`MagpieSettings`] fields replacing those of `settings`.
 
     Returns:
         Token ids of each prompt.
     """
+    settings = settings_with(MagpieSettings, settings, changes)
+    stop_token_ids, min_new_tokens = settings.stop_token_ids, settings.min_new_tokens
     if prefix_ids is None or suffix_ids is None:
         if tokenizer is None:
             raise ValueError(
@@ -269,21 +298,21 @@ def synthesize_prompts(
     seen: set[tuple[int, ...]] = set()
     prompts: list[list[int]] = []
     dropped = 0
-    for round_ in range(max_rounds):
+    for round_ in range(settings.max_rounds):
         need = num_prompts - len(prompts)
         if need <= 0:
             break
         turns = generate_responses(
             target,
             [prefix_ids] * need,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
             do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed + round_,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed + round_,
             eos_token_id=stops,
-            progress=progress,
+            progress=settings.progress,
             desc="magpie prompts",
         )
         for turn in turns:
@@ -304,4 +333,12 @@ def _is_evaluation_turn(turn: list[int], tokenizer) -> bool:
     return evalsets.is_evaluation_prompt(prompt_text(turn, tokenizer) or "")
 
 
-__all__ = ["eos_token_ids", "example_of", "generate_responses", "self_distill", "synthesize_prompts"]
+__all__ = [
+    "GenerationSettings",
+    "MagpieSettings",
+    "eos_token_ids",
+    "example_of",
+    "generate_responses",
+    "self_distill",
+    "synthesize_prompts",
+]

@@ -317,7 +317,7 @@ def _setup(cfg: dict, length: int):
     import torch
     from transformers import LlamaConfig
 
-    from ..training import build_head
+    from ..training import HeadArguments, build_head
 
     _LMHeadOnly = _lm_head_only_class()
     torch.set_num_threads(cfg["threads"])
@@ -347,11 +347,13 @@ def _setup(cfg: dict, length: int):
     head = build_head(
         target,
         [example],  # its ids lie below draft_vocab: the draft vocabulary is ids 0 .. draft_vocab-1
-        num_hidden_layers=cfg["layers"],
-        draft_vocab_size=cfg["draft_vocab"],
+        HeadArguments(
+            num_hidden_layers=cfg["layers"],
+            draft_vocab_size=cfg["draft_vocab"],
+            embed_from_target=cfg["frozen_embeddings"],
+        ),
         num_parallel_positions=cfg["k"],
         max_position_embeddings=cfg["max_positions"],
-        embed_from_target=cfg["frozen_embeddings"],
         attn_implementation=cfg["attn"],
     ).to(device)
     return device, target, example, head

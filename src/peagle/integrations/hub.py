@@ -400,12 +400,7 @@ def prepare_upload_folder(
     repo_id: str | None = None,
     target_model: Any = None,
     max_shard_size: int | str = "5GB",
-    base_model: str | None = None,
-    license: str | None = None,
-    tags: list[str] | None = None,
-    bench: BenchInput = None,
-    training: TrainingInput = None,
-    template: str | Path | None = None,
+    **card: Any,
 ) -> Path:
     """Write the folder `push_to_hub` uploads (see the module docstring); returns it.
 
@@ -416,23 +411,14 @@ def prepare_upload_folder(
             it the recipe points at `folder` itself (for local use).
         target_model: checked against the head (`attach_target`) before writing.
         max_shard_size: passed to `save_pretrained`.
-        base_model, license, tags, bench, training, template: the model card's (see `render_model_card`).
+        card: the model card's keywords (`base_model`, `license`, `tags`, `bench`, `training`, `template`; see
+            [`render_model_card`]).
     """
     out = Path(folder)
     if target_model is not None:
         head.attach_target(target_model)
     # everything that reads the caller's files (bench, training) comes first: a bad file writes nothing
-    card = render_model_card(
-        head,
-        repo_id=repo_id,
-        base_model=base_model,
-        license=license,
-        tags=tags,
-        bench=bench,
-        training=training,
-        template=template,
-        target_model=target_model,
-    )
+    card = render_model_card(head, repo_id=repo_id, target_model=target_model, **card)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"upload folder {out} is a file.")
     earlier = (out / "config.json").is_file() and (out / "custom_generate").is_dir()
@@ -490,19 +476,14 @@ def push_to_hub(
     revision: str | None = None,
     create_pr: bool = False,
     commit_message: str | None = None,
-    target_model: Any = None,
-    max_shard_size: int | str = "5GB",
-    base_model: str | None = None,
-    license: str | None = None,
-    tags: list[str] | None = None,
-    bench: BenchInput = None,
-    training: TrainingInput = None,
-    template: str | Path | None = None,
+    **upload: Any,
 ) -> Any:
     """Prepare the upload folder in a temporary directory and upload it with `HfApi.upload_folder`.
 
-    Also `PEagleDrafter.push_to_hub(repo_id, **kwargs)` (registered below) and `peagle push`.  The card
-    arguments are `render_model_card`'s; `target_model` and `max_shard_size` are `prepare_upload_folder`'s.
+    Also `PEagleDrafter.push_to_hub(repo_id, **kwargs)` (registered below) and `peagle push`.  `token`,
+    `private`, `revision`, `create_pr` and `commit_message` are transformers' `push_to_hub` keywords; `upload` goes
+    to [`prepare_upload_folder`]: `target_model`, `max_shard_size` and the model card's keywords (`base_model`,
+    `license`, `tags`, `bench`, `training`, `template`; see [`render_model_card`]).
 
     Returns:
         The `huggingface_hub.CommitInfo` of the upload.
@@ -511,19 +492,7 @@ def push_to_hub(
 
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = prepare_upload_folder(
-            head,
-            Path(tmp) / "upload",
-            repo_id=repo_id,
-            target_model=target_model,
-            max_shard_size=max_shard_size,
-            base_model=base_model,
-            license=license,
-            tags=tags,
-            bench=bench,
-            training=training,
-            template=template,
-        )
+        folder = prepare_upload_folder(head, Path(tmp) / "upload", repo_id=repo_id, **upload)
         api.create_repo(repo_id, private=private, exist_ok=True)
         return api.upload_folder(
             repo_id=repo_id,

@@ -46,7 +46,13 @@ _EXPORTS = {
         "stdlib_stub_prompts",
         "default_prompt_set",
     ],
-    "..data.distill": ["generate_responses", "self_distill", "synthesize_prompts"],
+    "..data.distill": [
+        "GenerationSettings",
+        "MagpieSettings",
+        "generate_responses",
+        "self_distill",
+        "synthesize_prompts",
+    ],
     "..data.vllm_engine": ["VLLMEngine"],
     "..data.features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
     "..data.vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
@@ -60,7 +66,13 @@ _EXPORTS = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime imports are lazy
-    from ..data.distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
+    from ..data.distill import (  # noqa: F401
+        GenerationSettings,
+        MagpieSettings,
+        generate_responses,
+        self_distill,
+        synthesize_prompts,
+    )
     from ..data.features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
     from ..data.prompts import (  # noqa: F401
         chat_prompt_ids,

@@ -3,9 +3,9 @@
 to build or continue) and [`LoraArguments`] (adapting an existing head).
 
 `peagle train` parses the four with `HfArgumentParser`, the pattern of transformers' own examples: each flag is its
-field's name (`--cod_ratio`, also spelled `--cod-ratio`), with the field's default and help.  `RECIPE_DEFAULTS` are
-the recipe's choices where they differ from `TrainingArguments`' own (`recipe.training_arguments` and the command
-both apply them).  Head sizes left None follow the size rule (`peagle.sizing`, `PEagleConfig.for_target`).
+field's name (`--cod_ratio`), with the field's default and help.  Python code builds the same objects and hands them
+to `recipe.train_head`, so each default exists once, here.  `RECIPE_DEFAULTS` are the recipe's choices where they
+differ from `TrainingArguments`' own (`recipe.training_arguments` and the command both apply them).  Head sizes left None follow the size rule (`peagle.sizing`, `PEagleConfig.for_target`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, number_problem
+from ..data.distill import GenerationSettings
 from .losses import LOSS_TYPES
 
 RECIPE_DEFAULTS: dict[str, Any] = {
@@ -191,8 +192,13 @@ class DataArguments:
         default=None,
         metadata={"help": "ready examples: a .jsonl with input_ids, loss_mask, or a shard folder"},
     )
-    max_new_tokens: int = field(default=256, metadata={"help": "response length cap for self-distillation"})
-    generation_batch_size: int = field(default=8, metadata={"help": "prompts per generate() call"})
+    max_new_tokens: int = field(
+        default=GenerationSettings.max_new_tokens,
+        metadata={"help": "response length cap for self-distillation"},
+    )
+    generation_batch_size: int = field(
+        default=GenerationSettings.batch_size, metadata={"help": "prompts per generate() call"}
+    )
     chat_template: str | None = field(
         default=None, metadata={"help": "a Jinja chat template file for a target whose tokenizer has none"}
     )
@@ -200,8 +206,12 @@ class DataArguments:
         default=False,
         metadata={"help": "no chat template: each prompt is encoded as plain text (not with Magpie prompts)"},
     )
-    do_sample: bool = field(default=False, metadata={"help": "sample responses instead of greedy decoding"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (with do_sample)"})
+    do_sample: bool = field(
+        default=GenerationSettings.do_sample, metadata={"help": "sample responses instead of greedy decoding"}
+    )
+    temperature: float = field(
+        default=GenerationSettings.temperature, metadata={"help": "sampling temperature (with do_sample)"}
+    )
     feature_cache: str | None = field(default=None, metadata={"help": "cache target features in this folder"})
     documents: str | None = field(
         default=None,

@@ -2,8 +2,10 @@
 
 [`training_arguments`] builds the recipe's `PEagleTrainingArguments`, [`build_head`] a new head for a target
 (config, draft vocabulary, mask token), [`load_head_for_training`] an existing head (optionally with a LoRA
-adapter), and [`train_head`] runs the whole recipe (`peagle train` calls it).  Scripts and the command line
-build heads and arguments through these functions only.
+adapter), and [`train_head`] runs the whole recipe (`peagle train` calls it).  Every setting is a field of the
+argument dataclasses of `peagle.training.arguments` (`PEagleTrainingArguments`, `DataArguments`, `HeadArguments`,
+`LoraArguments`), its default defined there once: scripts build them, the command line parses them, and both
+hand them to these functions.
 
 Importing this module is cheap; torch, transformers and the trainer are imported inside the functions.
 """
@@ -14,14 +16,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
     from ..modeling_peagle import PEagleDrafter
-    from .arguments import PEagleTrainingArguments
+    from .arguments import DataArguments, HeadArguments, LoraArguments, PEagleTrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +57,11 @@ def training_arguments(
 def build_head(
     target,
     examples: Sequence[dict[str, Any]] | None = None,
+    head_args: HeadArguments | None = None,
     *,
-    drafting_mode: str = "parallel",
-    num_hidden_layers: int | None = None,
-    draft_vocab_size: int | None = None,
     num_parallel_positions: int | None = None,
     num_speculative_tokens: int | None = None,
-    embed_from_target: bool = True,
-    mask_token_id: int | None = None,
     target_model_name: str | None = None,
-    lm_head_init: str = "target",
-    layers_init: str = "random",
     dtype: torch.dtype | None = None,
     **config_overrides: Any,
 ) -> PEagleDrafter:
@@ -78,42 +74,48 @@ def build_head(
             ([`select_draft_vocab`]); its size, unless given, is the smallest in the range the size rule allows that
             covers 99.5% of their response tokens ([`choose_draft_vocab_size`]).  Needed whenever the draft
             vocabulary is smaller than the target's.
-        drafting_mode: `"parallel"` (P-EAGLE) or `"autoregressive"` (EAGLE-3 baseline).
-        num_hidden_layers: drafter decoder layers (default: the size rule's, 2 or 1).
-        draft_vocab_size: rows of the LM head (default: chosen from `examples` as above).
+        head_args: [`HeadArguments`]: drafting mode, layers and draft vocabulary size (None: the size rule's),
+            embeddings, mask token and how the LM head and the layers start (default: `HeadArguments()`;
+            `base_head` is not read here).
         num_parallel_positions: K_train (default 8).
         num_speculative_tokens: the head's default inference K (default: min(7, K_train)).
-        embed_from_target: share the target's frozen embeddings (only the mask embedding is learned); the default.
-        mask_token_id: a reserved token of the tokenizer (default: the config's, the last id).
         target_model_name: recorded in the config (default: the target config's name).
-        lm_head_init: `"target"` (the default): the LM head starts as the target's output-embedding rows of the
-            draft vocabulary ([`init_lm_head_from_target`]); `"random"`: transformers' initialisation.
-        layers_init: `"random"` (the default): transformers' initialisation of the decoder layers; `"target"`: the
-            drafter's layers start as the target's last layers ([`init_layers_from_target`]).
         dtype: parameter dtype (default float32, the training dtype).
         config_overrides: any other `PEagleConfig` field (e.g. `attn_implementation="sdpa"`).
     """
+    import dataclasses
+
     import torch
 
     from ..configuration_peagle import PEagleConfig
     from ..data.vocab import coverage_vocab_size, select_draft_vocab
     from ..modeling_peagle import PEagleDrafter
     from ..sizing import plan_head
+    from .arguments import HeadArguments
     from .head_surgery import eos_ids, init_layers_from_target, init_lm_head_from_target
 
+    misplaced = sorted({f.name for f in dataclasses.fields(HeadArguments)} & set(config_overrides))
+    if misplaced:
+        raise TypeError(f"build_head takes {misplaced} in head_args (HeadArguments), not as keywords.")
+    head_args = HeadArguments() if head_args is None else head_args
+    lm_head_init, layers_init = head_args.lm_head_init, head_args.layers_init
     for name, value in (("lm_head_init", lm_head_init), ("layers_init", layers_init)):
         if value not in ("target", "random"):
             raise ValueError(f"{name} is {value!r}; expected 'target' or 'random'.")
-    values: dict[str, Any] = {"drafting_mode": drafting_mode, "embed_from_target": embed_from_target}
+    values: dict[str, Any] = {
+        "drafting_mode": head_args.drafting_mode,
+        "embed_from_target": head_args.embed_from_target,
+    }
     optional = {
-        "num_hidden_layers": num_hidden_layers,
+        "num_hidden_layers": head_args.num_hidden_layers,
         "num_parallel_positions": num_parallel_positions,
         "num_speculative_tokens": num_speculative_tokens,
-        "mask_token_id": mask_token_id,
+        "mask_token_id": head_args.mask_token_id,
         "target_model_name": target_model_name,
     }
     values.update({k: v for k, v in optional.items() if v is not None})
     values.update(config_overrides)
+    draft_vocab_size = head_args.draft_vocab_size
     vocab_size = int(target.config.get_text_config().vocab_size)
     why_vocab = "given"
     if draft_vocab_size is None:
@@ -181,69 +183,45 @@ def train_head(
     tokenizer=None,
     *,
     output_dir: str | os.PathLike,
+    training_args: PEagleTrainingArguments | None = None,
+    data_args: DataArguments | None = None,
+    head_args: HeadArguments | None = None,
+    lora_args: LoraArguments | None = None,
     prompts: Sequence[Any] = (),
     examples: Sequence[dict[str, Any]] | None = None,
-    num_magpie_prompts: int = 0,
-    num_code_prompts: int = 0,
-    max_new_tokens: int = 256,
-    generation_batch_size: int = 8,
-    do_sample: bool = False,
-    temperature: float = 1.0,
     head=None,
-    num_hidden_layers: int | None = None,
-    draft_vocab_size: int | None = None,
-    drafting_mode: str = "parallel",
-    embed_from_target: bool = True,
-    mask_token_id: int | None = None,
-    lm_head_init: str = "target",
-    layers_init: str = "random",
-    feature_cache: str | os.PathLike | None = None,
-    calibration_examples: int | str = 0,
-    training_args: PEagleTrainingArguments | Mapping[str, Any] | None = None,
-    resume_from_checkpoint: str | bool | None = None,
-    progress: bool = True,
-    plain_prompts: bool = False,
-    documents: str | os.PathLike | None = None,
-    document_examples_per_length: int = 16,
 ) -> tuple[Any, dict[str, Any]]:
     """Self-distill data from `prompts`, train a head on it with [`PEagleTrainer`] and save it to `output_dir`.
+
+    The settings are the argument dataclasses of `peagle.training.arguments`, the ones `peagle train` parses: each
+    left None is its class's defaults.
 
     Args:
         target: the target causal LM (frozen).
         tokenizer: its tokenizer (needed for text prompts and Magpie prompts; not for pre-tokenized ones).  When
             given, the prompts of ready `examples` are checked against the evaluation sets too.
-        output_dir: where the head (`config.json`, `model.safetensors`), `examples.jsonl`, checkpoints
-            (`checkpoints/`) and `train_summary.json` go.
+        output_dir: where the head (`config.json`, `model.safetensors`), `examples.jsonl` and `train_summary.json`
+            go.
+        training_args: [`PEagleTrainingArguments`] (e.g. from [`training_arguments`]); default
+            `training_arguments(<output_dir>/checkpoints)`.  `resume_from_checkpoint` (a checkpoint folder, or
+            `"last"`: the newest under its `output_dir`) continues an interrupted run; `disable_tqdm` hides the
+            progress bars of data generation and training alike.
+        data_args: [`DataArguments`]: Magpie and standard-library coding prompts added to `prompts`, the
+            self-distillation decoding (`max_new_tokens`, `generation_batch_size`, `do_sample`, `temperature`,
+            `plain_prompts`), `feature_cache`, long `documents` and `calibration_examples`.  Its file fields
+            (`target`, `dtype`, `prompts`, `limit`, `examples`, `chat_template`) are read by `peagle train`, which
+            passes their contents here as `target`, `tokenizer`, `prompts` and `examples`.
+        head_args: [`HeadArguments`]: the new head [`build_head`] makes (sizes left None follow the size rule of
+            `peagle.sizing`: the draft vocabulary is chosen from the examples), or with `head` (or `base_head`) the
+            layers and draft vocabulary it is grown to first ([`grow_layers`]: appended layers start adding
+            nothing; [`grow_draft_vocab`]: a larger vocabulary keeps its ids and trained rows and adds the
+            examples' most frequent other tokens).  `base_head`, when `head` is None: the head folder to continue.
+        lora_args: [`LoraArguments`]: with `lora`, train a LoRA adapter on the frozen `base_head` instead.
         prompts: user strings, chat message lists or pre-tokenized prompt ids.
         examples: ready examples (`input_ids`, `loss_mask`); skips generation.
-        num_magpie_prompts: prompts the target writes itself (Magpie), added to `prompts`.
-        num_code_prompts: coding prompts from Python's standard library, added to `prompts`.
-        max_new_tokens, generation_batch_size, do_sample, temperature: self-distillation decoding.
-        plain_prompts: encode text prompts as plain text, without the tokenizer's chat template (for a target that
-            has none; Magpie prompts need one). Checked before any generation: a tokenizer without a chat
-            template and text prompts raise `ValueError` unless this is set.
-        head: a head to continue training; default [`build_head`] on the examples with `num_hidden_layers`,
-            `drafting_mode`, `embed_from_target`, `mask_token_id`, `draft_vocab_size`, `lm_head_init`, `layers_init` (each
-            defaulting to the size rule of `peagle.sizing`: the draft vocabulary is chosen from the examples) and
-            the arguments' K_train. A draft calibration it carries was fitted to its old weights: the trained
-            head drops it (with a warning) unless `calibration_examples` fits a new one.  With `draft_vocab_size`
-            too, a head whose vocabulary has another size is first given one of that size ([`grow_draft_vocab`]:
-            a larger one keeps its ids and trained rows and adds the examples' most frequent other tokens).
-            With `num_hidden_layers` too, a head with fewer layers first gets that many ([`grow_layers`]: the new
-            layers are appended and start adding nothing, so the grown head drafts as the head did).
-        feature_cache: directory of a [`FeatureCache`] (built or reused) instead of online feature capture.
-        calibration_examples: hold out the last N examples from training and, after it, fit the head's per-depth
-            draft calibration (`config.draft_calibration`, used by cost-aware drafting) on their prompts with
-            greedy `generate()` rounds, with its held-out calibration error in `report` (0: no calibration; run
-            `peagle calibrate` later; `"auto"`: min(32, 10% of the examples), none below 40 examples).
-        documents: a folder of text files (or `"stdlib"`, the Python standard library's sources) whose text is added
-            as long teacher-forced examples ([`peagle.data.documents`]): `document_examples_per_length` of each
-            length from 2K tokens doubling up to the training `max_length` (and the target's position range),
-            every token supervised by the target's own distribution.  Raise `max_length` (with
-            `partition_memory_budget`) to train at 4K or 8K tokens.
-        training_args: `PEagleTrainingArguments` (e.g. from [`training_arguments`]), or a dict of its fields
-            (`output_dir` defaults to `<output_dir>/checkpoints`, the rest to `PEagleTrainingArguments`' own
-            defaults).
+        head: a head to continue training (default: `head_args.base_head`, else a new one).  A draft calibration
+            it carries was fitted to its old weights: the trained head drops it (with a warning) unless
+            `calibration_examples` fits a new one.
 
     Returns:
         `(head, summary)`: the trained head and a dict of what happened (also written to `train_summary.json`).
@@ -251,62 +229,41 @@ def train_head(
     Raises:
         ValueError: no prompts or examples, or a prompt is an MT-Bench/HumanEval prompt.
     """
+    from .arguments import DataArguments, HeadArguments
+
     start = time.time()
-    if (
-        isinstance(generation_batch_size, bool)
-        or not isinstance(generation_batch_size, int)
-        or generation_batch_size < 1
-    ):
-        raise ValueError(f"generation_batch_size is {generation_batch_size!r}; expected an integer >= 1.")
-    if examples is None and documents is not None and not (prompts or num_magpie_prompts or num_code_prompts):
+    data_args = DataArguments() if data_args is None else data_args
+    head_args = HeadArguments() if head_args is None else head_args
+    output_dir = os.fspath(output_dir)
+    if training_args is None:
+        training_args = training_arguments(os.path.join(output_dir, "checkpoints"))
+    args, progress = training_args, not training_args.disable_tqdm
+    generated = data_args.num_magpie_prompts or data_args.num_code_prompts
+    if examples is None and data_args.documents is not None and not (prompts or generated):
         examples = []  # long document examples alone
     if examples is None:
-        check_prompts(tokenizer, prompts, num_magpie_prompts, num_code_prompts, plain_prompts)
-    output_dir = os.fspath(output_dir)
+        check_prompts(tokenizer, prompts, data_args)
+    if head is None and (head_args.base_head is not None or (lora_args is not None and lora_args.lora)):
+        head = base_head(target, head_args, lora_args)
     os.makedirs(output_dir, exist_ok=True)
-    args = resolve_training_args(training_args, output_dir, progress)
     if examples is None:
-        examples = distill_examples(
-            target,
-            tokenizer,
-            args,
-            prompts=prompts,
-            num_magpie_prompts=num_magpie_prompts,
-            num_code_prompts=num_code_prompts,
-            max_new_tokens=max_new_tokens,
-            generation_batch_size=generation_batch_size,
-            do_sample=do_sample,
-            temperature=temperature,
-            plain_prompts=plain_prompts,
-            progress=progress,
-        )
+        examples = distill_examples(target, tokenizer, args, data_args, prompts)
         if args.should_save:
             from ..data.shards import save_examples
 
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
     else:
         examples = checked_examples(examples, tokenizer)
-    if documents is not None:
-        examples = long_examples(
-            target, tokenizer, documents, document_examples_per_length, args, progress
-        ) + list(examples)
-    examples, held_out = split_calibration(examples, calibration_examples)
-    head = prepare_head(
-        head,
-        target,
-        tokenizer,
-        examples,
-        args,
-        num_hidden_layers=num_hidden_layers,
-        draft_vocab_size=draft_vocab_size,
-        drafting_mode=drafting_mode,
-        embed_from_target=embed_from_target,
-        mask_token_id=mask_token_id,
-        lm_head_init=lm_head_init,
-        layers_init=layers_init,
-    )
-    dataset, cache_info = training_dataset(target, examples, head, feature_cache, progress)
-    trainer, result = run_training(head, target, args, dataset, resume_from_checkpoint)
+    if data_args.documents is not None:
+        per_length = data_args.document_examples_per_length
+        examples = long_examples(target, tokenizer, data_args.documents, per_length, args, progress) + list(
+            examples
+        )
+    examples, held_out = split_calibration(examples, data_args.calibration_examples)
+    head = prepare_head(head, target, tokenizer, examples, args, head_args)
+    dataset, cache_info = training_dataset(target, examples, head, data_args.feature_cache, progress)
+    resume = args.resume_from_checkpoint
+    trainer, result = run_training(head, target, args, dataset, True if resume == "last" else resume)
     calibration_report = recalibrate(head, target, trainer, held_out, progress)
     summary = training_summary(
         head, target, args, trainer, result, examples, output_dir, cache_info, calibration_report, start
@@ -316,71 +273,64 @@ def train_head(
     return head, summary
 
 
-def check_prompts(
-    tokenizer, prompts, num_magpie_prompts: int, num_code_prompts: int, plain_prompts: bool
-) -> None:
+def base_head(target, head_args: HeadArguments, lora_args: LoraArguments | None = None):
+    """The head `head_args.base_head` names, to continue training; with `lora_args.lora`, wrapped in a LoRA adapter
+    ([`load_head_for_training`])."""
+    config = None
+    if lora_args is not None and lora_args.lora:
+        from ..integrations.peft import lora_config
+
+        modules = lora_args.lora_target_modules.split(",") if lora_args.lora_target_modules else None
+        config = lora_config(
+            r=lora_args.lora_r,
+            lora_alpha=lora_args.lora_alpha,
+            lora_dropout=lora_args.lora_dropout,
+            target_modules=modules,
+        )
+    if head_args.base_head is None:
+        raise ValueError("a LoRA adapter needs head_args.base_head, the head it adapts.")
+    return load_head_for_training(head_args.base_head, target, lora=config)
+
+
+def check_prompts(tokenizer, prompts, data_args: DataArguments) -> None:
     """Text and Magpie prompts need a chat template (or `plain_prompts`): checked before anything is generated."""
     from ..data.prompts import check_chat_template, is_token_ids
 
-    text_prompts = num_code_prompts or any(not is_token_ids(p) for p in prompts)
-    if num_magpie_prompts or text_prompts:
-        check_chat_template(tokenizer, plain_prompts=plain_prompts, magpie=bool(num_magpie_prompts))
-
-
-def resolve_training_args(
-    training_args: PEagleTrainingArguments | Mapping[str, Any] | None, output_dir: str, progress: bool
-) -> PEagleTrainingArguments:
-    """`training_args` as `PEagleTrainingArguments` (a dict of fields: checkpoints under `output_dir`)."""
-    from .arguments import PEagleTrainingArguments
-
-    if isinstance(training_args, PEagleTrainingArguments):
-        return training_args
-    fields = dict(training_args or {})
-    fields.setdefault("output_dir", os.path.join(output_dir, "checkpoints"))
-    fields.setdefault("report_to", "none")
-    fields.setdefault("disable_tqdm", not progress)
-    return PEagleTrainingArguments(**fields)
+    text_prompts = data_args.num_code_prompts or any(not is_token_ids(p) for p in prompts)
+    if data_args.num_magpie_prompts or text_prompts:
+        magpie = bool(data_args.num_magpie_prompts)
+        check_chat_template(tokenizer, plain_prompts=data_args.plain_prompts, magpie=magpie)
 
 
 def distill_examples(
-    target,
-    tokenizer,
-    args: PEagleTrainingArguments,
-    *,
-    prompts: Sequence[Any],
-    num_magpie_prompts: int,
-    num_code_prompts: int,
-    max_new_tokens: int,
-    generation_batch_size: int,
-    do_sample: bool,
-    temperature: float,
-    plain_prompts: bool,
-    progress: bool,
+    target, tokenizer, args: PEagleTrainingArguments, data_args: DataArguments, prompts: Sequence[Any] = ()
 ) -> list[dict[str, Any]]:
-    """The target answers `prompts` (plus Magpie and standard-library coding prompts) itself: the examples."""
+    """The target answers `prompts` (plus `data_args`' Magpie and standard-library coding prompts) itself: the
+    examples, decoded as `data_args` says."""
     from ..data.distill import self_distill, synthesize_prompts
     from ..data.prompts import stdlib_code_prompts
 
+    progress = not args.disable_tqdm
     prompts = list(prompts)
-    if num_magpie_prompts:
+    if data_args.num_magpie_prompts:
         prompts += synthesize_prompts(
-            target, num_magpie_prompts, tokenizer=tokenizer, seed=args.seed, progress=progress
+            target, data_args.num_magpie_prompts, tokenizer=tokenizer, seed=args.seed, progress=progress
         )
-    if num_code_prompts:
-        prompts += stdlib_code_prompts(num_code_prompts, seed=args.seed)
+    if data_args.num_code_prompts:
+        prompts += stdlib_code_prompts(data_args.num_code_prompts, seed=args.seed)
     if not prompts:
         raise ValueError("train_head needs prompts, examples, num_magpie_prompts or num_code_prompts.")
     return self_distill(
         target,
         prompts,
         tokenizer=tokenizer,
-        max_new_tokens=max_new_tokens,
-        batch_size=generation_batch_size,
-        do_sample=do_sample,
-        temperature=temperature,
+        max_new_tokens=data_args.max_new_tokens,
+        batch_size=data_args.generation_batch_size,
+        do_sample=data_args.do_sample,
+        temperature=data_args.temperature,
         seed=args.seed,
         progress=progress,
-        plain_prompts=plain_prompts,
+        plain_prompts=data_args.plain_prompts,
     )
 
 
@@ -442,23 +392,9 @@ def split_calibration(
     return examples, held_out
 
 
-def prepare_head(
-    head,
-    target,
-    tokenizer,
-    examples: Sequence[dict[str, Any]],
-    args: PEagleTrainingArguments,
-    *,
-    num_hidden_layers: int | None,
-    draft_vocab_size: int | None,
-    drafting_mode: str,
-    embed_from_target: bool,
-    mask_token_id: int | None,
-    lm_head_init: str,
-    layers_init: str,
-):
-    """A new head sized for the target and the examples ([`build_head`]), or `head` grown to the layers and draft
-    vocabulary asked for."""
+def prepare_head(head, target, tokenizer, examples: Sequence[dict[str, Any]], args, head_args: HeadArguments):
+    """A new head sized for the target and the examples ([`build_head`] with `head_args` and the arguments'
+    K_train), or `head` grown to the layers and draft vocabulary `head_args` asks for."""
     from .head_surgery import grow_draft_vocab, grow_layers
 
     if head is None:
@@ -466,16 +402,11 @@ def prepare_head(
         return build_head(
             target,
             examples,
-            drafting_mode=drafting_mode,
-            num_hidden_layers=num_hidden_layers,
-            draft_vocab_size=draft_vocab_size,
+            head_args,
             num_parallel_positions=args.num_parallel_positions or None,
-            embed_from_target=embed_from_target,
-            mask_token_id=mask_token_id,
             target_model_name=name or None,
-            lm_head_init=lm_head_init,
-            layers_init=layers_init,
         )
+    num_hidden_layers, draft_vocab_size = head_args.num_hidden_layers, head_args.draft_vocab_size
     if num_hidden_layers is not None and num_hidden_layers != head.config.num_hidden_layers:
         head = grow_layers(head, num_hidden_layers)
         logger.info(
