@@ -344,3 +344,15 @@ def test_every_parser_refuses_abbreviated_flags(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--max_new", "5"])
     assert "--max_new" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_command_line():
+    """`python -m peagle.cli` is the `peagle` command (benchmarks/gpu_check.py runs it where no script is installed)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "peagle.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "train" in out.stdout and "bench" in out.stdout

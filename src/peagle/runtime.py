@@ -17,7 +17,7 @@ import torch
 
 AUTO = "auto"
 DTYPE_CHOICES = (AUTO, "float32", "bfloat16")
-"""What `--head-dtype` and the demo's `head_dtype` accept."""
+"""What `--head_dtype` and the demo's `head_dtype` accept."""
 
 
 @functools.cache

@@ -132,7 +132,12 @@ def generate_responses(
 
     settings = settings_with(GenerationSettings, settings, changes)
     max_new_tokens, batch_size, progress = settings.max_new_tokens, settings.batch_size, settings.progress
-    do_sample, temperature, top_p, seed = settings.do_sample, settings.temperature, settings.top_p, settings.seed
+    do_sample, temperature, top_p, seed = (
+        settings.do_sample,
+        settings.temperature,
+        settings.top_p,
+        settings.seed,
+    )
     pad_token_id, eos_token_id = settings.pad_token_id, settings.eos_token_id
 
     eos = eos_token_ids(target, eos_token_id)

@@ -14,7 +14,7 @@ stubs join the list, and half of each cycle's code slice becomes stdlib function
 cycle's data is fixed by its number, the seed and the prompt set.
 
 With `--engine vllm` the target is served by vLLM (`peagle.training.VLLMEngine`) in the environment that
-`--vllm-python` or `$PEAGLE_VLLM_PYTHON` names, with continuous batching; same prompts, seeds and row format.
+`--vllm_python` or `$PEAGLE_VLLM_PYTHON` names, with continuous batching; same prompts, seeds and row format.
 
 Usage:  OMP_NUM_THREADS=1 peagle grow-data --out data/grow/rows.jsonl --cycles 1000
         VLLM_CPU_OMP_THREADS_BIND=0 peagle grow-data --out data/grow/rows.jsonl --engine vllm \

@@ -152,7 +152,7 @@ def decode(target, args) -> dict:
 
 def write_greedy(target, args) -> None:
     """Plain greedy's continuation of each `--examples` prompt, written as one shard per set to `--write-greedy`:
-    prompt tokens unsupervised, the new tokens (up to `--max-new-tokens`, end of turn included) supervised.
+    prompt tokens unsupervised, the new tokens (up to `--max_new_tokens`, end of turn included) supervised.
 
     Held-out responses were generated in bfloat16 and longer; decoding runs this target in its own dtype, and where
     the two greedy continuations part, the walk over the stored response reads other text than decoding does.

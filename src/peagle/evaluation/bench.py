@@ -289,7 +289,7 @@ def check_methods(methods: Sequence[str], vllm_python: str | None = None) -> Non
     wanted = [m for m in methods if m in VLLM_METHODS]
     if wanted and not vllm_python:
         raise ValueError(
-            f"methods {wanted} need a vLLM environment: set {VLLM_PYTHON_ENV} (or --vllm-python) to its Python "
+            f"methods {wanted} need a vLLM environment: set {VLLM_PYTHON_ENV} (or --vllm_python) to its Python "
             "interpreter (tests/interop/peer_env.sh builds one)."
         )
 

@@ -1,6 +1,6 @@
 """Batched benchmark: plain batched greedy against the heads at each batch size, on the same prompts.
 
-`peagle bench --batch-sizes 1,2,4,8` runs it.  The prompts (MT-Bench and HumanEval, mixed lengths) are split
+`peagle bench --batch_sizes 1,2,4,8` runs it.  The prompts (MT-Bench and HumanEval, mixed lengths) are split
 into consecutive batches of B, left-padded as a tokenizer with `padding_side="left"` pads them.  For every
 batch, each method runs side by side with plain batched greedy (`target.generate(ids, attention_mask=...)`),
 every row is checked against plain batched greedy's row, and against the prompt's own batch-1 greedy output

@@ -1,7 +1,7 @@
 """Draft-tree benchmark: tokens per target pass against the node budget, for both head kinds, with and without
 prompt-lookup branches, and the default rule's speed with trees against plain greedy and chains.
 
-`peagle bench --tree-sizes 0,8,16,32,64` runs it.  For every prompt, plain greedy runs first (the reference every
+`peagle bench --tree_sizes 0,8,16,32,64` runs it.  For every prompt, plain greedy runs first (the reference every
 other output must equal, and the timing baseline), then:
 
 - acceptance rows: each head with K drafts (`num_assistant_tokens=K`) verifying a full tree of N nodes every round
