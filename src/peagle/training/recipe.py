@@ -54,6 +54,44 @@ def training_arguments(
     return PEagleTrainingArguments(**values)
 
 
+def draft_vocab_choice(
+    target, values: dict[str, Any], draft_vocab_size: int | None, examples: Sequence[dict[str, Any]] | None
+) -> tuple[int, str]:
+    """The draft vocabulary's size for a head with config `values`, and why: `draft_vocab_size` when given, else
+    the smallest size the size rule allows that covers 99.5% of the examples' response tokens (the rule's largest
+    without examples)."""
+    from ..data.vocab import coverage_vocab_size
+    from ..sizing import plan_head
+
+    vocab_size = int(target.config.get_text_config().vocab_size)
+    why_vocab = "given"
+    if draft_vocab_size is None:
+        why_vocab = "the size rule's"
+        needed = coverage_vocab_size(examples, vocab_size) if examples is not None else None
+        plan = plan_head(target, values, needed_vocab=needed)  # keeps `needed` ids before a second layer
+        smallest, largest = plan.vocab_range
+        if needed is not None and largest < vocab_size:
+            draft_vocab_size = max(smallest, min(largest, needed))
+            why_vocab = f"chosen from the training data: {needed} ids cover 99.5% of its response tokens"
+            logger.info(
+                "draft vocabulary: %d ids (the examples need %d to cover 99.5%% of their response tokens; the size "
+                "rule allows [%d, %d] with %d layers)",
+                draft_vocab_size,
+                needed,
+                smallest,
+                largest,
+                plan.values["num_hidden_layers"],
+            )
+        else:
+            draft_vocab_size = largest
+    if draft_vocab_size < vocab_size and examples is None:
+        raise ValueError(
+            f"a draft vocabulary of {draft_vocab_size} of the target's {vocab_size} ids is chosen from training "
+            f"examples; pass them (or draft_vocab_size={vocab_size} for the whole vocabulary)."
+        )
+    return draft_vocab_size, why_vocab
+
+
 def build_head(
     target,
     examples: Sequence[dict[str, Any]] | None = None,
@@ -88,7 +126,7 @@ def build_head(
     import torch
 
     from ..configuration_peagle import PEagleConfig
-    from ..data.vocab import coverage_vocab_size, select_draft_vocab
+    from ..data.vocab import select_draft_vocab
     from ..modeling_peagle import PEagleDrafter
     from ..sizing import plan_head
     from .arguments import HeadArguments
@@ -115,33 +153,8 @@ def build_head(
     }
     values.update({k: v for k, v in optional.items() if v is not None})
     values.update(config_overrides)
-    draft_vocab_size = head_args.draft_vocab_size
     vocab_size = int(target.config.get_text_config().vocab_size)
-    why_vocab = "given"
-    if draft_vocab_size is None:
-        why_vocab = "the size rule's"
-        needed = coverage_vocab_size(examples, vocab_size) if examples is not None else None
-        plan = plan_head(target, values, needed_vocab=needed)  # keeps `needed` ids before a second layer
-        smallest, largest = plan.vocab_range
-        if needed is not None and largest < vocab_size:
-            draft_vocab_size = max(smallest, min(largest, needed))
-            why_vocab = f"chosen from the training data: {needed} ids cover 99.5% of its response tokens"
-            logger.info(
-                "draft vocabulary: %d ids (the examples need %d to cover 99.5%% of their response tokens; the size "
-                "rule allows [%d, %d] with %d layers)",
-                draft_vocab_size,
-                needed,
-                smallest,
-                largest,
-                plan.values["num_hidden_layers"],
-            )
-        else:
-            draft_vocab_size = largest
-    if draft_vocab_size < vocab_size and examples is None:
-        raise ValueError(
-            f"a draft vocabulary of {draft_vocab_size} of the target's {vocab_size} ids is chosen from training "
-            f"examples; pass them (or draft_vocab_size={vocab_size} for the whole vocabulary)."
-        )
+    draft_vocab_size, why_vocab = draft_vocab_choice(target, values, head_args.draft_vocab_size, examples)
     # PEagleConfig.for_target, with the draft vocabulary's reason logged as it is (not "given" when peagle chose it)
     plan = plan_head(target, {**values, "draft_vocab_size": draft_vocab_size})
     plan.notes[:] = [
@@ -246,19 +259,7 @@ def train_head(
     if head is None and (head_args.base_head is not None or (lora_args is not None and lora_args.lora)):
         head = base_head(target, head_args, lora_args)
     os.makedirs(output_dir, exist_ok=True)
-    if examples is None:
-        examples = distill_examples(target, tokenizer, args, data_args, prompts)
-        if args.should_save:
-            from ..data.shards import save_examples
-
-            save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
-    else:
-        examples = checked_examples(examples, tokenizer)
-    if data_args.documents is not None:
-        per_length = data_args.document_examples_per_length
-        examples = long_examples(target, tokenizer, data_args.documents, per_length, args, progress) + list(
-            examples
-        )
+    examples = gather_examples(target, tokenizer, output_dir, args, data_args, prompts, examples)
     examples, held_out = split_calibration(examples, data_args.calibration_examples)
     head = prepare_head(head, target, tokenizer, examples, args, head_args)
     dataset, cache_info = training_dataset(target, examples, head, data_args.feature_cache, progress)
@@ -271,6 +272,32 @@ def train_head(
     if args.should_save:  # one writer when several processes train (accelerate launch / torchrun)
         save_trained_head(head, output_dir, summary)
     return head, summary
+
+
+def gather_examples(
+    target,
+    tokenizer,
+    output_dir: str,
+    args: PEagleTrainingArguments,
+    data_args: DataArguments,
+    prompts: Sequence[Any],
+    examples: Sequence[dict[str, Any]] | None,
+) -> list[dict[str, Any]]:
+    """The training examples of a run: `examples` checked, or the target's answers to `prompts` (saved to
+    `output_dir/examples.jsonl`), with the long examples of `data_args.documents` first."""
+    if examples is None:
+        examples = distill_examples(target, tokenizer, args, data_args, prompts)
+        if args.should_save:
+            from ..data.shards import save_examples
+
+            save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
+    else:
+        examples = checked_examples(examples, tokenizer)
+    if data_args.documents is None:
+        return list(examples)
+    per_length = data_args.document_examples_per_length
+    progress = not args.disable_tqdm
+    return long_examples(target, tokenizer, data_args.documents, per_length, args, progress) + list(examples)
 
 
 def base_head(target, head_args: HeadArguments, lora_args: LoraArguments | None = None):
