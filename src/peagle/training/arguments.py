@@ -293,6 +293,9 @@ class HeadArguments:
 
     def __post_init__(self):
         _at_least(self, 1, "num_hidden_layers", "draft_vocab_size")
+        for name in ("lm_head_init", "layers_init"):
+            if getattr(self, name) not in ("target", "random"):
+                raise ValueError(f"{name} is {getattr(self, name)!r}; expected 'target' or 'random'.")
 
 
 @dataclass

@@ -135,11 +135,7 @@ def build_head(
     misplaced = sorted({f.name for f in dataclasses.fields(HeadArguments)} & set(config_overrides))
     if misplaced:
         raise TypeError(f"build_head takes {misplaced} in head_args (HeadArguments), not as keywords.")
-    head_args = HeadArguments() if head_args is None else head_args
-    lm_head_init, layers_init = head_args.lm_head_init, head_args.layers_init
-    for name, value in (("lm_head_init", lm_head_init), ("layers_init", layers_init)):
-        if value not in ("target", "random"):
-            raise ValueError(f"{name} is {value!r}; expected 'target' or 'random'.")
+    head_args = HeadArguments() if head_args is None else head_args  # its fields are checked when it is made
     values: dict[str, Any] = {
         "drafting_mode": head_args.drafting_mode,
         "embed_from_target": head_args.embed_from_target,
@@ -170,9 +166,9 @@ def build_head(
     head = PEagleDrafter(config).to(dtype or torch.float32)
     if draft_vocab_size < vocab_size:
         head.set_draft_vocab(select_draft_vocab(examples, draft_vocab_size, vocab_size, eos_ids(target)))
-    if lm_head_init == "target":
+    if head_args.lm_head_init == "target":
         init_lm_head_from_target(head, target)
-    if layers_init == "target":
+    if head_args.layers_init == "target":
         init_layers_from_target(head, target)
     return head
 
@@ -238,9 +234,7 @@ def train_head(
 
     Returns:
         `(head, summary)`: the trained head and a dict of what happened (also written to `train_summary.json`).
-
-    Raises:
-        ValueError: no prompts or examples, or a prompt is an MT-Bench/HumanEval prompt.
+        Raises `ValueError` for no prompts or examples, or a prompt from MT-Bench or HumanEval.
     """
     from .arguments import DataArguments, HeadArguments
 
