@@ -1,0 +1,137 @@
+"""Sliding-window attention by position, not by slot: the masks of a verify pass on a target whose layers slide.
+
+transformers' sliding-window layers count cache slots: a key is in the window when its slot index is less than
+`W` before the query's. In a batched round, rejected drafts stay in the cache as masked holes, left padding
+differs per row and a tree's slots share depths, so slot distance and position distance part. Here every layer
+keeps its whole cache (`full_cache_layers`), and the window is a mask on positions: key slot k is in the window
+of query q when `position(q) - position(k) < W`, the rule transformers applies (`kv_idx > q_idx - W`) with
+positions for indices. Holes, padding and tree slots then never shift a window. docs/DESIGN.md section 10.3.
+
+A target with layers of several kinds (`config.layer_types`: Gemma 2/3, GPT-OSS, Qwen 2/3, Cohere 2) takes a
+dict of 4D masks keyed by layer kind, which its forward uses as is; one whose every layer slides
+(`config.sliding_window` without `layer_types`: Mistral, Mixtral, Starcoder 2) takes one windowed 4D mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class LayerWindows:
+    """The attention windows of a target's layers.
+
+    Attributes:
+        windows: per mask key, the window in positions (None: full attention). Keys are the target's layer kinds
+            (`"full_attention"`, `"sliding_attention"`) when `keyed`; otherwise one key, `"sliding_attention"`.
+        keyed: the target's forward takes a dict of masks keyed by layer kind.
+    """
+
+    windows: dict[str, int | None]
+    keyed: bool
+
+    @property
+    def slides(self) -> bool:
+        return any(w is not None for w in self.windows.values())
+
+
+def layer_windows(config) -> LayerWindows | None:
+    """The windows of `config`'s attention layers, or None when no layer slides (a plain mask serves).
+
+    Raises:
+        ValueError: a layer kind peagle cannot mask by position (chunked attention).
+    """
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds is not None:
+        unknown = sorted(set(kinds) - {FULL, SLIDING})
+        if unknown:
+            raise ValueError(
+                f"the target has {unknown} layers; batches and draft trees mask full and sliding-window attention "
+                "only (generate with one row and chains there)."
+            )
+        if window is None or SLIDING not in kinds:
+            return None
+        return LayerWindows(
+            {kind: (int(window) if kind == SLIDING else None) for kind in sorted(set(kinds))}, True
+        )
+    if window is None:
+        return None
+    return LayerWindows({SLIDING: int(window)}, False)
+
+
+def windowed_masks(
+    allowed: torch.BoolTensor,
+    key_positions: torch.LongTensor,
+    query_positions: torch.LongTensor,
+    windows: LayerWindows,
+) -> torch.BoolTensor | dict[str, torch.BoolTensor]:
+    """The masks of one forward pass: `allowed (B, 1, Q, K)` (True = attend: validity, causality, tree ancestry)
+    with each sliding layer kind's window applied by position.
+
+    Args:
+        allowed: what every layer may attend to before windows.
+        key_positions: `(B, K)` the position of every key slot (any value where `allowed` is False throughout).
+        query_positions: `(B, Q)` the position of every query.
+        windows: from [`layer_windows`].
+
+    Returns:
+        One boolean 4D mask (`windows.keyed` False), or a dict of them keyed by layer kind.
+    """
+    distance = query_positions[:, None, :, None] - key_positions[:, None, None, :]
+    masks = {
+        kind: allowed if window is None else allowed & (distance < window)
+        for kind, window in windows.windows.items()
+    }
+    return masks if windows.keyed else masks[SLIDING]
+
+
+def slot_positions(valid: torch.Tensor) -> torch.LongTensor:
+    """`(B, S)` the position of every valid slot of a cache whose validity is `valid (B, S)`: each row's valid slots
+    hold its tokens in order from position 0 (holes and padding get 0; they are masked anyway)."""
+    valid = valid.long()
+    return ((valid.cumsum(-1) - 1) * valid).clamp(min=0)
+
+
+def full_cache_layers(cache: Cache) -> bool:
+    """Give every sliding-window layer of an empty `cache` a plain dynamic layer, which keeps all its slots: the
+    window is then applied by position in the masks. Returns whether any layer changed.
+
+    Raises:
+        ValueError: the cache already holds keys (its sliding layers have dropped what a window by position
+            still needs).
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return False
+    changed = False
+    for i, layer in enumerate(layers):
+        if not getattr(layer, "is_sliding", False):
+            continue
+        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+            raise ValueError(
+                "the cache's sliding-window layers already hold keys; replace them before the prefill."
+            )
+        if type(layer) is DynamicLayer:
+            continue
+        layers[i] = DynamicLayer()
+        changed = True
+    return changed
+
+
+__all__ = [
+    "FULL",
+    "SLIDING",
+    "LayerWindows",
+    "full_cache_layers",
+    "layer_windows",
+    "slot_positions",
+    "windowed_masks",
+]
