@@ -17,10 +17,13 @@ from peagle.generation.windows import (
     slot_positions,
     windowed_masks,
 )
-from test_families import CONFIGS, COMMON
+from test_families import COMMON, CONFIGS
 
 SLIDING_FAMILIES = ["gemma2", "gemma3_text", "gpt_oss", "mistral"]
-NO_SDPA = {("gemma2", "sdpa"), ("gpt_oss", "sdpa")}  # transformers refuses SDPA for these (soft-capping, sinks)
+NO_SDPA = {
+    ("gemma2", "sdpa"),
+    ("gpt_oss", "sdpa"),
+}  # transformers refuses SDPA for these (soft-capping, sinks)
 
 
 def sliding_target(family: str, attn: str):
