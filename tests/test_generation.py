@@ -467,10 +467,11 @@ def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
     original = gen.PEagleCandidateGenerator.get_candidates
 
     def spy(self, histories, max_drafts, **kwargs):
-        drafts, logits = original(self, histories, max_drafts, **kwargs)
+        candidates = original(self, histories, max_drafts, **kwargs)
+        drafts, logits = candidates.tokens, candidates.draft_scores
         if histories:  # one row: its history, then the round's drafts after it
             returned.append((histories[0], torch.cat([histories[0], drafts], dim=1), logits))
-        return drafts, logits
+        return candidates
 
     monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", spy)
     rec = Recorder(head)

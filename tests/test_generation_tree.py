@@ -1,4 +1,4 @@
-"""Draft trees (`generation/tree.py` and the loop's `tree_round`): growth by path probability, prompt-lookup
+"""Draft trees (`generation/tree.py` and the loop's `verify`): growth by path probability, prompt-lookup
 branches, the tree mask, the greedy and sampled path rules, and `generate()` with trees: identical to plain greedy
 at every batch size and attention implementation, logits processors, returned scores and hidden states, the cost
 rule's choice of tree size, and clear refusals."""

@@ -37,6 +37,7 @@ from .rule import (
 )
 from .stats import PEagleGenerationStats
 from .tree import (
+    DraftCandidates,
     DraftTree,
     LookupEstimate,
     grow_tree,
@@ -335,7 +336,6 @@ class PEagleCandidateGenerator:
         self._correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
         self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
         self._trees: list[DraftTree] | None = None  # the trees under verification
-        self._paths: list[list[int]] | None = None  # their accepted paths (slots), once verified
         self._start = _clock()
         k = self.num_speculative_tokens
         self.stats = PEagleGenerationStats(
@@ -555,13 +555,13 @@ class PEagleCandidateGenerator:
             self._verify_context = self._context
             self._returned_at = _clock()
 
-    def _plain_step(self) -> tuple[torch.LongTensor, None]:
+    def _plain_step(self) -> DraftCandidates:
         self._last_num_drafts = 0
         self._since_plain = 0
         self._round = None
         self._verify_context = self._context
         self._returned_at = _clock() if self.policy == "cost" else None
-        return torch.zeros(self.rows, 0, dtype=torch.long, device=self.device), None
+        return DraftCandidates.chain(torch.zeros(self.rows, 0, dtype=torch.long, device=self.device))
 
     def _pending_slots(self) -> int:
         return max((sum(t.shape[0] for t in p[0]) for p in self._pending if p is not None), default=0)
@@ -676,7 +676,7 @@ class PEagleCandidateGenerator:
         histories: list[torch.LongTensor],
         depth_limit: int,
         tic: float,
-    ) -> tuple[list[DraftTree], None] | tuple[torch.LongTensor, None]:
+    ) -> DraftCandidates:
         """An autoregressive head's round with trees: EAGLE-2's level-by-level expansion
         ([`tree_drafting.expand_autoregressive_tree`]), then each row's tree picked best-first from its
         candidates plus its prompt-lookup branch."""
@@ -744,10 +744,6 @@ class PEagleCandidateGenerator:
         self.tree_nodes = self.lookup_tokens = self.stats.draft_tree_size = 0
         self.stats.tree_size_histogram = []
 
-    def set_tree_paths(self, paths: list[list[int]]) -> None:
-        """The slots each row's verified tree accepted (root first), before [`update_candidate_strategy`]."""
-        self._paths = paths
-
     @torch.no_grad()
     def get_candidates(
         self,
@@ -755,7 +751,7 @@ class PEagleCandidateGenerator:
         max_drafts: int,
         is_first_iteration: bool = False,
         rows: list[int] | None = None,
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+    ) -> DraftCandidates:
         """Draft up to `max_drafts` (<= K) tokens after each row's history.
 
         Args:
@@ -767,10 +763,10 @@ class PEagleCandidateGenerator:
                 0..B-1.
 
         Returns:
-            `(drafts (B, k), scores (B, k, vocab_size) | None)`, the same k for every row; k = 0 on the first
-            call, at the length limit and, under the cost rule, in rounds where verifying drafts is not expected
-            to pay.  `scores` are the processed target-vocabulary logits each draft was drawn from (None on the
-            fast greedy path).
+            [`DraftCandidates`]: a chain of k drafts or a tree of k nodes per row, the same k for every row; k = 0
+            on the first call, at the length limit and, under the cost rule, in rounds where verifying drafts is
+            not expected to pay.  A sampled chain carries the processed target-vocabulary scores each draft was
+            drawn from.
         """
         tic = _clock()
         k = min(self.num_speculative_tokens, max_drafts)
@@ -872,11 +868,11 @@ class PEagleCandidateGenerator:
         for d in range(num):
             self.stats.drafted_per_depth[d] += self.rows
         self._returned()
-        return drafts, scores
+        return DraftCandidates.chain(drafts, scores)
 
     def _tree_candidates(
         self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float, passes: int
-    ) -> tuple[list[DraftTree], None] | tuple[torch.LongTensor, None]:
+    ) -> DraftCandidates:
         """The round's trees, all of one size (padded), or a plain step when the rule verifies no node."""
         n = self._size_trees(trees, confidences, drafter_seconds, passes - 1)
         if n == 0:
@@ -884,7 +880,7 @@ class PEagleCandidateGenerator:
                 self.stats.declined_rounds += 1
             return self._plain_step()
         trees = [t.truncated(n) for t in trees]
-        self._trees, self._paths = trees, None
+        self._trees = trees
         self._last_num_drafts = n
         self.stats.draft_tokens += n * self.rows
         self.stats.tree_rounds += self.rows
@@ -892,15 +888,16 @@ class PEagleCandidateGenerator:
             for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
                 _bump(self.stats.drafted_per_depth, d - 1)
         self._returned()
-        return trees, None
+        return DraftCandidates.of_trees(trees, self.device)
 
-    def update_candidate_strategy(self, accepted: list[int], live: list[bool] | None = None) -> None:
+    def update_candidate_strategy(
+        self, accepted: list[int], live: list[bool] | None = None, paths: list[list[int]] | None = None
+    ) -> None:
         """Record the round just verified: per row, the drafts kept (after EOS and `max_length` cut the row); each
-        row also emitted one token of the target's own.  A tree round's accepted paths come first through
-        [`set_tree_paths`].  Rows marked not `live` (ended rows kept idle in the batch) count nowhere."""
+        row also emitted one token of the target's own.  `paths`: the slots of each row's accepted path (root
+        first).  Rows marked not `live` (ended rows kept idle in the batch) count nowhere."""
         stats = self.stats
-        trees, paths = self._trees, self._paths
-        self._trees = self._paths = None
+        trees, self._trees = self._trees, None
         counted = [b for b in range(len(accepted)) if live is None or live[b]]
         accepted_all, accepted = accepted, [accepted[b] for b in counted]
         rows = len(accepted)
