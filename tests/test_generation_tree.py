@@ -13,12 +13,14 @@ from transformers.generation import LogitsProcessorList, RepetitionPenaltyLogits
 import peagle
 from helpers import LAYERS, Oracle, check_tree_logits, make_head, make_target, prompt_ids
 from peagle.evaluation.bench_batch import left_pad
-from peagle.generation import candidates as gen
 from peagle.generation import ragged
+from peagle.generation import settings as gen
 from peagle.generation.cost import VerifyCostModel, monotone
+from peagle.generation.drafting import DraftingSession
 from peagle.generation.rule import choose_batch_num_drafts, choose_batch_tree_size
 from peagle.generation.tree import (
     VOID,
+    DraftCandidates,
     DraftTree,
     LookupEstimate,
     ancestor_mask,
@@ -132,6 +134,26 @@ def test_tree_attention_mask_keeps_the_rows_past():
     assert mask.shape == (2, 1, 3, 6)
     assert mask[0, 0, :, :3].tolist() == [[False, True, True]] * 3
     assert mask[1, 0, 2].tolist() == [True, False, True, True, True, True]
+
+
+def test_a_chain_is_a_tree_with_one_path():
+    """`DraftCandidates`: a chain's node i hangs under node i - 1 and needs only the 2D mask of the rows' valid past
+    (None without holes); a tree's candidates carry its parents and a 4D mask."""
+    chain = DraftCandidates.chain(torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    assert chain.is_chain and len(chain) == 3 and chain.depths.tolist() == [[1, 2, 3]] * 2
+    assert (
+        chain.row(1) == ([1, 2, 3], [-1, 0, 1])
+        and chain.path_to(0, 3) == [1, 2, 3]
+        and chain.path_to(0, 0) == []
+    )
+    assert chain.attention_mask(torch.ones(2, 4, dtype=torch.long)) is None
+    holes = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    assert chain.attention_mask(holes).tolist() == [[0, 1, 1, 1, 1, 1, 1, 1], [1] * 8]
+    assert greedy_path(chain.row(0), [5, 6, 9, 0]) == [0, 1, 2]
+    tree = DraftTree([3, 4, 8], [-1, -1, 1], [1, 1, 2], [0.5, 0.2, 0.1], [True, False, False], [False] * 3)
+    both = DraftCandidates.of_trees([tree, tree], "cpu")
+    assert not both.is_chain and both.depths.tolist() == [[1, 1, 2]] * 2 and both.path_to(1, 3) == [2, 3]
+    assert torch.equal(both.attention_mask(holes), tree_attention_mask([tree, tree], holes))
 
 
 def test_greedy_path_follows_the_targets_choices():
@@ -373,13 +395,13 @@ def test_autoregressive_trees_expand_level_by_level(target, monkeypatch):
     ids = prompt_ids(21, 7)
     ref = target.generate(ids, do_sample=False, max_new_tokens=30)
     seen = []
-    original = gen.PEagleCandidateGenerator._tree_candidates
+    original = DraftingSession._tree_candidates
 
     def record(self, trees, *args, **kwargs):
         seen.extend(trees)
         return original(self, trees, *args, **kwargs)
 
-    monkeypatch.setattr(gen.PEagleCandidateGenerator, "_tree_candidates", record)
+    monkeypatch.setattr(DraftingSession, "_tree_candidates", record)
     oracle = Oracle(head, ref, p=0.5, seed=2, second=True)
     out = target.generate(
         ids,

@@ -4,7 +4,7 @@
 `custom_generate` (the hook in `hook.py` passes it), after `generate()` has prepared the generation config, the
 logits processors, the stopping criteria and the cache.  Batch 1 and batch N run this same code.
 
-A round: the drafter proposes k drafts per row ([`PEagleCandidateGenerator`]), the target verifies every row's
+A round: the drafter proposes k drafts per row ([`DraftingSession`]), the target verifies every row's
 `[bonus, d_1..d_k]` in one pass, each row keeps its longest agreeing prefix plus one token of the target's own
 (greedy), or runs the accept/resample rule (sampling).  Rows keep different numbers of tokens, so the target's
 cache gets *holes*: the slots of rejected drafts stay in the cache, masked out of the 2D attention mask, and
@@ -28,10 +28,12 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
-from ..modeling_peagle import PEagleDrafter, cache_kwarg, custom_attention_mask
-from .candidates import PEagleCandidateGenerator, grouped_processing
+from ..modeling_peagle import cache_kwarg, custom_attention_mask
 from .checks import check_decoding_inputs
+from .drafting import DraftingSession
+from .processing import grouped_processing
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
 from .tree import DraftCandidates, greedy_path, sample_path
 
@@ -131,10 +133,9 @@ class _Decoder:
         generation_config,
         streamer,
         model_kwargs,
-        options: dict[str, Any] | None = None,
+        options: DraftingOptions | None = None,
     ):
-        options = options or {}
-        tree_size, lookup_tokens = options.get("draft_tree_size"), options.get("prompt_lookup_num_tokens")
+        options = options or DraftingOptions()
         self.model, self.input_ids, self.processors = model, input_ids, logits_processor
         self.streamer = streamer
         self.batch, prompt_len = input_ids.shape
@@ -161,17 +162,11 @@ class _Decoder:
         ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
-        self.drafter = PEagleCandidateGenerator(
-            model,
-            head,
-            generation_config,
-            logits_processor,
-            self.batch,
-            tree_size,
-            lookup_tokens,
-            options.get("drafter_window"),
+        self.drafter = DraftingSession(model, head, generation_config, logits_processor, self.batch, options)
+        tree_size = options.draft_tree_size
+        self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(
+            options.prompt_lookup_num_tokens
         )
-        self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(lookup_tokens)
         self._check_trees()
         self.rows = _Rows(input_ids, self.max_length, self.pad_id)
         self.per_row: dict[str, list[list[Any]]] = {
@@ -207,7 +202,7 @@ class _Decoder:
             **cache_kwarg(self.cache),
             **self.drafter.model_kwargs_overrides,
         )
-        aux, layers = self.drafter.aux_layer_ids, self.drafter.num_target_layers
+        aux, layers = list(self.drafter.settings.aux_layer_ids), self.drafter.settings.num_target_layers
         states = out.hidden_states
         if states is None or len(states) != layers + 1 or any(states[i] is None for i in aux):
             got = "none" if states is None else f"{len(states)} entries"
@@ -220,7 +215,7 @@ class _Decoder:
 
     def prefill(self) -> list[torch.LongTensor]:
         """The prompt through the target, a plain step for every row; the drafter gets every real prompt slot."""
-        self.drafter.get_candidates([], 0, is_first_iteration=True)
+        self.drafter.prefill_next()
         positions = (self.kv_mask.cumsum(-1) - 1).masked_fill_(self.kv_mask == 0, 1)
         padded = bool((self.kv_mask == 0).any())
         out, feats = self._forward(self.input_ids, positions, self.kv_mask if padded else None, 1)
@@ -246,9 +241,7 @@ class _Decoder:
         tokens."""
         rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
-        candidates = self.drafter.get_candidates(
-            [rows.history(b) for b in rows.active], budget, rows=rows.active
-        )
+        candidates = self.drafter.propose([rows.history(b) for b in rows.active], budget, rows=rows.active)
         return self.verify(emitted, candidates)
 
     def verify(self, emitted: list[torch.LongTensor], candidates: DraftCandidates) -> list[torch.LongTensor]:
@@ -386,7 +379,7 @@ class _Decoder:
             cut.append(tokens)
         if self.streamer is not None:
             self.streamer.put(cut[0].cpu())
-        self.drafter.update_candidate_strategy([t.shape[0] - 1 for t in cut], rows.live(), paths)
+        self.drafter.verified([t.shape[0] - 1 for t in cut], rows.live(), paths)
         return cut
 
     def drop_finished(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
@@ -422,7 +415,7 @@ class _Decoder:
         if not ended or batch_refusal(self.cache) is not None:
             return []
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
-        room = (self.drafter.num_speculative_tokens + 2) * max(
+        room = (self.drafter.settings.num_speculative_tokens + 2) * max(
             self.max_length - rows.lengths[rows.active[j]] for j in live
         )
         eligible = [
@@ -461,24 +454,22 @@ def peagle_decoding(
     generation_config: Any,
     synced_gpus: bool = False,
     streamer: Any = None,
-    peagle_head: PEagleDrafter | None = None,
-    peagle_streamer: Any = None,
-    peagle_given: frozenset[str] | None = None,
-    peagle_options: dict[str, Any] | None = None,
+    peagle: PEagleCall | None = None,
     **model_kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
-    """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle_head` (transformers'
-    `custom_generate` signature; `generate()` calls it).
+    """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle.head` (transformers'
+    `custom_generate` signature; `generate()` calls it with what the hook passed as `peagle`).
 
     Output: what plain `generate()` with the same options returns: the same tokens under greedy decoding (the
     target's own distribution under sampling), rows that end early padded with `pad_token_id`, and a
     `GenerateDecoderOnlyOutput` when `return_dict_in_generate` (scores, logits and hidden states per step;
     a row's entries after its end read -inf except 0 at `pad_token_id`, and zeros for hidden states).
     """
-    streamer = peagle_streamer if peagle_streamer is not None else streamer
+    call = peagle if peagle is not None else PEagleCall(head=None)
+    streamer = call.streamer if call.streamer is not None else streamer
     check_decoding_inputs(
         model,
-        peagle_head,
+        call.head,
         input_ids,
         generation_config,
         streamer,
@@ -486,18 +477,18 @@ def peagle_decoding(
         _MANAGED_KWARGS,
         logits_processor,
     )
-    if peagle_given is not None:
-        generation_config._peagle_given = set(peagle_given)
+    if call.given is not None:
+        generation_config._peagle_given = set(call.given)
     loop = _Decoder(
         model,
-        peagle_head,
+        call.head,
         input_ids,
         logits_processor,
         stopping_criteria,
         generation_config,
         streamer,
         model_kwargs,
-        peagle_options,
+        call.options,
     )
     emitted = loop.drop_finished(loop.prefill())
     while loop.rows.active:
