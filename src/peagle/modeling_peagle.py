@@ -138,9 +138,9 @@ class PEagleDraft(_CacheOutput):
     forward_calls: int | None = None
 
 
-DraftSelector = Callable[[torch.Tensor, int], "tuple[torch.Tensor, Any, bool] | None"]
-"""`select(logits (B, V_draft), depth) -> (token (B,) target ids, scores, stop) | None`: how a drafting round
-turns one depth's logits into a draft (see [`PEagleDrafter.draft_round`])."""
+DraftSelector = Callable[[torch.Tensor, int], "tuple[Any, ...] | None"]
+"""`select(logits, depth) -> (token (B,) target ids, scores, stop) | (tokens (B, W), scores, stop, parents (B, W)) |
+None`: how a drafting round turns one depth's logits into drafts (see [`PEagleDrafter.draft_round`])."""
 
 
 class PEagleFusedAttention(LlamaAttention):
@@ -685,7 +685,13 @@ class PEagleDrafter(PEaglePreTrainedModel):
             select: `select(logits (B, V_draft) float32, depth) -> (token (B,) target ids, scores, stop)` or
                 `None` to propose nothing at this depth; `stop=True` ends the round after this depth.  `scores`
                 (anything, e.g. the processed target-vocabulary logits the token was drawn from) are stacked
-                into the result when they are tensors.
+                into the result when they are tensors.  An autoregressive round may grow a draft *tree* level
+                by level instead (EAGLE-2's expansion): the selector then returns `(tokens (B, W), scores, stop,
+                parents (B, W))`, W drafts per row to feed as the next level, each under the slot
+                `parents[b, w]` of the level before (the bonus slot is level 0's only slot), and gets the next
+                level's logits as `(B, W, V_draft)`.  Each level's slot is fed its parent's `last_hidden_state`
+                and sees the valid real slots and its own ancestors only (a 4D mask); such picks are the
+                selector's own record (`tokens`, `logits`, `scores` hold chain picks only).
             attention_mask: `None` (every cached and new slot is valid), or a 2D `(B, cached + R)` mask, 0 at
                 slots a row must not see (left padding of a ragged block, holes of rejected drafts); the
                 round's parallel and autoregressive slots are appended as valid.
@@ -731,34 +737,48 @@ class PEagleDrafter(PEaglePreTrainedModel):
         position = (
             positions[:, input_ids.shape[1] - 1 : input_ids.shape[1]] + 1
         )  # of the next autoregressive slot
+        tree: _TreeLevels | None = None  # once the selector feeds levels of several drafts per row
         for depth in range(k):
-            row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
+            if parallel or tree is None:
+                row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
+            else:
+                row = out.logits.float()
             picked = select(row, depth)
             if picked is None:
                 break
-            token, score, stop = picked
-            tokens.append(token)
-            logits.append(row)
-            scores.append(score)
+            token, score, stop = picked[:3]
+            if len(picked) == 3:
+                tokens.append(token)
+                logits.append(row)
+                scores.append(score)
             if stop or depth == k - 1:
                 break
-            if not parallel:
-                slot = token[:, None].to(ids.device)
+            if parallel:
+                continue
+            if len(picked) == 3:  # the next slot: the draft just picked, fed the last slot's hidden state
+                slot, hidden = token[:, None].to(ids.device), out.last_hidden_state[:, -1:]
                 if mask is not None:
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-                out = self(
-                    input_ids=slot,
-                    projected_hidden_states=out.last_hidden_state[:, -1:],
-                    position_ids=position.clone(),
-                    cache=cache,
-                    attention_mask=mask,
-                    parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                position += 1
-                calls += 1
-                speculative += 1
+                slot_mask = mask
+            else:  # a tree's level: each draft fed its parent slot's hidden state, seeing its ancestors only
+                if tree is None:
+                    real = mask if mask is not None else ids.new_ones(ids.shape[0], cache.get_seq_length())
+                    tree = _TreeLevels(real)
+                slot = token.to(ids.device)
+                hidden, slot_mask = tree.feed(out.last_hidden_state, picked[3].to(ids.device))
+            out = self(
+                input_ids=slot,
+                projected_hidden_states=hidden,
+                position_ids=position.expand(-1, slot.shape[1]).clone(),
+                cache=cache,
+                attention_mask=slot_mask,
+                parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
+                use_cache=True,
+                logits_to_keep=0 if tree is not None else 1,
+            )
+            position += 1
+            calls += 1
+            speculative += slot.shape[1]
         bsz = input_ids.shape[0]
         stacked_scores = (
             torch.stack(scores, dim=1) if scores and isinstance(scores[0], torch.Tensor) else None
@@ -820,6 +840,42 @@ class PEagleDrafter(PEaglePreTrainedModel):
             return self.draft_to_target(picked), logits, False
 
         return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
+
+
+class _TreeLevels:
+    """An autoregressive round that feeds levels of a draft tree (EAGLE-2's expansion): which speculative slots
+    each one may see.  `real (B, S)` is the validity of the cache's slots before the first level (0: padding or a
+    hole); every level's slot sees those and its own ancestors among the levels, nothing else."""
+
+    def __init__(self, real: torch.Tensor):
+        self.real = real.bool()
+        self.ancestors = torch.zeros(real.shape[0], 0, 0, dtype=torch.bool, device=real.device)
+        self.width = (
+            1  # slots of the level whose outputs the next level's parents index (first: the bonus slot)
+        )
+
+    def feed(
+        self, last_hidden_state: torch.Tensor, parents: torch.LongTensor
+    ) -> tuple[torch.Tensor, torch.BoolTensor]:
+        """The next level, each slot under `parents (B, W)` (indices into the previous level's slots):
+        `(hidden inputs (B, W, H), 4D attention mask (B, 1, W, S + N + W))` for N earlier level slots."""
+        bsz, width = parents.shape
+        previous = last_hidden_state[:, -self.width :]
+        hidden = previous.gather(1, parents[..., None].expand(-1, -1, previous.shape[-1]))
+        held = self.ancestors.shape[1]
+        if held:  # a slot sees what its parent sees, and its parent
+            index = parents + (held - self.width)
+            above = self.ancestors.gather(1, index[..., None].expand(-1, -1, held))
+        else:  # the first level's parent is the bonus slot, a real slot
+            above = self.ancestors.new_zeros(bsz, width, 0)
+        own = torch.eye(width, dtype=torch.bool, device=parents.device).expand(bsz, -1, -1)
+        rows = torch.cat([above, own], dim=-1)
+        self.ancestors = torch.cat(
+            [torch.cat([self.ancestors, self.ancestors.new_zeros(bsz, held, width)], dim=-1), rows], dim=1
+        )
+        self.width = width
+        mask = torch.cat([self.real[:, None, :].expand(-1, width, -1), rows], dim=-1)[:, None]
+        return hidden, mask
 
 
 def custom_attention_mask(

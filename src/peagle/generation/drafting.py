@@ -26,7 +26,7 @@ from .rule import AcceptanceCorrection
 from .settings import DraftingOptions, DraftingSettings
 from .stats import PEagleGenerationStats
 from .tree import DraftCandidates, DraftTree, LookupEstimate, grow_tree, grow_tree_from_pool, prompt_lookup
-from .tree_drafting import expand_autoregressive_tree, parallel_candidates
+from .tree_drafting import LevelSelector, parallel_candidates
 
 _ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -253,19 +253,28 @@ class DraftingSession:
     def _expand_tree(
         self, block: SlotBlock, histories: list[torch.LongTensor], depth_limit: int, tic: float
     ) -> DraftCandidates:
-        """An autoregressive head's round with trees: EAGLE-2's level-by-level expansion
-        ([`tree_drafting.expand_autoregressive_tree`]), then each row's tree picked best-first from its
-        candidates plus its prompt-lookup branch."""
-        real = torch.cat([self.cache.mask, block.new_mask], dim=1)
-        pools, confidences, passes, speculative = expand_autoregressive_tree(
-            self.head, self.cache.cache, real, block.tokens, block.features, block.starts, block.attention_mask,
-            depth_limit, self.settings.calibration, self.correction, self.policy.keep_expanding(),
-        )  # fmt: skip
-        self.cache.appended(block, speculative)
+        """An autoregressive head's round with trees: EAGLE-2's level-by-level expansion through the head's own
+        round ([`tree_drafting.LevelSelector`]), then each row's tree picked best-first from its candidates plus
+        its prompt-lookup branch."""
+        s = self.settings
+        select = LevelSelector(
+            self.head, self.rows, depth_limit, s.calibration, self.correction, self.policy.keep_expanding()
+        )
+        draft = self.head.draft_round(
+            block.tokens,
+            block.features,
+            depth_limit,
+            self.cache.cache,
+            block.start,
+            select,
+            block.attention_mask,
+        )
+        self.cache.appended(block, draft.speculative_slots)
+        passes = draft.forward_calls
         drafter_seconds = self._drafter_ran(block, passes, tic)
-        self._confidences = confidences
+        self._confidences = confidences = select.confidences
         trees = []
-        for b, pool in enumerate(pools):
+        for b, pool in enumerate(select.pools):
             lookup = self._lookup_branch(histories[b][0], depth_limit)
             trees.append(
                 grow_tree_from_pool(
