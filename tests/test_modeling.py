@@ -144,53 +144,6 @@ def test_mask_slots_get_mask_embedding_and_mask_hidden(tiny_head):
     torch.testing.assert_close(tiny_head(ids2, feats).logits, tiny_head(ids, feats, parallel_mask=par).logits)
 
 
-def test_an_autoregressive_round_grows_tree_levels(tiny_target):
-    """`draft_round` with a selector that returns levels: every level's slot gets the logits of a plain chain over
-    the real slots and its own ancestors (its parent's hidden state fed, its depth's position), whatever its
-    siblings and cousins in the same passes."""
-    from transformers.cache_utils import DynamicCache
-
-    head = make_head(tiny_target, drafting_mode="autoregressive").eval()
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 120, (2, 5), generator=g)
-    feats = torch.randn(2, 5, 3 * head.config.target_hidden_size, generator=g)
-    levels = [
-        (torch.tensor([[11, 12], [13, 14]]), torch.tensor([[0, 0], [0, 0]])),
-        (torch.tensor([[21, 22, 23], [24, 25, 26]]), torch.tensor([[1, 0, 1], [0, 0, 1]])),
-    ]
-    seen = []
-
-    def select(logits, depth):
-        seen.append(logits)
-        if depth == len(levels):
-            return None, None, True, None
-        return levels[depth][0], None, False, levels[depth][1]
-
-    draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)
-    assert draft.forward_calls == 3 and draft.speculative_slots == 5 and draft.tokens.shape == (2, 0)
-    for b in range(2):
-        for level, (tokens, _) in enumerate(levels):
-            for w in range(tokens.shape[1]):
-                path, slot = [], w  # the slot's ancestors, root first
-                for up in range(level, -1, -1):
-                    path.insert(0, int(levels[up][0][b, slot]))
-                    slot = int(levels[up][1][b, slot])
-                out = head(
-                    ids[b : b + 1], feats[b : b + 1], cache=DynamicCache(config=head.config), use_cache=True
-                )
-                for depth, token in enumerate(path):
-                    out = head(
-                        torch.tensor([[token]]),
-                        projected_hidden_states=out.last_hidden_state[:, -1:],
-                        position_ids=torch.tensor([[5 + depth]]),
-                        cache=out.cache,
-                        use_cache=True,
-                    )
-                torch.testing.assert_close(
-                    seen[level + 1][b, w], out.logits[0, -1].float(), atol=1e-5, rtol=1e-5
-                )
-
-
 def test_draft_is_one_forward_with_positions(tiny_head):
     calls = []
     handle = tiny_head.register_forward_hook(

@@ -139,8 +139,8 @@ class PEagleDraft(_CacheOutput):
 
 
 DraftSelector = Callable[[torch.Tensor, int], "tuple[Any, ...] | None"]
-"""`select(logits, depth) -> (token (B,) target ids, scores, stop) | (tokens (B, W), scores, stop, parents (B, W)) |
-None`: how a drafting round turns one depth's logits into drafts (see [`PEagleDrafter.draft_round`])."""
+"""`select(logits, depth) -> (token (B,) target ids, scores, stop) | (tokens (B, W), scores, stop, level) | None`:
+how a drafting round turns one depth's logits into drafts (see [`PEagleDrafter.draft_round`])."""
 
 
 class PEagleFusedAttention(LlamaAttention):
@@ -651,6 +651,45 @@ class PEagleDrafter(PEaglePreTrainedModel):
         par[:, real:] = True
         return ids, _block_positions(start_position, bsz, real + extra, input_ids.device), par
 
+    def _first_pass(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor,
+        k: int,
+        cache: Cache,
+        start_position: int | torch.LongTensor,
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[PEagleDrafterOutput, torch.LongTensor, torch.Tensor | None]:
+        """A round's first forward: the new real slots (plus the K-1 parallel slots of a parallel head).
+        Returns the output, the slots' positions and the 2D mask so far (None when nothing is masked)."""
+        parallel = self.config.drafting_mode != "autoregressive"
+        if parallel:
+            ids, positions, par = self.parallel_slots(input_ids, start_position, k)
+            feats = target_hidden_states
+            if k > 1:
+                pad = feats.new_zeros(feats.shape[0], k - 1, feats.shape[-1])
+                feats = torch.cat([feats, pad], dim=1)
+            keep = k
+        else:
+            ids, feats = input_ids, target_hidden_states
+            positions = _block_positions(start_position, ids.shape[0], ids.shape[1], ids.device)
+            par = torch.zeros_like(ids, dtype=torch.bool)
+            keep = 1
+        mask = attention_mask
+        if mask is not None and ids.shape[1] > input_ids.shape[1]:  # the parallel slots are valid
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], ids.shape[1] - input_ids.shape[1])], dim=1)
+        out = self(
+            input_ids=ids,
+            target_hidden_states=feats,
+            position_ids=positions,
+            cache=cache,
+            attention_mask=mask,
+            parallel_mask=par,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out, positions, mask
+
     @torch.no_grad()
     @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def draft_round(
@@ -687,11 +726,10 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 (anything, e.g. the processed target-vocabulary logits the token was drawn from) are stacked
                 into the result when they are tensors.  An autoregressive round may grow a draft *tree* level
                 by level instead (EAGLE-2's expansion): the selector then returns `(tokens (B, W), scores, stop,
-                parents (B, W))`, W drafts per row to feed as the next level, each under the slot
-                `parents[b, w]` of the level before (the bonus slot is level 0's only slot), and gets the next
-                level's logits as `(B, W, V_draft)`.  Each level's slot is fed its parent's `last_hidden_state`
-                and sees the valid real slots and its own ancestors only (a 4D mask); such picks are the
-                selector's own record (`tokens`, `logits`, `scores` hold chain picks only).
+                level)`, W drafts per row to feed as the next slots, where `level(last_hidden_state)` gives
+                their hidden inputs `(B, W, hidden_size)` from the last pass's `last_hidden_state` and their 4D
+                boolean attention mask `(B, 1, W, cached + W)`; it gets the next logits as `(B, W, V_draft)`.
+                Such picks are the selector's own record (`tokens`, `logits`, `scores` hold chain picks only).
             attention_mask: `None` (every cached and new slot is valid), or a 2D `(B, cached + R)` mask, 0 at
                 slots a row must not see (left padding of a ragged block, holes of rejected drafts); the
                 round's parallel and autoregressive slots are appended as valid.
@@ -705,31 +743,10 @@ class PEagleDrafter(PEaglePreTrainedModel):
         if k < 1:
             raise ValueError(f"num_speculative_tokens is {k}; expected >= 1.")
         parallel = self.config.drafting_mode != "autoregressive"
-        if parallel:
-            ids, positions, par = self.parallel_slots(input_ids, start_position, k)
-            feats = target_hidden_states
-            if k > 1:
-                pad = feats.new_zeros(feats.shape[0], k - 1, feats.shape[-1])
-                feats = torch.cat([feats, pad], dim=1)
-            keep = k
-        else:
-            ids, feats = input_ids, target_hidden_states
-            positions = _block_positions(start_position, ids.shape[0], ids.shape[1], ids.device)
-            par = torch.zeros_like(ids, dtype=torch.bool)
-            keep = 1
-        mask = attention_mask
-        if mask is not None and ids.shape[1] > input_ids.shape[1]:  # the parallel slots are valid
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], ids.shape[1] - input_ids.shape[1])], dim=1)
-        out = self(
-            input_ids=ids,
-            target_hidden_states=feats,
-            position_ids=positions,
-            cache=cache,
-            attention_mask=mask,
-            parallel_mask=par,
-            use_cache=True,
-            logits_to_keep=keep,
+        out, positions, mask = self._first_pass(
+            input_ids, target_hidden_states, k, cache, start_position, attention_mask
         )
+        device = input_ids.device
         calls, speculative = 1, (k - 1 if parallel else 0)
         tokens: list[torch.Tensor] = []
         logits: list[torch.Tensor] = []
@@ -737,9 +754,9 @@ class PEagleDrafter(PEaglePreTrainedModel):
         position = (
             positions[:, input_ids.shape[1] - 1 : input_ids.shape[1]] + 1
         )  # of the next autoregressive slot
-        tree: _TreeLevels | None = None  # once the selector feeds levels of several drafts per row
+        levels = False  # whether the selector feeds levels of several drafts per row (a tree)
         for depth in range(k):
-            if parallel or tree is None:
+            if parallel or not levels:
                 row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
             else:
                 row = out.logits.float()
@@ -756,16 +773,13 @@ class PEagleDrafter(PEaglePreTrainedModel):
             if parallel:
                 continue
             if len(picked) == 3:  # the next slot: the draft just picked, fed the last slot's hidden state
-                slot, hidden = token[:, None].to(ids.device), out.last_hidden_state[:, -1:]
+                slot, hidden = token[:, None].to(device), out.last_hidden_state[:, -1:]
                 if mask is not None:
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 slot_mask = mask
-            else:  # a tree's level: each draft fed its parent slot's hidden state, seeing its ancestors only
-                if tree is None:
-                    real = mask if mask is not None else ids.new_ones(ids.shape[0], cache.get_seq_length())
-                    tree = _TreeLevels(real)
-                slot = token.to(ids.device)
-                hidden, slot_mask = tree.feed(out.last_hidden_state, picked[3].to(ids.device))
+            else:  # a tree's level: the selector says what each slot is fed and sees
+                slot, levels = token.to(device), True
+                hidden, slot_mask = picked[3](out.last_hidden_state)
             out = self(
                 input_ids=slot,
                 projected_hidden_states=hidden,
@@ -774,7 +788,7 @@ class PEagleDrafter(PEaglePreTrainedModel):
                 attention_mask=slot_mask,
                 parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
                 use_cache=True,
-                logits_to_keep=0 if tree is not None else 1,
+                logits_to_keep=0 if levels else 1,
             )
             position += 1
             calls += 1
@@ -840,42 +854,6 @@ class PEagleDrafter(PEaglePreTrainedModel):
             return self.draft_to_target(picked), logits, False
 
         return self.draft_round(input_ids, target_hidden_states, k, cache, start_position, select=select)
-
-
-class _TreeLevels:
-    """An autoregressive round that feeds levels of a draft tree (EAGLE-2's expansion): which speculative slots
-    each one may see.  `real (B, S)` is the validity of the cache's slots before the first level (0: padding or a
-    hole); every level's slot sees those and its own ancestors among the levels, nothing else."""
-
-    def __init__(self, real: torch.Tensor):
-        self.real = real.bool()
-        self.ancestors = torch.zeros(real.shape[0], 0, 0, dtype=torch.bool, device=real.device)
-        self.width = (
-            1  # slots of the level whose outputs the next level's parents index (first: the bonus slot)
-        )
-
-    def feed(
-        self, last_hidden_state: torch.Tensor, parents: torch.LongTensor
-    ) -> tuple[torch.Tensor, torch.BoolTensor]:
-        """The next level, each slot under `parents (B, W)` (indices into the previous level's slots):
-        `(hidden inputs (B, W, H), 4D attention mask (B, 1, W, S + N + W))` for N earlier level slots."""
-        bsz, width = parents.shape
-        previous = last_hidden_state[:, -self.width :]
-        hidden = previous.gather(1, parents[..., None].expand(-1, -1, previous.shape[-1]))
-        held = self.ancestors.shape[1]
-        if held:  # a slot sees what its parent sees, and its parent
-            index = parents + (held - self.width)
-            above = self.ancestors.gather(1, index[..., None].expand(-1, -1, held))
-        else:  # the first level's parent is the bonus slot, a real slot
-            above = self.ancestors.new_zeros(bsz, width, 0)
-        own = torch.eye(width, dtype=torch.bool, device=parents.device).expand(bsz, -1, -1)
-        rows = torch.cat([above, own], dim=-1)
-        self.ancestors = torch.cat(
-            [torch.cat([self.ancestors, self.ancestors.new_zeros(bsz, held, width)], dim=-1), rows], dim=1
-        )
-        self.width = width
-        mask = torch.cat([self.real[:, None, :].expand(-1, width, -1), rows], dim=-1)[:, None]
-        return hidden, mask
 
 
 def custom_attention_mask(

@@ -257,8 +257,9 @@ class DraftingSession:
         round ([`tree_drafting.LevelSelector`]), then each row's tree picked best-first from its candidates plus
         its prompt-lookup branch."""
         s = self.settings
+        real = torch.cat([self.cache.mask, block.new_mask], dim=1)
         select = LevelSelector(
-            self.head, self.rows, depth_limit, s.calibration, self.correction, self.policy.keep_expanding()
+            self.head, real, depth_limit, s.calibration, self.correction, self.policy.keep_expanding()
         )
         draft = self.head.draft_round(
             block.tokens,

@@ -70,6 +70,7 @@ class DraftPolicy:
 
     def __init__(self, settings: DraftingSettings, stats: PEagleGenerationStats):
         self.settings, self.stats = settings, stats
+        self.idle: set[int] = set()  # rows of the batch that ended and stay only to keep passes fast
 
     def begin(self, histories: list[torch.LongTensor], now: float, last_num_drafts: int) -> float:
         """A round starts at `now` after a target pass that verified `last_num_drafts`; returns when the round's
@@ -192,7 +193,6 @@ class CostPolicy(DraftPolicy):
         self.target, self.head, self.drafter_cache, self.correction = target, head, drafter_cache, correction
         tokens = max(settings.num_speculative_tokens, settings.tree_nodes) + 1
         self.cost = cost_model_for(target, head, tokens, batch_size=settings.batch_size)
-        self.idle: set[int] = set()  # rows of the batch that ended and stay only to keep passes fast
         self._skip_left = 0  # plain steps to take before the drafter runs again
         self._skip_len = 1  # the next skip's length (doubles while drafting keeps losing)
         self._returned_at: float | None = None  # when the last candidates went to verification

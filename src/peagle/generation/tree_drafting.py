@@ -115,6 +115,44 @@ class CandidatePool:
         return out
 
 
+class TreeLevels:
+    """Which slots each level of an autoregressive head's tree sees (EAGLE-2's expansion, vectorised over rows).
+
+    `real (B, S)` is the validity of the drafter cache's slots before the first level (0: padding or a hole); every
+    level's slot sees those and its own ancestors among the levels, nothing else.
+    """
+
+    def __init__(self, real: torch.Tensor):
+        self.real = real.bool()
+        self.ancestors = torch.zeros(real.shape[0], 0, 0, dtype=torch.bool, device=real.device)
+        self.width = (
+            1  # slots of the level whose outputs the next level's parents index (first: the bonus slot)
+        )
+
+    def feed(
+        self, last_hidden_state: torch.Tensor, parents: torch.LongTensor
+    ) -> tuple[torch.Tensor, torch.BoolTensor]:
+        """The next level, each slot under `parents (B, W)` (indices into the previous level's slots):
+        `(hidden inputs (B, W, H), 4D attention mask (B, 1, W, S + N + W))` for N earlier level slots."""
+        bsz, width = parents.shape
+        previous = last_hidden_state[:, -self.width :]
+        hidden = previous.gather(1, parents[..., None].expand(-1, -1, previous.shape[-1]))
+        held = self.ancestors.shape[1]
+        if held:  # a slot sees what its parent sees, and its parent
+            index = parents + (held - self.width)
+            above = self.ancestors.gather(1, index[..., None].expand(-1, -1, held))
+        else:  # the first level's parent is the bonus slot, a real slot
+            above = self.ancestors.new_zeros(bsz, width, 0)
+        own = torch.eye(width, dtype=torch.bool, device=parents.device).expand(bsz, -1, -1)
+        rows = torch.cat([above, own], dim=-1)
+        self.ancestors = torch.cat(
+            [torch.cat([self.ancestors, self.ancestors.new_zeros(bsz, held, width)], dim=-1), rows], dim=1
+        )
+        self.width = width
+        mask = torch.cat([self.real[:, None, :].expand(-1, width, -1), rows], dim=-1)[:, None]
+        return hidden, mask
+
+
 class LevelSelector:
     """The selector of an autoregressive (EAGLE-3-style) head's round that grows every row's tree as EAGLE-2 does,
     through the head's own [`PEagleDrafter.draft_round`].
@@ -125,13 +163,14 @@ class LevelSelector:
     and its own ancestors; their logits propose the children.  The round stops after `depth_limit` levels, or
     earlier when `keep_going(confidences)` says another level does not pay (the cost rule).
 
+    `real (B, S)`: the validity of the drafter cache's slots once the round's real slots are in it ([`TreeLevels`]).
     After the round: `pools[b]`, row b's [`CandidatePool`], and `confidences[depth][row]` of the chain's drafts.
     """
 
     def __init__(
         self,
         head: Any,
-        rows: int,
+        real: torch.Tensor,
         depth_limit: int,
         calibration: dict[str, Any] | None,
         correction: AcceptanceCorrection,
@@ -139,8 +178,11 @@ class LevelSelector:
     ):
         self.head, self.depth_limit, self.keep_going = head, depth_limit, keep_going
         self.calibration, self.correction = calibration, correction
-        self.pools = [CandidatePool() for _ in range(rows)]
-        self.frontier: list[list[int]] = [[-1] for _ in range(rows)]  # pool index of each fed slot (-1: root)
+        self.levels = TreeLevels(real)
+        self.pools = [CandidatePool() for _ in range(real.shape[0])]
+        self.frontier: list[list[int]] = [
+            [-1] for _ in range(real.shape[0])
+        ]  # pool index of each fed slot (-1: root)
         self.confidences: list[list[float]] = []
 
     def __call__(self, logits: torch.Tensor, depth: int) -> tuple[Any, None, bool, Any]:
@@ -165,7 +207,7 @@ class LevelSelector:
         parents = torch.tensor(
             [[p.proposer[i] for i in f] for p, f in zip(self.pools, self.frontier)], device=device
         )
-        return tokens, None, False, parents
+        return tokens, None, False, lambda last_hidden_state: self.levels.feed(last_hidden_state, parents)
 
 
-__all__ = ["CandidatePool", "FRONTIER_WIDTH", "LevelSelector", "parallel_candidates"]
+__all__ = ["CandidatePool", "FRONTIER_WIDTH", "LevelSelector", "TreeLevels", "parallel_candidates"]
