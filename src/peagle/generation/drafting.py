@@ -93,9 +93,8 @@ class DraftingSession:
         self.policy = make_policy(s, self.stats, target, head, self.cache, self.correction)
         self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
         self._last_num_drafts = 0
-        self._confidences: list[
-            list[float]
-        ] = []  # [depth][row] the head's confidence in the last round's drafts
+        # [depth][row] the head's confidence in the last round's drafts
+        self._confidences: list[list[float]] = []
         self._trees: list[DraftTree] | None = None  # the trees under verification
         self._start = _policy._clock()
         head.last_generation_stats = self.stats
@@ -202,7 +201,7 @@ class DraftingSession:
             self.stats.truncated_rounds += self.rows
         for d in range(num):
             self.stats.drafted_per_depth[d] += self.rows
-        self._returned()
+        self.policy.returned()
         return DraftCandidates.chain(drafts, scores)
 
     def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
@@ -214,10 +213,6 @@ class DraftingSession:
         self.stats.drafter_seconds += seconds
         self.policy.drafter_ran(seconds, block.tokens.shape[1])
         return seconds
-
-    def _returned(self) -> None:
-        """Candidates go to verification now."""
-        self.policy.returned()
 
     def _plain_step(self) -> DraftCandidates:
         self._last_num_drafts = 0
@@ -309,7 +304,7 @@ class DraftingSession:
         for t in trees:
             for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
                 _bump(self.stats.drafted_per_depth, d - 1)
-        self._returned()
+        self.policy.returned()
         return DraftCandidates.of_trees(trees, self.device)
 
     # ------------------------------------------------------------------ after the verify pass

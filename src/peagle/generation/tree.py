@@ -106,30 +106,30 @@ class DraftCandidates:
 
     Args:
         tokens: `(B, n)` target token of each node.
+        depths: `(B, n)` 1 for the first draft after the bonus token.
         parents: per row `[n]` each node's parent (-1: the root), or None for a chain, which needs no tree mask:
             plain causal attention over the row's valid past is exactly each node's view.
-        depths: `(B, n)` 1 for the first draft after the bonus token.
         draft_scores: `(B, n, V)` for a sampled chain, the processed target-vocabulary scores each draft was drawn
             from (transformers' accept/resample rule needs them); None otherwise.
     """
 
     tokens: torch.LongTensor
+    depths: torch.LongTensor
     parents: list[list[int]] | None = None
-    depths: torch.LongTensor | None = None
     draft_scores: torch.Tensor | None = None
 
     @classmethod
     def chain(cls, tokens: torch.LongTensor, draft_scores: torch.Tensor | None = None) -> DraftCandidates:
         """`tokens (B, k)` as one path per row (`draft_scores`: what sampled drafts were drawn from)."""
         depths = torch.arange(1, tokens.shape[1] + 1, device=tokens.device).expand(tokens.shape[0], -1)
-        return cls(tokens, None, depths, draft_scores)
+        return cls(tokens, depths, None, draft_scores)
 
     @classmethod
     def of_trees(cls, trees: Sequence[DraftTree], device: torch.device | str) -> DraftCandidates:
         """Every row's tree, all of one size."""
         tokens = torch.tensor([t.tokens for t in trees], dtype=torch.long, device=device)
         depths = torch.tensor([t.depths for t in trees], dtype=torch.long, device=device)
-        return cls(tokens, [list(t.parents) for t in trees], depths)
+        return cls(tokens, depths, [list(t.parents) for t in trees])
 
     def __len__(self) -> int:
         return self.tokens.shape[1]
