@@ -71,8 +71,8 @@ from peagle.evaluation.long_inputs import build_input, prompt_part
 from peagle.evaluation.results import save_figure, write_json_and_plot
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import PEagleGenerationStats
-from peagle.generation.candidates import AUTO_TREE_NODES
 from peagle.generation.cost import cost_model_for, extend_to_context
+from peagle.generation.settings import AUTO_TREE_NODES
 from peagle.modeling_peagle import cache_kwarg
 
 DEFAULT_EXAMPLES = "training_data/smollm2-135m-instruct/heldout"

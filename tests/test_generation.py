@@ -19,6 +19,7 @@ import peagle
 from helpers import LAYERS, Oracle, exact_distribution, greedy, make_head, make_target, prompt_ids
 from peagle import generation as gen
 from peagle.generation import checks as gen_checks
+from peagle.generation.drafting import DraftingSession
 
 
 @pytest.fixture(scope="module")
@@ -464,15 +465,16 @@ def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
     target, head = _sampling_models()
     head.config.drafting_mode = mode
     returned = []
-    original = gen.PEagleCandidateGenerator.get_candidates
+    original = DraftingSession.propose
 
     def spy(self, histories, max_drafts, **kwargs):
-        drafts, logits = original(self, histories, max_drafts, **kwargs)
+        candidates = original(self, histories, max_drafts, **kwargs)
+        drafts, logits = candidates.tokens, candidates.draft_scores
         if histories:  # one row: its history, then the round's drafts after it
             returned.append((histories[0], torch.cat([histories[0], drafts], dim=1), logits))
-        return drafts, logits
+        return candidates
 
-    monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", spy)
+    monkeypatch.setattr(DraftingSession, "propose", spy)
     rec = Recorder(head)
     torch.manual_seed(0)
     for _ in range(4):
@@ -522,14 +524,14 @@ def test_sampling_matches_target_distribution(monkeypatch, tree, mode):
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-5)
 
     context = {}
-    original = gen.PEagleCandidateGenerator.get_candidates
+    original = DraftingSession.propose
 
     def remember_context(self, histories, max_drafts, **kwargs):
         if histories:
             context["ids"] = histories[0]
         return original(self, histories, max_drafts, **kwargs)
 
-    monkeypatch.setattr(gen.PEagleCandidateGenerator, "get_candidates", remember_context)
+    monkeypatch.setattr(DraftingSession, "propose", remember_context)
     draft_ids = torch.arange(6) + head.d2t
     noise = torch.Generator().manual_seed(123)
 

@@ -91,7 +91,7 @@ def test_holes_are_compacted(target, monkeypatch):
 
     monkeypatch.setattr(ragged, "compact", spy)
     monkeypatch.setattr("peagle.generation.decoding.compact", spy)
-    monkeypatch.setattr("peagle.generation.candidates.compact", spy)
+    monkeypatch.setattr("peagle.generation.drafter_cache.compact", spy)
     head = make_head(target)
     rows = prompts(3, seed=21)
     refs = references(target, rows, max_new_tokens=60)

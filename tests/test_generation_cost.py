@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
-from peagle.generation import candidates as candidates_mod
 from peagle.generation import cost as cost_mod
 from peagle.generation import cost_cache
+from peagle.generation import policy as policy_mod
 from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
-from peagle.generation.candidates import PEagleCandidateGenerator
 from peagle.generation.cost import VerifyCostModel
+from peagle.generation.policy import CostPolicy
 from peagle.generation.rule import choose_num_drafts, expected_tokens
 
 
@@ -120,7 +120,7 @@ def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed, tree):
             self._skip_left = rng.randint(1, 3)
         return k
 
-    monkeypatch.setattr(PEagleCandidateGenerator, "_choose", random_choice)
+    monkeypatch.setattr(CostPolicy, "_choose", random_choice)
     head = _cost_head(target, mode, model=VerifyCostModel.flat(max_tokens=8))
     ids = prompt_ids(10 + seed, 8)
     ref = greedy(target, ids, max_new_tokens=48)
@@ -326,7 +326,52 @@ def test_collect_rounds_records_every_round(target):
     st = head.last_generation_stats
     assert len(rounds) == st.rounds and sum(a for _, a in rounds) == st.accepted_tokens
     assert all(len(c) <= 4 and all(0 <= x <= 1 for x in c) for c, _ in rounds)
-    assert head.round_recorder is None
+    assert not hasattr(head, "round_recorder")  # the rounds come through the call's observer, not the head
+
+
+def test_a_round_observer_sees_every_verified_chain_round(target):
+    """`generate(..., round_observer=fn)` reports each row's verified chain round (the head's confidence in each
+    draft, the drafts accepted) to the call's observer, the way `peagle calibrate` collects its rounds."""
+    head = make_head(target)
+    ids = prompt_ids(8, 6)
+    ref = greedy(target, ids, max_new_tokens=30)
+    oracle = Oracle(head, ref, p=0.7, seed=3)
+    seen = []
+    out = greedy(
+        target,
+        ids,
+        max_new_tokens=30,
+        assistant_model=head,
+        num_assistant_tokens=4,
+        assistant_confidence_threshold=0.0,
+        round_observer=lambda confidences, accepted: seen.append((confidences, accepted)),
+    )
+    oracle.handle.remove()
+    st = head.last_generation_stats
+    assert torch.equal(out, ref)
+    assert len(seen) == st.rounds > 0 and sum(a for _, a in seen) == st.accepted_tokens
+    assert all(1 <= len(c) <= 4 and 0 <= a <= len(c) for c, a in seen)
+
+
+@pytest.mark.parametrize(
+    "threshold, policy",
+    [(0.0, policy_mod.FixedPolicy), (0.3, policy_mod.ThresholdPolicy), (None, CostPolicy)],
+)
+def test_each_call_runs_the_policy_its_threshold_selects(target, threshold, policy, monkeypatch):
+    """One policy object per call, by the threshold: 0.0 fixed, t > 0 the cut, none the cost rule."""
+    made = []
+    original = policy_mod.make_policy
+
+    def spy(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr("peagle.generation.drafting.make_policy", spy)
+    head = _cost_head(target, model=VerifyCostModel.flat(max_tokens=8))
+    head.config.confidence_threshold = threshold
+    greedy(target, prompt_ids(8, 6), max_new_tokens=6, assistant_model=head, num_assistant_tokens=3)
+    assert [type(p) for p in made] == [policy]
+    assert head.last_generation_stats.draft_policy == made[0].settings.policy
 
 
 def test_overconfident_calibration_is_corrected_by_the_rounds_verified():
@@ -374,7 +419,7 @@ def test_correction_learns_the_acceptance_the_rounds_show():
 class FakeMachine:
     """A machine where a target pass over n tokens per row after L cached tokens, for B rows, costs
     `verify(n, L, B)` seconds and a drafter forward `drafter` seconds: forward hooks advance the clock the
-    generator reads (`candidates._clock`), so the cost rule sees these costs whatever the CPU does."""
+    generator reads (`policy._clock`), so the cost rule sees these costs whatever the CPU does."""
 
     def __init__(self, target, head, verify, drafter=0.01, on_pass=None):
         self.now, self.verify, self.drafter, self.on_pass = 0.0, verify, drafter, on_pass
@@ -447,7 +492,7 @@ def test_a_cost_that_grows_with_the_batch_changes_the_choice(target, monkeypatch
     monkeypatch.setattr(cost_mod, "measure_cost_model", measured)
     head = _cost_head(target)
     machine = FakeMachine(target, head, truth, drafter=0.0)
-    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
     try:
         ids = torch.cat([prompt_ids(30 + b, 8) for b in range(4)])
         for rows, drafts in [(1, True), (4, False)]:
@@ -474,7 +519,7 @@ def test_a_curve_timed_under_load_is_corrected_within_one_call(target, monkeypat
     model = VerifyCostModel([3.0] * 9, drafter_seconds=0.2, source="cache", context=256)
     head = _cost_head(target, model=model)
     machine = FakeMachine(target, head, truth, drafter=0.2)
-    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
     try:
         ids = prompt_ids(40, 8)
         start = machine.now
@@ -501,7 +546,7 @@ def test_plain_steps_are_probed_when_the_rule_always_drafts(target, monkeypatch)
     model = VerifyCostModel([1.0] * 9, source="cache", context=256)
     head = _cost_head(target, model=model)
     machine = FakeMachine(target, head, lambda n, context, rows: 1.0, drafter=0.0)
-    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
     try:
         ids = prompt_ids(42, 8)
         ref = greedy(target, ids, max_new_tokens=40)
@@ -533,7 +578,7 @@ def test_drafting_that_stops_paying_stops_and_comes_back(target, monkeypatch):
             oracle.p = [1.0]
 
     machine = FakeMachine(target, head, truth, drafter=0.1, on_pass=switch)
-    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
     try:
         out = greedy(
             target, ids, max_new_tokens=160, assistant_model=head, num_assistant_tokens=8, draft_tree_size=0
@@ -599,7 +644,7 @@ def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
         lambda m, a, k: setattr(machine, "now", machine.now + 0.01 * k["input_ids"].shape[1]),
         with_kwargs=True,
     )
-    monkeypatch.setattr(candidates_mod, "_clock", machine.clock)
+    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
     ids = prompt_ids(60, 300)
     try:
         ref = greedy(target, ids, max_new_tokens=40)

@@ -1,4 +1,4 @@
-"""Draft trees (`generation/tree.py` and the loop's `tree_round`): growth by path probability, prompt-lookup
+"""Draft trees (`generation/tree.py` and the loop's `verify`): growth by path probability, prompt-lookup
 branches, the tree mask, the greedy and sampled path rules, and `generate()` with trees: identical to plain greedy
 at every batch size and attention implementation, logits processors, returned scores and hidden states, the cost
 rule's choice of tree size, and clear refusals."""
@@ -8,17 +8,20 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy import stats as scipy_stats
+from transformers.cache_utils import DynamicCache
 from transformers.generation import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 import peagle
 from helpers import LAYERS, Oracle, check_tree_logits, make_head, make_target, prompt_ids
 from peagle.evaluation.bench_batch import left_pad
-from peagle.generation import candidates as gen
 from peagle.generation import ragged
+from peagle.generation import settings as gen
 from peagle.generation.cost import VerifyCostModel, monotone
+from peagle.generation.drafting import DraftingSession
 from peagle.generation.rule import choose_batch_num_drafts, choose_batch_tree_size
 from peagle.generation.tree import (
     VOID,
+    DraftCandidates,
     DraftTree,
     LookupEstimate,
     ancestor_mask,
@@ -29,6 +32,7 @@ from peagle.generation.tree import (
     sibling_probabilities,
     tree_attention_mask,
 )
+from peagle.generation.tree_drafting import TreeLevels
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +136,72 @@ def test_tree_attention_mask_keeps_the_rows_past():
     assert mask.shape == (2, 1, 3, 6)
     assert mask[0, 0, :, :3].tolist() == [[False, True, True]] * 3
     assert mask[1, 0, 2].tolist() == [True, False, True, True, True, True]
+
+
+def test_a_chain_is_a_tree_with_one_path():
+    """`DraftCandidates`: a chain's node i hangs under node i - 1 and needs only the 2D mask of the rows' valid past
+    (None without holes); a tree's candidates carry its parents and a 4D mask."""
+    chain = DraftCandidates.chain(torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    assert chain.is_chain and len(chain) == 3 and chain.depths.tolist() == [[1, 2, 3]] * 2
+    assert (
+        chain.row(1) == ([1, 2, 3], [-1, 0, 1])
+        and chain.path_to(0, 3) == [1, 2, 3]
+        and chain.path_to(0, 0) == []
+    )
+    assert chain.attention_mask(torch.ones(2, 4, dtype=torch.long)) is None
+    holes = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    assert chain.attention_mask(holes).tolist() == [[0, 1, 1, 1, 1, 1, 1, 1], [1] * 8]
+    assert greedy_path(chain.row(0), [5, 6, 9, 0]) == [0, 1, 2]
+    tree = DraftTree([3, 4, 8], [-1, -1, 1], [1, 1, 2], [0.5, 0.2, 0.1], [True, False, False], [False] * 3)
+    both = DraftCandidates.of_trees([tree, tree], "cpu")
+    assert not both.is_chain and both.depths.tolist() == [[1, 1, 2]] * 2 and both.path_to(1, 3) == [2, 3]
+    assert torch.equal(both.attention_mask(holes), tree_attention_mask([tree, tree], holes))
+
+
+def test_an_autoregressive_round_grows_tree_levels(target):
+    """The head's own `draft_round` grows tree levels ([`TreeLevels`]): every level's slot gets the logits of a plain
+    chain over the real slots and its own ancestors (its parent's hidden state fed, its depth's position), whatever
+    its siblings and cousins in the same passes."""
+    head = make_head(target, drafting_mode="autoregressive").eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 120, (2, 5), generator=g)
+    feats = torch.randn(2, 5, 3 * head.config.target_hidden_size, generator=g)
+    levels = [
+        (torch.tensor([[11, 12], [13, 14]]), torch.tensor([[0, 0], [0, 0]])),
+        (torch.tensor([[21, 22, 23], [24, 25, 26]]), torch.tensor([[1, 0, 1], [0, 0, 1]])),
+    ]
+    seen, tree = [], TreeLevels(torch.ones(2, 5, dtype=torch.long))
+
+    def select(logits, depth):
+        seen.append(logits)
+        if depth == len(levels):
+            return None, None, True, None
+        tokens, parents = levels[depth]
+        return tokens, None, False, lambda last: tree.feed(last, parents)
+
+    draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)
+    assert draft.forward_calls == 3 and draft.speculative_slots == 5 and draft.tokens.shape == (2, 0)
+    for b in range(2):
+        for level, (tokens, _) in enumerate(levels):
+            for w in range(tokens.shape[1]):
+                path, slot = [], w  # the slot's ancestors, root first
+                for up in range(level, -1, -1):
+                    path.insert(0, int(levels[up][0][b, slot]))
+                    slot = int(levels[up][1][b, slot])
+                out = head(
+                    ids[b : b + 1], feats[b : b + 1], cache=DynamicCache(config=head.config), use_cache=True
+                )
+                for depth, token in enumerate(path):
+                    out = head(
+                        torch.tensor([[token]]),
+                        projected_hidden_states=out.last_hidden_state[:, -1:],
+                        position_ids=torch.tensor([[5 + depth]]),
+                        cache=out.cache,
+                        use_cache=True,
+                    )
+                torch.testing.assert_close(
+                    seen[level + 1][b, w], out.logits[0, -1].float(), atol=1e-5, rtol=1e-5
+                )
 
 
 def test_greedy_path_follows_the_targets_choices():
@@ -373,13 +443,13 @@ def test_autoregressive_trees_expand_level_by_level(target, monkeypatch):
     ids = prompt_ids(21, 7)
     ref = target.generate(ids, do_sample=False, max_new_tokens=30)
     seen = []
-    original = gen.PEagleCandidateGenerator._tree_candidates
+    original = DraftingSession._tree_candidates
 
     def record(self, trees, *args, **kwargs):
         seen.extend(trees)
         return original(self, trees, *args, **kwargs)
 
-    monkeypatch.setattr(gen.PEagleCandidateGenerator, "_tree_candidates", record)
+    monkeypatch.setattr(DraftingSession, "_tree_candidates", record)
     oracle = Oracle(head, ref, p=0.5, seed=2, second=True)
     out = target.generate(
         ids,

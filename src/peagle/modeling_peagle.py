@@ -138,9 +138,9 @@ class PEagleDraft(_CacheOutput):
     forward_calls: int | None = None
 
 
-DraftSelector = Callable[[torch.Tensor, int], "tuple[torch.Tensor, Any, bool] | None"]
-"""`select(logits (B, V_draft), depth) -> (token (B,) target ids, scores, stop) | None`: how a drafting round
-turns one depth's logits into a draft (see [`PEagleDrafter.draft_round`])."""
+DraftSelector = Callable[[torch.Tensor, int], "tuple[Any, ...] | None"]
+"""`select(logits, depth) -> (token (B,) target ids, scores, stop) | (tokens (B, W), scores, stop, level) | None`:
+how a drafting round turns one depth's logits into drafts (see [`PEagleDrafter.draft_round`])."""
 
 
 class PEagleFusedAttention(LlamaAttention):
@@ -651,6 +651,45 @@ class PEagleDrafter(PEaglePreTrainedModel):
         par[:, real:] = True
         return ids, _block_positions(start_position, bsz, real + extra, input_ids.device), par
 
+    def _first_pass(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor,
+        k: int,
+        cache: Cache,
+        start_position: int | torch.LongTensor,
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[PEagleDrafterOutput, torch.LongTensor, torch.Tensor | None]:
+        """A round's first forward: the new real slots (plus the K-1 parallel slots of a parallel head).
+        Returns the output, the slots' positions and the 2D mask so far (None when nothing is masked)."""
+        parallel = self.config.drafting_mode != "autoregressive"
+        if parallel:
+            ids, positions, par = self.parallel_slots(input_ids, start_position, k)
+            feats = target_hidden_states
+            if k > 1:
+                pad = feats.new_zeros(feats.shape[0], k - 1, feats.shape[-1])
+                feats = torch.cat([feats, pad], dim=1)
+            keep = k
+        else:
+            ids, feats = input_ids, target_hidden_states
+            positions = _block_positions(start_position, ids.shape[0], ids.shape[1], ids.device)
+            par = torch.zeros_like(ids, dtype=torch.bool)
+            keep = 1
+        mask = attention_mask
+        if mask is not None and ids.shape[1] > input_ids.shape[1]:  # the parallel slots are valid
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], ids.shape[1] - input_ids.shape[1])], dim=1)
+        out = self(
+            input_ids=ids,
+            target_hidden_states=feats,
+            position_ids=positions,
+            cache=cache,
+            attention_mask=mask,
+            parallel_mask=par,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out, positions, mask
+
     @torch.no_grad()
     @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def draft_round(
@@ -685,7 +724,12 @@ class PEagleDrafter(PEaglePreTrainedModel):
             select: `select(logits (B, V_draft) float32, depth) -> (token (B,) target ids, scores, stop)` or
                 `None` to propose nothing at this depth; `stop=True` ends the round after this depth.  `scores`
                 (anything, e.g. the processed target-vocabulary logits the token was drawn from) are stacked
-                into the result when they are tensors.
+                into the result when they are tensors.  An autoregressive round may grow a draft *tree* level
+                by level instead (EAGLE-2's expansion): the selector then returns `(tokens (B, W), scores, stop,
+                level)`, W drafts per row to feed as the next slots, where `level(last_hidden_state)` gives
+                their hidden inputs `(B, W, hidden_size)` from the last pass's `last_hidden_state` and their 4D
+                boolean attention mask `(B, 1, W, cached + W)`; it gets the next logits as `(B, W, V_draft)`.
+                Such picks are the selector's own record (`tokens`, `logits`, `scores` hold chain picks only).
             attention_mask: `None` (every cached and new slot is valid), or a 2D `(B, cached + R)` mask, 0 at
                 slots a row must not see (left padding of a ragged block, holes of rejected drafts); the
                 round's parallel and autoregressive slots are appended as valid.
@@ -699,31 +743,10 @@ class PEagleDrafter(PEaglePreTrainedModel):
         if k < 1:
             raise ValueError(f"num_speculative_tokens is {k}; expected >= 1.")
         parallel = self.config.drafting_mode != "autoregressive"
-        if parallel:
-            ids, positions, par = self.parallel_slots(input_ids, start_position, k)
-            feats = target_hidden_states
-            if k > 1:
-                pad = feats.new_zeros(feats.shape[0], k - 1, feats.shape[-1])
-                feats = torch.cat([feats, pad], dim=1)
-            keep = k
-        else:
-            ids, feats = input_ids, target_hidden_states
-            positions = _block_positions(start_position, ids.shape[0], ids.shape[1], ids.device)
-            par = torch.zeros_like(ids, dtype=torch.bool)
-            keep = 1
-        mask = attention_mask
-        if mask is not None and ids.shape[1] > input_ids.shape[1]:  # the parallel slots are valid
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], ids.shape[1] - input_ids.shape[1])], dim=1)
-        out = self(
-            input_ids=ids,
-            target_hidden_states=feats,
-            position_ids=positions,
-            cache=cache,
-            attention_mask=mask,
-            parallel_mask=par,
-            use_cache=True,
-            logits_to_keep=keep,
+        out, positions, mask = self._first_pass(
+            input_ids, target_hidden_states, k, cache, start_position, attention_mask
         )
+        device = input_ids.device
         calls, speculative = 1, (k - 1 if parallel else 0)
         tokens: list[torch.Tensor] = []
         logits: list[torch.Tensor] = []
@@ -731,34 +754,45 @@ class PEagleDrafter(PEaglePreTrainedModel):
         position = (
             positions[:, input_ids.shape[1] - 1 : input_ids.shape[1]] + 1
         )  # of the next autoregressive slot
+        levels = False  # whether the selector feeds levels of several drafts per row (a tree)
         for depth in range(k):
-            row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
+            if parallel or not levels:
+                row = (out.logits[:, depth] if parallel else out.logits[:, -1]).float()
+            else:
+                row = out.logits.float()
             picked = select(row, depth)
             if picked is None:
                 break
-            token, score, stop = picked
-            tokens.append(token)
-            logits.append(row)
-            scores.append(score)
+            token, score, stop = picked[:3]
+            if len(picked) == 3:
+                tokens.append(token)
+                logits.append(row)
+                scores.append(score)
             if stop or depth == k - 1:
                 break
-            if not parallel:
-                slot = token[:, None].to(ids.device)
+            if parallel:
+                continue
+            if len(picked) == 3:  # the next slot: the draft just picked, fed the last slot's hidden state
+                slot, hidden = token[:, None].to(device), out.last_hidden_state[:, -1:]
                 if mask is not None:
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-                out = self(
-                    input_ids=slot,
-                    projected_hidden_states=out.last_hidden_state[:, -1:],
-                    position_ids=position.clone(),
-                    cache=cache,
-                    attention_mask=mask,
-                    parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                position += 1
-                calls += 1
-                speculative += 1
+                slot_mask = mask
+            else:  # a tree's level: the selector says what each slot is fed and sees
+                slot, levels = token.to(device), True
+                hidden, slot_mask = picked[3](out.last_hidden_state)
+            out = self(
+                input_ids=slot,
+                projected_hidden_states=hidden,
+                position_ids=position.expand(-1, slot.shape[1]).clone(),
+                cache=cache,
+                attention_mask=slot_mask,
+                parallel_mask=torch.zeros_like(slot, dtype=torch.bool),
+                use_cache=True,
+                logits_to_keep=0 if levels else 1,
+            )
+            position += 1
+            calls += 1
+            speculative += slot.shape[1]
         bsz = input_ids.shape[0]
         stacked_scores = (
             torch.stack(scores, dim=1) if scores and isinstance(scores[0], torch.Tensor) else None

@@ -269,8 +269,8 @@ def _prepare_costs(target, heads: dict, batch_sizes, prompts: dict, max_new_toke
     """Time, before any measured run, what the heads' cost rule would otherwise time once per machine inside
     one: each curve at every batch size, the context point the longest prompt plus `max_new_tokens` reaches,
     and the plain steps per row count.  Returns the seconds spent (recorded with the results)."""
-    from ..generation.candidates import AUTO_TREE_NODES
     from ..generation.cost import extend_to_context, prepare_cost_model
+    from ..generation.settings import AUTO_TREE_NODES
 
     longest = max((p.shape[-1] for group in prompts.values() for p in group), default=0) + max_new_tokens
     spent = 0.0

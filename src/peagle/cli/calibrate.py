@@ -106,7 +106,7 @@ def run_costs(args: argparse.Namespace) -> int:
         head = PEagleDrafter.from_pretrained(args.head, dtype=head_dtype).attach_target(target)
     head.eval()
     k = args.num_speculative_tokens or head.config.num_speculative_tokens
-    from ..generation.candidates import AUTO_TREE_NODES
+    from ..generation.settings import AUTO_TREE_NODES
 
     models = recalibrate(target, head, max(k, AUTO_TREE_NODES) + 1, sizes, contexts)
     print(f"threads {torch.get_num_threads()}; seconds to verify n tokens per row after L tokens of context")

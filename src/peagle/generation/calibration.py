@@ -140,21 +140,18 @@ def collect_rounds(
     in each draft and the number of drafts the target accepted."""
     k = num_speculative_tokens or head.config.num_speculative_tokens
     rounds: list[tuple[list[float], int]] = []
-    head.round_recorder = rounds
-    try:
-        for ids in tqdm(prompts, desc="calibration rounds", disable=not progress):
-            target.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                assistant_model=head,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                num_assistant_tokens=k,
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0,
-            )
-    finally:
-        head.round_recorder = None
+    for ids in tqdm(prompts, desc="calibration rounds", disable=not progress):
+        target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            assistant_model=head,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            num_assistant_tokens=k,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+            round_observer=lambda confidences, accepted: rounds.append((confidences, accepted)),
+        )
     return rounds
 
 

@@ -4,7 +4,7 @@
 `custom_generate` (the hook in `hook.py` passes it), after `generate()` has prepared the generation config, the
 logits processors, the stopping criteria and the cache.  Batch 1 and batch N run this same code.
 
-A round: the drafter proposes k drafts per row ([`PEagleCandidateGenerator`]), the target verifies every row's
+A round: the drafter proposes k drafts per row ([`DraftingSession`]), the target verifies every row's
 `[bonus, d_1..d_k]` in one pass, each row keeps its longest agreeing prefix plus one token of the target's own
 (greedy), or runs the accept/resample rule (sampling).  Rows keep different numbers of tokens, so the target's
 cache gets *holes*: the slots of rejected drafts stay in the cache, masked out of the 2D attention mask, and
@@ -12,9 +12,9 @@ each row's position ids count only its real tokens.  The slots no row kept are c
 caches are compacted (each row's real slots gathered to the right, holes becoming left padding).  Finished rows
 leave the batch.  docs/DESIGN.md section 10 draws the cache after a ragged round.
 
-A round may verify a draft *tree* instead of a chain ([`_Decoder.tree_round`], docs/DESIGN.md section 11): the
-nodes are laid out flat after the bonus token with a tree attention mask and depth positions, each row keeps
-its accepted path, and only that path stays in the target's cache.
+A round may verify a draft *tree* instead of a chain (docs/DESIGN.md section 11); a chain is the tree with one
+path, so one verify step ([`_Decoder.verify`]) serves both: the nodes are laid out flat after the bonus token at
+their depths' positions, each row keeps its accepted path, and only that path stays in the target's cache.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
-from ..modeling_peagle import PEagleDrafter, cache_kwarg, custom_attention_mask
-from .candidates import PEagleCandidateGenerator, grouped_processing
+from ..modeling_peagle import cache_kwarg, custom_attention_mask
 from .checks import check_decoding_inputs
+from .drafting import DraftingSession
+from .processing import grouped_processing
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
-from .tree import DraftTree, greedy_path, sample_path, tree_attention_mask
+from .tree import DraftCandidates, greedy_path, sample_path
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -81,32 +83,6 @@ class _Rows:
     def live(self) -> list[bool]:
         """Per row in the batch: whether it is still decoding (not an idle row kept for speed)."""
         return [b not in self.idle for b in self.active]
-
-
-def _accept(
-    logits: torch.Tensor,
-    scores: torch.Tensor,
-    inputs: torch.LongTensor,
-    draft_scores: torch.Tensor | None,
-    do_sample: bool,
-) -> list[torch.LongTensor]:
-    """Each row's emitted tokens for one verified round: its longest prefix of drafts the target agrees with
-    plus one token of the target's own (greedy), or transformers' accept/resample rule on the processed scores
-    (sampling, which keeps the target's distribution)."""
-    k = inputs.shape[1] - 1
-    out = []
-    if not do_sample:
-        chosen = scores.argmax(dim=-1)  # (B, k + 1)
-        agree = (inputs[:, 1:] == chosen[:, :k]).long().cumprod(dim=1).sum(dim=1)
-        return [chosen[b, : int(agree[b]) + 1] for b in range(inputs.shape[0])]
-    for b in range(inputs.shape[0]):
-        if k == 0:
-            token = torch.multinomial(scores[b, 0].softmax(dim=-1), num_samples=1)
-            out.append(token)
-            continue
-        valid, _ = _speculative_sampling(inputs[b : b + 1], draft_scores[b : b + 1], k, scores[b : b + 1])
-        out.append(valid[0])
-    return out
 
 
 def _cut(tokens: torch.LongTensor, budget: int, eos: torch.Tensor | None) -> tuple[torch.LongTensor, bool]:
@@ -157,10 +133,9 @@ class _Decoder:
         generation_config,
         streamer,
         model_kwargs,
-        options: dict[str, Any] | None = None,
+        options: DraftingOptions | None = None,
     ):
-        options = options or {}
-        tree_size, lookup_tokens = options.get("draft_tree_size"), options.get("prompt_lookup_num_tokens")
+        options = options or DraftingOptions()
         self.model, self.input_ids, self.processors = model, input_ids, logits_processor
         self.streamer = streamer
         self.batch, prompt_len = input_ids.shape
@@ -187,17 +162,11 @@ class _Decoder:
         ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
-        self.drafter = PEagleCandidateGenerator(
-            model,
-            head,
-            generation_config,
-            logits_processor,
-            self.batch,
-            tree_size,
-            lookup_tokens,
-            options.get("drafter_window"),
+        self.drafter = DraftingSession(model, head, generation_config, logits_processor, self.batch, options)
+        tree_size = options.draft_tree_size
+        self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(
+            options.prompt_lookup_num_tokens
         )
-        self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(lookup_tokens)
         self._check_trees()
         self.rows = _Rows(input_ids, self.max_length, self.pad_id)
         self.per_row: dict[str, list[list[Any]]] = {
@@ -233,7 +202,7 @@ class _Decoder:
             **cache_kwarg(self.cache),
             **self.drafter.model_kwargs_overrides,
         )
-        aux, layers = self.drafter.aux_layer_ids, self.drafter.num_target_layers
+        aux, layers = list(self.drafter.settings.aux_layer_ids), self.drafter.settings.num_target_layers
         states = out.hidden_states
         if states is None or len(states) != layers + 1 or any(states[i] is None for i in aux):
             got = "none" if states is None else f"{len(states)} entries"
@@ -246,7 +215,7 @@ class _Decoder:
 
     def prefill(self) -> list[torch.LongTensor]:
         """The prompt through the target, a plain step for every row; the drafter gets every real prompt slot."""
-        self.drafter.get_candidates([], 0, is_first_iteration=True)
+        self.drafter.prefill_next()
         positions = (self.kv_mask.cumsum(-1) - 1).masked_fill_(self.kv_mask == 0, 1)
         padded = bool((self.kv_mask == 0).any())
         out, feats = self._forward(self.input_ids, positions, self.kv_mask if padded else None, 1)
@@ -268,111 +237,48 @@ class _Decoder:
         return emitted
 
     def round(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
-        """Drafts for every row, one verify pass over all rows, each row's accepted tokens; the cache keeps each
-        row's verified inputs, and the slots no row kept are cropped."""
-        rows, device = self.rows, self.device
+        """Drafts for every row, then [`verify`]: one target pass over all rows and each row's accepted
+        tokens."""
+        rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
-        drafts, draft_scores = self.drafter.get_candidates(
-            [rows.history(b) for b in rows.active], budget, rows=rows.active
-        )
-        if isinstance(drafts, list):
-            return self.tree_round(emitted, drafts)
-        last = torch.stack([e[-1] for e in emitted])[:, None].to(device)
-        inputs = torch.cat([last, drafts.to(device)], dim=1)
-        width = inputs.shape[1]
-        pos = self.next_pos[:, None] + torch.arange(width, device=device)
-        holes = bool((self.kv_mask == 0).any())
-        mask = (
-            torch.cat([self.kv_mask, self.kv_mask.new_ones(len(rows.active), width)], dim=1)
-            if holes
-            else None
-        )
-        out, feats = self._forward(inputs, pos, mask, width)
-        raw = out.logits[:, -width:].float()
-        scores = raw.clone()
-        if len(self.processors) > 0:
-            for i in range(width):
-                hist = [
-                    torch.cat([rows.history(b), inputs[j : j + 1, 1 : 1 + i].to(rows.tokens.device)], dim=1)
-                    for j, b in enumerate(rows.active)
-                ]
-                scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
-        q = draft_scores.to(device) if draft_scores is not None else None
-        accepted = _accept(raw, scores, inputs, q, self.do_sample)
-        # each row keeps its verified inputs (bonus + accepted drafts, within max_length)
-        lengths = [min(e.shape[0], self.max_length - rows.lengths[b]) for e, b in zip(accepted, rows.active)]
-        longest = max(lengths)
-        self.cache.crop(-(width - longest))
-        kept = torch.tensor(lengths, device=device)
-        self.kv_mask = torch.cat(
-            [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
-        )
-        starts = self.next_pos.tolist()
-        self.next_pos = self.next_pos + kept
-        emitted = self.record(accepted, raw, scores, out)
-        for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
-            verified = accepted[j][: lengths[j]]
-            if rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
-                emitted[j] = verified
-            self.drafter.add_real_slots(j, verified, feats[j, : verified.shape[0]], starts[j])
-        return emitted
+        candidates = self.drafter.propose([rows.history(b) for b in rows.active], budget, rows=rows.active)
+        return self.verify(emitted, candidates)
 
-    def tree_round(self, emitted: list[torch.LongTensor], trees: list[DraftTree]) -> list[torch.LongTensor]:
-        """Verify every row's draft tree in one target pass: the nodes laid out flat after the bonus token, each at
-        its depth's position, seeing its ancestors only.  Each row keeps its accepted path (greedy: the target's
-        own choices; sampling: recursive rejection sampling over siblings); the cache keeps only that path."""
+    def verify(self, emitted: list[torch.LongTensor], candidates: DraftCandidates) -> list[torch.LongTensor]:
+        """Verify every row's candidates in one target pass: the nodes laid out flat after the row's bonus token,
+        each at its depth's position, seeing the row's valid past and its own ancestors (a chain: plain causal
+        attention).  Each row keeps its accepted path ([`_accept`]); the target's cache keeps only that path,
+        whose features go to the drafter as its next real slots."""
         rows, device = self.rows, self.device
-        width = len(trees[0]) + 1
-        last = torch.stack([e[-1] for e in emitted]).to(device)
-        inputs = torch.cat([last[:, None], torch.tensor([t.tokens for t in trees], device=device)], dim=1)
-        depths = torch.tensor([[0] + t.depths for t in trees], device=device)
-        mask = custom_attention_mask(
-            tree_attention_mask(trees, self.kv_mask),
-            self.model.config._attn_implementation,
-            self.model.get_input_embeddings().weight.dtype,
+        width = len(candidates) + 1
+        last = torch.stack([e[-1] for e in emitted])[:, None].to(device)
+        inputs = torch.cat([last, candidates.tokens.to(device)], dim=1)
+        depths = torch.cat([torch.zeros_like(last), candidates.depths.to(device)], dim=1)
+        out, feats = self._forward(
+            inputs, self.next_pos[:, None] + depths, self._verify_mask(candidates), width
         )
-        out, feats = self._forward(inputs, self.next_pos[:, None] + depths, mask, width)
         raw = out.logits[:, -width:].float()
         scores = raw.clone()
-        if len(self.processors) > 0:  # each slot sees its own path as history
-            paths_to = [[_path_to(t, slot) for slot in range(width)] for t in trees]
+        if len(self.processors) > 0:  # each slot sees the row's history plus the drafts on its own path
             for i in range(width):
                 hist = [
                     torch.cat(
-                        [rows.history(b), inputs[j, paths_to[j][i]][None].to(rows.tokens.device)], dim=1
+                        [rows.history(b), inputs[j, candidates.path_to(j, i)][None].to(rows.tokens.device)],
+                        dim=1,
                     )
                     for j, b in enumerate(rows.active)
                 ]
                 scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
-        paths, accepted = [], []
-        for j, tree in enumerate(trees):
-            if self.do_sample:
-                path, final = sample_path(tree, lambda slot, j=j: scores[j, slot].softmax(dim=-1))
-            else:
-                choices = scores[j].argmax(dim=-1).tolist()
-                path = greedy_path(tree, choices)
-                final = choices[path[-1]]
-            paths.append(path)
-            nodes = inputs[j, path[1:]]
-            accepted.append(torch.cat([nodes, nodes.new_tensor([final])]))
-        # the cache keeps each row's path (bonus + accepted nodes, within max_length); the rest become holes
+        paths, accepted = self._accept(inputs, scores, candidates)
+        # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes
         lengths = [min(len(p), self.max_length - rows.lengths[b]) for p, b in zip(paths, rows.active)]
-        longest = max(lengths)
-        index = torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device)
-        keep_tail(self.cache, index, width)
-        kept = torch.tensor(lengths, device=device)
-        self.kv_mask = torch.cat(
-            [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
-        )
-        starts = self.next_pos.tolist()
-        self.next_pos = self.next_pos + kept
+        starts = self._keep_paths(paths, lengths, width)
         slots = torch.tensor([(p + [0] * width)[:width] for p in paths], device=device)
         hidden = None
         if self.want["hidden"]:
             hidden = tuple(_gather_slots(h[:, -width:], slots) for h in out.hidden_states)
-        self.drafter.set_tree_paths(paths)
         emitted = self.record(
-            accepted, _gather_slots(raw, slots), _gather_slots(scores, slots), _PathOutput(hidden)
+            accepted, _gather_slots(raw, slots), _gather_slots(scores, slots), _PathOutput(hidden), paths
         )
         path_feats = _gather_slots(feats, slots)
         for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
@@ -382,10 +288,77 @@ class _Decoder:
             self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
         return emitted
 
+    def _verify_mask(self, candidates: DraftCandidates) -> torch.Tensor | None:
+        """The verify pass's attention mask in the form the target's attention takes it."""
+        mask = candidates.attention_mask(self.kv_mask)
+        if mask is None or mask.dim() == 2:
+            return mask
+        return custom_attention_mask(
+            mask, self.model.config._attn_implementation, self.model.get_input_embeddings().weight.dtype
+        )
+
+    def _accept(
+        self, inputs: torch.LongTensor, scores: torch.Tensor, candidates: DraftCandidates
+    ) -> tuple[list[list[int]], list[torch.LongTensor]]:
+        """Each row's accepted path (slots, root first) and emitted tokens: greedy, the path of the target's own
+        choices ([`greedy_path`]) and its choice after the path; sampling, transformers' accept/resample rule for a
+        chain (which keeps the target's distribution given the drafts' own distributions) or recursive rejection
+        sampling over a tree's siblings ([`sample_path`])."""
+        paths, accepted = [], []
+        k = len(candidates)
+        for j in range(inputs.shape[0]):
+            if not self.do_sample:
+                choices = scores[j].argmax(dim=-1).tolist()
+                path = greedy_path(candidates.row(j), choices)
+                final = choices[path[-1]]
+            elif k == 0:
+                token = torch.multinomial(scores[j, 0].softmax(dim=-1), num_samples=1)
+                paths.append([0])
+                accepted.append(token)
+                continue
+            elif candidates.is_chain:
+                q = candidates.draft_scores[j : j + 1].to(scores.device)
+                valid, _ = _speculative_sampling(inputs[j : j + 1], q, k, scores[j : j + 1])
+                paths.append(list(range(valid.shape[1])))
+                accepted.append(valid[0])
+                continue
+            else:
+                path, final = sample_path(
+                    candidates.row(j), lambda slot, j=j: scores[j, slot].softmax(dim=-1)
+                )
+            paths.append(path)
+            nodes = inputs[j, path[1:]]
+            accepted.append(torch.cat([nodes, nodes.new_tensor([final])]))
+        return paths, accepted
+
+    def _keep_paths(self, paths: list[list[int]], lengths: list[int], width: int) -> list[int]:
+        """The target's cache after a verify pass: each row keeps the first `lengths[j]` slots of its path at the
+        end of its cache ([`ragged.keep_tail`]; a crop when every path is a prefix of the pass, as a chain's is),
+        rows that kept fewer get holes, and positions advance by what each row kept.  Returns each row's position
+        of its first kept slot."""
+        device = self.device
+        longest = max(lengths)
+        if all(p[:n] == list(range(n)) for p, n in zip(paths, lengths)):
+            self.cache.crop(-(width - longest))
+        else:
+            keep_tail(
+                self.cache, torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device), width
+            )
+        kept = torch.tensor(lengths, device=device)
+        self.kv_mask = torch.cat(
+            [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
+        )
+        starts = self.next_pos.tolist()
+        self.next_pos = self.next_pos + kept
+        return starts
+
     # ------------------------------------------------------------------ rows
-    def record(self, emitted, raw, scores, out) -> list[torch.LongTensor]:
+    def record(
+        self, emitted, raw, scores, out, paths: list[list[int]] | None = None
+    ) -> list[torch.LongTensor]:
         """Cut each row's new tokens at `max_length` and its first EOS, append them, keep what the call returns,
-        and tell the drafting side how many drafts each row kept."""
+        and tell the drafting side how many drafts each row kept (and, after a verify pass, the slots of each
+        row's accepted path)."""
         rows = self.rows
         cut = []
         for j, b in enumerate(rows.active):
@@ -406,7 +379,7 @@ class _Decoder:
             cut.append(tokens)
         if self.streamer is not None:
             self.streamer.put(cut[0].cpu())
-        self.drafter.update_candidate_strategy([t.shape[0] - 1 for t in cut], rows.live())
+        self.drafter.verified([t.shape[0] - 1 for t in cut], rows.live(), paths)
         return cut
 
     def drop_finished(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
@@ -442,7 +415,7 @@ class _Decoder:
         if not ended or batch_refusal(self.cache) is not None:
             return []
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
-        room = (self.drafter.num_speculative_tokens + 2) * max(
+        room = (self.drafter.settings.num_speculative_tokens + 2) * max(
             self.max_length - rows.lengths[rows.active[j]] for j in live
         )
         eligible = [
@@ -481,24 +454,22 @@ def peagle_decoding(
     generation_config: Any,
     synced_gpus: bool = False,
     streamer: Any = None,
-    peagle_head: PEagleDrafter | None = None,
-    peagle_streamer: Any = None,
-    peagle_given: frozenset[str] | None = None,
-    peagle_options: dict[str, Any] | None = None,
+    peagle: PEagleCall | None = None,
     **model_kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
-    """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle_head` (transformers'
-    `custom_generate` signature; `generate()` calls it).
+    """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle.head` (transformers'
+    `custom_generate` signature; `generate()` calls it with what the hook passed as `peagle`).
 
     Output: what plain `generate()` with the same options returns: the same tokens under greedy decoding (the
     target's own distribution under sampling), rows that end early padded with `pad_token_id`, and a
     `GenerateDecoderOnlyOutput` when `return_dict_in_generate` (scores, logits and hidden states per step;
     a row's entries after its end read -inf except 0 at `pad_token_id`, and zeros for hidden states).
     """
-    streamer = peagle_streamer if peagle_streamer is not None else streamer
+    call = peagle if peagle is not None else PEagleCall(head=None)
+    streamer = call.streamer if call.streamer is not None else streamer
     check_decoding_inputs(
         model,
-        peagle_head,
+        call.head,
         input_ids,
         generation_config,
         streamer,
@@ -506,35 +477,24 @@ def peagle_decoding(
         _MANAGED_KWARGS,
         logits_processor,
     )
-    if peagle_given is not None:
-        generation_config._peagle_given = set(peagle_given)
+    if call.given is not None:
+        generation_config._peagle_given = set(call.given)
     loop = _Decoder(
         model,
-        peagle_head,
+        call.head,
         input_ids,
         logits_processor,
         stopping_criteria,
         generation_config,
         streamer,
         model_kwargs,
-        peagle_options,
+        call.options,
     )
     emitted = loop.drop_finished(loop.prefill())
     while loop.rows.active:
         emitted = loop.drop_finished(loop.round(emitted))
     loop.drafter.finish()
     return loop.result()
-
-
-def _path_to(tree: DraftTree, slot: int) -> list[int]:
-    """The slots from the root's first child down to `slot` (empty for the root): the drafts a slot's logits
-    follow."""
-    out = []
-    while slot > 0:
-        out.append(slot)
-        parent = tree.parents[slot - 1]
-        slot = parent + 1 if parent >= 0 else 0
-    return out[::-1]
 
 
 def _per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple[torch.Tensor, ...]:

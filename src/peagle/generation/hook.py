@@ -11,6 +11,7 @@ docs/DESIGN.md section 6.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import warnings
@@ -29,10 +30,12 @@ from .checks import (
     check_user_request,
 )
 from .decoding import peagle_decoding
+from .settings import DraftingOptions, PEagleCall
 
-PEAGLE_OPTIONS = ("draft_tree_size", "prompt_lookup_num_tokens", "drafter_window")
-"""`generate()` options peagle reads itself (transformers' own loop does not know them): the tree budget,
-prompt lookup as a branch of the head's trees, and the drafter's attention window."""
+PEAGLE_OPTIONS = tuple(f.name for f in dataclasses.fields(DraftingOptions))
+"""`generate()` options peagle reads itself (transformers' own loop does not know them, [`DraftingOptions`]): the
+tree budget, prompt lookup as a branch of the head's trees, the drafter's attention window and an observer of the
+verified rounds."""
 
 
 def _wrap_generate(original: Callable) -> Callable:
@@ -68,10 +71,7 @@ def _wrap_generate(original: Callable) -> Callable:
             **arguments,
             **extra,
             custom_generate=peagle_decoding,
-            peagle_head=head,
-            peagle_streamer=streamer,
-            peagle_given=given,
-            peagle_options=options,
+            peagle=PEagleCall(head, streamer, given, DraftingOptions(**options)),
         )
 
     return generate

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -88,6 +88,84 @@ class DraftTree:
 
 
 _FIELDS = ("tokens", "parents", "depths", "values", "chain", "lookup")
+
+
+class TreeRow(NamedTuple):
+    """One row's tree shape as the path rules read it: `[n]` node tokens and parents (see [`DraftTree`])."""
+
+    tokens: list[int]
+    parents: list[int]
+
+
+@dataclass(frozen=True)
+class DraftCandidates:
+    """One round's drafts for every row of the batch, what the drafting side hands the verify pass.
+
+    Each row has a tree of n nodes (the same n in every row, padded with [`VOID`] nodes), laid out flat after the
+    row's bonus token; a chain is the tree with one path, node i under node i - 1.  n = 0 is a plain step.
+
+    Args:
+        tokens: `(B, n)` target token of each node.
+        depths: `(B, n)` 1 for the first draft after the bonus token.
+        parents: per row `[n]` each node's parent (-1: the root), or None for a chain, which needs no tree mask:
+            plain causal attention over the row's valid past is exactly each node's view.
+        draft_scores: `(B, n, V)` for a sampled chain, the processed target-vocabulary scores each draft was drawn
+            from (transformers' accept/resample rule needs them); None otherwise.
+    """
+
+    tokens: torch.LongTensor
+    depths: torch.LongTensor
+    parents: list[list[int]] | None = None
+    draft_scores: torch.Tensor | None = None
+
+    @classmethod
+    def chain(cls, tokens: torch.LongTensor, draft_scores: torch.Tensor | None = None) -> DraftCandidates:
+        """`tokens (B, k)` as one path per row (`draft_scores`: what sampled drafts were drawn from)."""
+        depths = torch.arange(1, tokens.shape[1] + 1, device=tokens.device).expand(tokens.shape[0], -1)
+        return cls(tokens, depths, None, draft_scores)
+
+    @classmethod
+    def of_trees(cls, trees: Sequence[DraftTree], device: torch.device | str) -> DraftCandidates:
+        """Every row's tree, all of one size."""
+        tokens = torch.tensor([t.tokens for t in trees], dtype=torch.long, device=device)
+        depths = torch.tensor([t.depths for t in trees], dtype=torch.long, device=device)
+        return cls(tokens, depths, [list(t.parents) for t in trees])
+
+    def __len__(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+    def row(self, b: int) -> TreeRow:
+        """Row b's tokens and parents (a chain's parents are 0..n-1 shifted by one)."""
+        tokens = self.tokens[b].tolist()
+        parents = list(range(-1, len(tokens) - 1)) if self.parents is None else self.parents[b]
+        return TreeRow(tokens, parents)
+
+    def path_to(self, b: int, slot: int) -> list[int]:
+        """Row b's slots from the root's first child down to `slot` (empty for the root): the drafts a slot's
+        logits follow."""
+        if self.parents is None:
+            return list(range(1, slot + 1))
+        out, parents = [], self.parents[b]
+        while slot > 0:
+            out.append(slot)
+            parent = parents[slot - 1]
+            slot = parent + 1 if parent >= 0 else 0
+        return out[::-1]
+
+    def attention_mask(self, past: torch.Tensor) -> torch.Tensor | None:
+        """What the verify pass attends to, given the rows' valid past `past (B, S)` (0 at left padding and
+        holes): a chain's 2D mask (None without any 0 in it), a tree's 4D `(B, 1, n + 1, S + n + 1)`
+        [`tree_attention_mask`]."""
+        width = len(self) + 1
+        if self.parents is None:
+            if not bool((past == 0).any()):
+                return None
+            return torch.cat([past, past.new_ones(past.shape[0], width)], dim=1)
+        return tree_attention_mask([TreeRow([], p) for p in self.parents], past)
 
 
 def sibling_probabilities(chosen_probability: float, head_probs: Sequence[float]) -> list[float]:
@@ -299,10 +377,10 @@ def ancestor_mask(parents: Sequence[int]) -> torch.BoolTensor:
     return mask
 
 
-def tree_attention_mask(trees: Sequence[DraftTree], past: torch.Tensor) -> torch.BoolTensor:
+def tree_attention_mask(trees: Sequence[DraftTree | TreeRow], past: torch.Tensor) -> torch.BoolTensor:
     """`(B, 1, n + 1, S + n + 1)` what each slot of a batch's verify pass attends to: the row's valid past
     (`past (B, S)`, 0 at left padding and holes) and its own ancestors in the row's tree (True = attend)."""
-    width = len(trees[0]) + 1
+    width = len(trees[0].parents) + 1
     tree = torch.stack([ancestor_mask(t.parents) for t in trees]).to(past.device)
     return torch.cat([past.bool()[:, None, :].expand(-1, width, -1), tree], dim=-1)[:, None]
 
@@ -316,7 +394,7 @@ def children(parents: Sequence[int]) -> list[list[int]]:
     return out
 
 
-def greedy_path(tree: DraftTree, choices: Sequence[int]) -> list[int]:
+def greedy_path(tree: DraftTree | TreeRow, choices: Sequence[int]) -> list[int]:
     """The accepted path under greedy decoding: slots `[0, s_1, ..., s_m]` from the root, where each s_i is the
     child whose token is the target's choice at the slot before.  `choices[i]` is the target's token at slot i;
     the round emits the path's tokens and then `choices[s_m]`."""
@@ -331,7 +409,7 @@ def greedy_path(tree: DraftTree, choices: Sequence[int]) -> list[int]:
 
 
 def sample_path(
-    tree: DraftTree, probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
+    tree: DraftTree | TreeRow, probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
 ) -> tuple[list[int], int]:
     """The accepted path and the final token under sampling: recursive rejection sampling over siblings.
 
@@ -365,6 +443,7 @@ def sample_path(
 
 __all__ = [
     "CANDIDATES_PER_DEPTH",
+    "DraftCandidates",
     "DraftTree",
     "LookupEstimate",
     "VOID",
@@ -377,4 +456,5 @@ __all__ = [
     "sample_path",
     "sibling_probabilities",
     "tree_attention_mask",
+    "TreeRow",
 ]

@@ -1,6 +1,6 @@
 """The drafting side of draft trees: each row's candidates from one round of the head ([`parallel_candidates`]
 for a P-EAGLE head's K distributions) or from EAGLE-2's level-by-level expansion of an autoregressive head
-([`expand_autoregressive_tree`]).  [`tree`] grows the trees from them; docs/DESIGN.md section 11."""
+([`LevelSelector`], through the head's own round).  [`tree`] grows the trees from them; docs/DESIGN.md section 11."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def parallel_candidates(
 class CandidatePool:
     """One row's candidates while an autoregressive head's tree is expanded: per entry its token, parent (pool
     index, -1 the root), acceptance probability given the parent, path value, chain flag, depth (0-based) and
-    the hidden state of the drafter slot whose logits proposed it (what the entry's own slot is fed)."""
+    the slot of its level whose logits proposed it (whose hidden state the entry's own slot is fed)."""
 
     def __init__(self):
         self.tokens: list[int] = []
@@ -64,7 +64,7 @@ class CandidatePool:
         self.values: list[float] = []
         self.chain: list[bool] = []
         self.depths: list[int] = []
-        self.source: list[torch.Tensor] = []
+        self.proposer: list[int] = []
         self._chain_conf: dict[int, float] = {}
 
     def add_children(
@@ -72,13 +72,13 @@ class CandidatePool:
         parent: int,
         tokens: list[int],
         head_probs: list[float],
-        source: torch.Tensor,
+        proposer: int,
         depth: int,
         calibration: dict[str, Any] | None,
         correction: AcceptanceCorrection,
     ) -> None:
-        """The head's top tokens after `parent` at 0-based `depth`, best first, proposed by a slot whose output
-        hidden state is `source`."""
+        """The head's top tokens after `parent` at 0-based `depth`, best first, proposed by the level's slot
+        `proposer`."""
         top = min(1.0, calibrated_probability(calibration, depth, head_probs[0]) * correction.factor(depth))
         base = 1.0 if parent < 0 else self.values[parent]
         on_chain = parent < 0 or self.chain[parent]
@@ -91,7 +91,7 @@ class CandidatePool:
             self.values.append(base * p)
             self.chain.append(on_chain and i == 0)
             self.depths.append(depth)
-            self.source.append(source)
+            self.proposer.append(proposer)
 
     def chain_confidence(self, depth: int) -> float:
         """The head's probability of the chain's draft at `depth` (what a chain-only round would verify)."""
@@ -115,94 +115,99 @@ class CandidatePool:
         return out
 
 
-@torch.no_grad()
-def expand_autoregressive_tree(
-    head: Any,
-    cache: Any,
-    real_mask: torch.Tensor,
-    tokens: torch.LongTensor,
-    feats: torch.Tensor,
-    starts: torch.LongTensor,
-    mask: torch.Tensor | None,
-    depth_limit: int,
-    calibration: dict[str, Any] | None,
-    correction: AcceptanceCorrection,
-    keep_going: Callable[[list[list[float]]], bool] | None = None,
-) -> tuple[list[CandidatePool], list[list[float]], int, int]:
-    """EAGLE-2's tree expansion for an autoregressive (EAGLE-3-style) head, for a batch of rows.
+class TreeLevels:
+    """Which slots each level of an autoregressive head's tree sees (EAGLE-2's expansion, vectorised over rows).
 
-    One pass over the new real slots (`tokens (B, R)`, `feats (B, R, F)` at positions `starts (B,)` onwards, with
-    `mask`, the 2D validity of the cache plus the block, or None) gives depth 1's candidates.  Each further pass
-    feeds every row's best [`FRONTIER_WIDTH`] candidates of the newest depth (the chain's among them) as
-    autoregressive slots: token = the candidate, hidden input = the output of the slot that proposed it,
-    position = the root's + depth; each sees the row's valid real slots (`real_mask (B, S + R)`) and its own
-    ancestors among the speculative slots (a 4D mask), and proposes its children.  At most `depth_limit` passes;
-    fewer when `keep_going(confidences)` says another level does not pay (the cost rule).
-
-    Returns:
-        `(pools, confidences, passes, speculative_slots)`: per row its [`CandidatePool`], `confidences[depth][row]`
-        of the chain's drafts, the drafter passes made, and the speculative slots now after the real ones in
-        `cache` (drop them before the next round).
+    `real (B, S)` is the validity of the drafter cache's slots before the first level (0: padding or a hole); every
+    level's slot sees those and its own ancestors among the levels, nothing else.
     """
-    rows, device = tokens.shape[0], tokens.device
-    positions = starts.to(device)[:, None] + torch.arange(tokens.shape[1], device=device)
-    out = head(
-        input_ids=tokens,
-        target_hidden_states=feats,
-        position_ids=positions,
-        cache=cache,
-        attention_mask=mask,
-        parallel_mask=torch.zeros_like(tokens, dtype=torch.bool),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    real = real_mask.bool()
-    root = positions[:, -1]
-    pools = [CandidatePool() for _ in range(rows)]
-    frontier = [[-1] for _ in range(rows)]  # pool index of the node each fed slot stands for (-1: root)
-    logits, hidden = out.logits[:, -1:].float(), out.last_hidden_state[:, -1:]
-    spec: list[list[int]] = [[] for _ in range(rows)]  # pool index held by each speculative cache slot
-    confidences: list[list[float]] = []
-    passes = 1
-    for depth in range(depth_limit):
-        top_p, top_i = logits.softmax(dim=-1).topk(min(CANDIDATES_PER_DEPTH, logits.shape[-1]), dim=-1)
-        ids, top_p = head.draft_to_target(top_i).tolist(), top_p.tolist()
-        for b in range(rows):
-            for f, parent in enumerate(frontier[b]):
-                pools[b].add_children(
-                    parent, ids[b][f], top_p[b][f], hidden[b, f], depth, calibration, correction
-                )
-        confidences.append([pool.chain_confidence(depth) for pool in pools])
-        if depth == depth_limit - 1 or (keep_going is not None and not keep_going(confidences)):
-            break
-        frontier = [pool.frontier(depth, FRONTIER_WIDTH) for pool in pools]
-        width = min(len(f) for f in frontier)
-        frontier = [f[:width] for f in frontier]
-        ids_in = torch.tensor([[pools[b].tokens[i] for i in frontier[b]] for b in range(rows)], device=device)
-        hid_in = torch.stack([torch.stack([pools[b].source[i] for i in frontier[b]]) for b in range(rows)])
-        seen = torch.zeros(rows, width, len(spec[0]) + width, dtype=torch.bool)
-        for b in range(rows):
-            for f, node in enumerate(frontier[b]):
-                above = pools[b].ancestors(node)
-                seen[b, f, : len(spec[b])] = torch.tensor(
-                    [held in above for held in spec[b]], dtype=torch.bool
-                )
-                seen[b, f, len(spec[b]) + f] = True
-        full = torch.cat([real[:, None, :].expand(-1, width, -1), seen.to(device)], dim=-1)[:, None]
-        out = head(
-            input_ids=ids_in,
-            projected_hidden_states=hid_in,
-            position_ids=(root[:, None] + depth + 1).expand(-1, width),
-            cache=cache,
-            attention_mask=full,
-            parallel_mask=torch.zeros_like(ids_in, dtype=torch.bool),
-            use_cache=True,
+
+    def __init__(self, real: torch.Tensor):
+        self.real = real.bool()
+        self.ancestors = torch.zeros(real.shape[0], 0, 0, dtype=torch.bool, device=real.device)
+        self.width = (
+            1  # slots of the level whose outputs the next level's parents index (first: the bonus slot)
         )
-        for b in range(rows):
-            spec[b].extend(frontier[b])
-        logits, hidden = out.logits.float(), out.last_hidden_state
-        passes += 1
-    return pools, confidences, passes, len(spec[0])
+
+    def feed(
+        self, last_hidden_state: torch.Tensor, parents: torch.LongTensor
+    ) -> tuple[torch.Tensor, torch.BoolTensor]:
+        """The next level, each slot under `parents (B, W)` (indices into the previous level's slots):
+        `(hidden inputs (B, W, H), 4D attention mask (B, 1, W, S + N + W))` for N earlier level slots."""
+        bsz, width = parents.shape
+        previous = last_hidden_state[:, -self.width :]
+        hidden = previous.gather(1, parents[..., None].expand(-1, -1, previous.shape[-1]))
+        held = self.ancestors.shape[1]
+        if held:  # a slot sees what its parent sees, and its parent
+            index = parents + (held - self.width)
+            above = self.ancestors.gather(1, index[..., None].expand(-1, -1, held))
+        else:  # the first level's parent is the bonus slot, a real slot
+            above = self.ancestors.new_zeros(bsz, width, 0)
+        own = torch.eye(width, dtype=torch.bool, device=parents.device).expand(bsz, -1, -1)
+        rows = torch.cat([above, own], dim=-1)
+        self.ancestors = torch.cat(
+            [torch.cat([self.ancestors, self.ancestors.new_zeros(bsz, held, width)], dim=-1), rows], dim=1
+        )
+        self.width = width
+        mask = torch.cat([self.real[:, None, :].expand(-1, width, -1), rows], dim=-1)[:, None]
+        return hidden, mask
 
 
-__all__ = ["CandidatePool", "FRONTIER_WIDTH", "expand_autoregressive_tree", "parallel_candidates"]
+class LevelSelector:
+    """The selector of an autoregressive (EAGLE-3-style) head's round that grows every row's tree as EAGLE-2 does,
+    through the head's own [`PEagleDrafter.draft_round`].
+
+    Depth 1's candidates come from the bonus slot's logits.  Each further level feeds every row's best
+    [`FRONTIER_WIDTH`] candidates of the newest depth (the chain's among them) as the round's next slots: token =
+    the candidate, hidden input = the output of the slot that proposed it, each seeing the row's valid real slots
+    and its own ancestors; their logits propose the children.  The round stops after `depth_limit` levels, or
+    earlier when `keep_going(confidences)` says another level does not pay (the cost rule).
+
+    `real (B, S)`: the validity of the drafter cache's slots once the round's real slots are in it ([`TreeLevels`]).
+    After the round: `pools[b]`, row b's [`CandidatePool`], and `confidences[depth][row]` of the chain's drafts.
+    """
+
+    def __init__(
+        self,
+        head: Any,
+        real: torch.Tensor,
+        depth_limit: int,
+        calibration: dict[str, Any] | None,
+        correction: AcceptanceCorrection,
+        keep_going: Callable[[list[list[float]]], bool] | None = None,
+    ):
+        self.head, self.depth_limit, self.keep_going = head, depth_limit, keep_going
+        self.calibration, self.correction = calibration, correction
+        self.levels = TreeLevels(real)
+        self.pools = [CandidatePool() for _ in range(real.shape[0])]
+        self.frontier: list[list[int]] = [
+            [-1] for _ in range(real.shape[0])
+        ]  # pool index of each fed slot (-1: root)
+        self.confidences: list[list[float]] = []
+
+    def __call__(self, logits: torch.Tensor, depth: int) -> tuple[Any, None, bool, Any]:
+        if logits.dim() == 2:  # the bonus slot's logits
+            logits = logits[:, None]
+        top_p, top_i = logits.softmax(dim=-1).topk(min(CANDIDATES_PER_DEPTH, logits.shape[-1]), dim=-1)
+        ids, top_p = self.head.draft_to_target(top_i).tolist(), top_p.tolist()
+        for b, pool in enumerate(self.pools):
+            for f, parent in enumerate(self.frontier[b]):
+                pool.add_children(parent, ids[b][f], top_p[b][f], f, depth, self.calibration, self.correction)
+        self.confidences.append([pool.chain_confidence(depth) for pool in self.pools])
+        last = depth == self.depth_limit - 1
+        if last or (self.keep_going is not None and not self.keep_going(self.confidences)):
+            return None, None, True, None
+        frontier = [pool.frontier(depth, FRONTIER_WIDTH) for pool in self.pools]
+        width = min(len(f) for f in frontier)
+        self.frontier = [f[:width] for f in frontier]
+        device = logits.device
+        tokens = torch.tensor(
+            [[p.tokens[i] for i in f] for p, f in zip(self.pools, self.frontier)], device=device
+        )
+        parents = torch.tensor(
+            [[p.proposer[i] for i in f] for p, f in zip(self.pools, self.frontier)], device=device
+        )
+        return tokens, None, False, lambda last_hidden_state: self.levels.feed(last_hidden_state, parents)
+
+
+__all__ = ["CandidatePool", "FRONTIER_WIDTH", "LevelSelector", "TreeLevels", "parallel_candidates"]

@@ -1,0 +1,367 @@
+"""The drafting side of peagle's decoding loop ([`decoding.peagle_decoding`]): one P-EAGLE (or EAGLE-3-style) round
+per verify pass for every row of a batch, through [`PEagleDrafter.draft_round`] ([`DraftingSession`]).
+
+Its parts, each in its own module: the call's settings resolved once ([`settings.DraftingSettings`]), the
+drafter's KV cache with its pending slots and holes ([`drafter_cache.DrafterCache`]), per-row logits processing
+and the round's selector ([`processing`]), and the drafting policy that decides how much a round verifies and
+whether the drafter runs at all ([`policy`]).  Every round hands the loop one [`DraftCandidates`]: a chain per row,
+or a draft tree per row (docs/DESIGN.md sections 3, 10 and 11).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from transformers.generation.configuration_utils import GenerationConfig
+from transformers.generation.logits_process import LogitsProcessorList
+
+from ..modeling_peagle import PEagleDrafter
+from . import policy as _policy
+from .drafter_cache import DrafterCache, SlotBlock
+from .policy import make_policy
+from .processing import draft_selector
+from .rule import AcceptanceCorrection
+from .settings import DraftingOptions, DraftingSettings
+from .stats import PEagleGenerationStats
+from .tree import DraftCandidates, DraftTree, LookupEstimate, grow_tree, grow_tree_from_pool, prompt_lookup
+from .tree_drafting import LevelSelector, parallel_candidates
+
+_ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class DraftingSession:
+    """Drafts up to K tokens (or tree nodes) per row per round with a [`PEagleDrafter`], for B >= 1 rows, for one
+    `generate()` call.
+
+    The loop asks the target's verify passes for the hidden states in `model_kwargs_overrides`, hands each row's
+    new real slots to [`add_real_slots`], calls [`propose`] for the round's candidates and reports the verified
+    outcome to [`verified`].  Finished rows leave through [`select_rows`].
+
+    Args:
+        target: the target model running `generate()`.
+        head: the drafter.
+        generation_config: the call's prepared generation config (K, sampling, the confidence cut).
+        logits_processor: the processors applied to the target's logits; applied to the draft logits too
+            (temperature, top-k, top-p, penalties), each row with its own history, so drafts follow the same
+            rules.
+        batch_size: rows decoded together (the cost rule's curve is measured for this many rows).
+        options: peagle's own `generate()` options (trees, prompt lookup, the drafter window, a round observer).
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        head: PEagleDrafter,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList | None = None,
+        batch_size: int = 1,
+        options: DraftingOptions | None = None,
+    ):
+        options = options or DraftingOptions()
+        self.processors = logits_processor if logits_processor is not None else LogitsProcessorList()
+        self.settings = s = DraftingSettings.resolve(
+            target, head, generation_config, options, batch_size, len(self.processors)
+        )
+        self.head, self.observer, self.device = head, options.round_observer, head.device
+        # the user asked for every hidden state: request them all (the aux layers are among them)
+        self.model_kwargs_overrides: dict[str, Any] = {
+            "output_hidden_states": True if s.all_hidden_states else list(s.aux_layer_ids)
+        }
+        if head.config.embed_from_target:
+            weight = target.get_input_embeddings().weight
+            ref = _ATTACHED_EMBEDDINGS.get(head)
+            if head.embed_tokens.weight is not weight and (ref is None or ref() is not weight):
+                head.attach_target(target)
+                _ATTACHED_EMBEDDINGS[head] = weakref.ref(weight)
+        k = s.num_speculative_tokens
+        self.stats = PEagleGenerationStats(
+            drafting_mode=s.drafting_mode,
+            num_speculative_tokens=k,
+            accepted_per_depth=[0] * k,
+            drafted_per_depth=[0] * k,
+            confidence_threshold=s.confidence_threshold,
+            draft_policy=s.policy,
+            chosen_k_histogram=[0] * (k + 1),
+            batch_size=s.batch_size,
+            draft_tree_size=s.tree_nodes,
+            tree_size_histogram=[0] * (s.tree_nodes + 1) if s.tree_nodes else [],
+        )
+        self.cache = DrafterCache(head, s.batch_size, s.window)
+        self.correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
+        self.policy = make_policy(s, self.stats, target, head, self.cache, self.correction)
+        self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
+        self._last_num_drafts = 0
+        # [depth][row] the head's confidence in the last round's drafts
+        self._confidences: list[list[float]] = []
+        self._trees: list[DraftTree] | None = None  # the trees under verification
+        self._start = _policy._clock()
+        head.last_generation_stats = self.stats
+
+    # ------------------------------------------------------------------ rows and slots
+    @property
+    def rows(self) -> int:
+        """Rows still decoding."""
+        return self.cache.rows
+
+    @property
+    def tree_nodes(self) -> int:
+        """The most tree nodes per row and round (0: chains)."""
+        return self.settings.tree_nodes
+
+    def add_real_slots(self, row: int, tokens: torch.LongTensor, features: torch.Tensor, start: int) -> None:
+        """Queue row `row`'s new real slots ([`DrafterCache.add_real_slots`])."""
+        self.cache.add_real_slots(row, tokens, features, start)
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
+        self.cache.select_rows(keep)
+
+    def rows_to_keep(self, live: int, most: int) -> int:
+        """How many rows the batch should keep when `live` rows still decode and up to `most` could stay (the
+        others idle): the count whose plain step the cost model measures cheapest; `live` without the cost rule's
+        measured curves."""
+        return self.policy.rows_to_keep(live, most)
+
+    def set_idle(self, idle: list[bool]) -> None:
+        """Which rows of the batch are ended rows kept idle (their drafts count for nothing in the rule)."""
+        self.policy.idle = {b for b, flag in enumerate(idle) if flag}
+
+    def disable_trees(self) -> None:
+        """Verify chains from now on (the target cannot verify trees; the loop says why when trees were asked
+        for)."""
+        self.settings = self.policy.settings = self.settings.without_trees()
+        self.stats.draft_tree_size = 0
+        self.stats.tree_size_histogram = []
+
+    # ------------------------------------------------------------------ one round
+    def prefill_next(self) -> DraftCandidates:
+        """The prefill runs next: a plain step for every row, with nothing to draft from yet."""
+        out = self._plain_step()
+        self.policy.prefill_next()
+        return out
+
+    @torch.no_grad()
+    def propose(
+        self, histories: list[torch.LongTensor], max_drafts: int, rows: list[int] | None = None
+    ) -> DraftCandidates:
+        """Draft up to `max_drafts` (<= K) tokens after each row's history.
+
+        Args:
+            histories: per row, `(1, L_b)` the tokens plain `generate()` would show the logits processors (the
+                left-padded prompt and the row's tokens so far).
+            max_drafts: the most drafts the longest-running row can still use before `max_length`.
+            rows: each row's index in the call's original batch (rows leave the batch when they end); default
+                0..B-1.
+
+        Returns:
+            [`DraftCandidates`]: a chain of k drafts or a tree of k nodes per row, the same k for every row; k = 0
+            at the length limit and, under the cost rule, in rounds where verifying drafts is not expected to pay.
+            A sampled chain carries the processed target-vocabulary scores each draft was drawn from.
+        """
+        tic = self.policy.begin(histories, _policy._clock(), self._last_num_drafts)
+        k = min(self.settings.num_speculative_tokens, max_drafts)
+        if k < 1 or self.policy.skips(max_drafts):
+            return self._plain_step()
+        block = self.cache.next_block()
+        if self.settings.tree_nodes and self.settings.drafting_mode == "autoregressive":
+            return self._expand_tree(block, histories, k, tic)
+        confidences: list[list[float]] = []
+        select = draft_selector(
+            self.head,
+            self.processors,
+            self.settings.do_sample,
+            [h.to(self.device) for h in histories],
+            rows,
+            self.settings.batch_size,
+            confidences,
+            self.policy.stop,
+        )
+        draft = self.head.draft_round(
+            block.tokens, block.features, k, self.cache.cache, block.start, select, block.attention_mask
+        )
+        self.cache.appended(block, draft.speculative_slots)
+        drafter_seconds = self._drafter_ran(block, draft.forward_calls, tic)
+        self._confidences = confidences
+        drafts, scores = draft.tokens, draft.scores
+        if self.settings.tree_nodes and drafts.shape[1] > 0:
+            trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
+            return self._tree_candidates(trees, confidences, drafter_seconds, draft.forward_calls)
+        if drafts.shape[1] > 0:
+            keep = self.policy.chain_size(confidences, drafter_seconds, draft.forward_calls - 1)
+            drafts = drafts[:, :keep]
+            scores = scores[:, :keep] if scores is not None else None
+        num = drafts.shape[1]
+        if num == 0:
+            return self._plain_step()
+        self._last_num_drafts = num
+        self.stats.draft_tokens += num * self.rows
+        if num < k:
+            self.stats.truncated_rounds += self.rows
+        for d in range(num):
+            self.stats.drafted_per_depth[d] += self.rows
+        self.policy.returned()
+        return DraftCandidates.chain(drafts, scores)
+
+    def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
+        """Count the round's drafter passes and time them (since `tic`); returns the drafter's seconds."""
+        self.stats.drafter_forward_calls += passes
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = _policy._clock() - tic
+        self.stats.drafter_seconds += seconds
+        self.policy.drafter_ran(seconds, block.tokens.shape[1])
+        return seconds
+
+    def _plain_step(self) -> DraftCandidates:
+        self._last_num_drafts = 0
+        self.policy.plain_step()
+        return DraftCandidates.chain(torch.zeros(self.rows, 0, dtype=torch.long, device=self.device))
+
+    def finish(self) -> None:
+        """The call ended (the cost rule keeps what it learnt)."""
+        self.policy.finish()
+
+    # ------------------------------------------------------------------ trees
+    def _grow_trees(
+        self, draft: Any, confidences: list[list[float]], histories: list[torch.LongTensor], max_drafts: int
+    ) -> list[DraftTree]:
+        """One tree per row from the round's per-depth candidates plus its prompt-lookup branch."""
+        trees = []
+        per_row = parallel_candidates(
+            draft, confidences, self.head, self.settings.calibration, self.correction
+        )
+        for b, cands in enumerate(per_row):
+            lookup = self._lookup_branch(histories[b], max_drafts)
+            trees.append(
+                grow_tree(
+                    cands,
+                    self.settings.tree_nodes,
+                    lookup,
+                    self._lookup.probabilities(len(lookup)),
+                    chain_parents_only=self.settings.drafting_mode == "autoregressive",
+                )
+            )
+        return trees
+
+    def _expand_tree(
+        self, block: SlotBlock, histories: list[torch.LongTensor], depth_limit: int, tic: float
+    ) -> DraftCandidates:
+        """An autoregressive head's round with trees: EAGLE-2's level-by-level expansion through the head's own
+        round ([`tree_drafting.LevelSelector`]), then each row's tree picked best-first from its candidates plus
+        its prompt-lookup branch."""
+        s = self.settings
+        real = torch.cat([self.cache.mask, block.new_mask], dim=1)
+        select = LevelSelector(
+            self.head, real, depth_limit, s.calibration, self.correction, self.policy.keep_expanding()
+        )
+        draft = self.head.draft_round(
+            block.tokens,
+            block.features,
+            depth_limit,
+            self.cache.cache,
+            block.start,
+            select,
+            block.attention_mask,
+        )
+        self.cache.appended(block, draft.speculative_slots)
+        passes = draft.forward_calls
+        drafter_seconds = self._drafter_ran(block, passes, tic)
+        self._confidences = confidences = select.confidences
+        trees = []
+        for b, pool in enumerate(select.pools):
+            lookup = self._lookup_branch(histories[b][0], depth_limit)
+            trees.append(
+                grow_tree_from_pool(
+                    pool.tokens,
+                    pool.parents,
+                    pool.probs,
+                    pool.chain,
+                    self.settings.tree_nodes,
+                    lookup,
+                    self._lookup.probabilities(len(lookup)),
+                )
+            )
+        return self._tree_candidates(trees, confidences, drafter_seconds, passes)
+
+    def _lookup_branch(self, history: torch.LongTensor, max_drafts: int) -> list[int]:
+        n = self.settings.lookup_tokens
+        return prompt_lookup(history, min(n, max_drafts)) if n else []
+
+    def _tree_candidates(
+        self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float, passes: int
+    ) -> DraftCandidates:
+        """The round's trees, all of one size (padded), or a plain step when the policy verifies no node."""
+        n = self.policy.tree_size(trees, confidences, drafter_seconds, passes - 1)
+        if n == 0:
+            return self._plain_step()
+        trees = [t.truncated(n) for t in trees]
+        self._trees = trees
+        self._last_num_drafts = n
+        self.stats.draft_tokens += n * self.rows
+        self.stats.tree_rounds += self.rows
+        for t in trees:
+            for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
+                _bump(self.stats.drafted_per_depth, d - 1)
+        self.policy.returned()
+        return DraftCandidates.of_trees(trees, self.device)
+
+    # ------------------------------------------------------------------ after the verify pass
+    def verified(
+        self, accepted: list[int], live: list[bool] | None = None, paths: list[list[int]] | None = None
+    ) -> None:
+        """Record the round just verified: per row, the drafts kept (after EOS and `max_length` cut the row); each
+        row also emitted one token of the target's own.  `paths`: the slots of each row's accepted path (root
+        first).  Rows marked not `live` (ended rows kept idle in the batch) count nowhere."""
+        stats = self.stats
+        trees, self._trees = self._trees, None
+        counted = [b for b in range(len(accepted)) if live is None or live[b]]
+        kept = sum(accepted[b] for b in counted)
+        rows = len(counted)
+        if self._last_num_drafts > 0:
+            prediction = self.policy.prediction
+            for b in counted:
+                matches = chain_matches = accepted[b]
+                if trees is not None:  # the chain's and the lookup branch's share of the accepted path
+                    nodes = [slot - 1 for slot in paths[b][1 : matches + 1]]
+                    chain_matches = _leading(trees[b].chain, nodes)
+                    on_branch = sum(trees[b].lookup)
+                    if on_branch:
+                        hit = _leading(trees[b].lookup, nodes)
+                        self._lookup.observe(min(on_branch, hit + 1), hit)
+                elif self.observer is not None:
+                    self.observer([depth[b] for depth in self._confidences[: self._last_num_drafts]], matches)
+                for d in range(matches):
+                    _bump(stats.accepted_per_depth, d)
+                if prediction is not None:
+                    self.correction.observe(prediction.calibrated[b], chain_matches)
+            stats.rounds += rows
+            stats.accepted_tokens += kept
+            self.policy.verified(accepted, counted)
+        else:
+            stats.plain_steps += rows
+        stats.target_batch_passes += 1
+        stats.generated_tokens += kept + rows
+        stats.total_seconds = _policy._clock() - self._start
+
+
+def _leading(flags: list[bool], nodes: list[int]) -> int:
+    """How many of the path's first nodes carry the flag (the chain and the lookup branch are paths from the
+    root, so the path follows one for a prefix)."""
+    count = 0
+    for node in nodes:
+        if not flags[node]:
+            break
+        count += 1
+    return count
+
+
+def _bump(counts: list[int], index: int) -> None:
+    """`counts[index] += 1`, growing the list (a lookup branch may reach deeper than K)."""
+    while len(counts) <= index:
+        counts.append(0)
+    counts[index] += 1
+
+
+__all__ = ["DraftingSession"]
