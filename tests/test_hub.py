@@ -107,6 +107,7 @@ def test_prepare_upload_folder(tmp_path):
         "model.safetensors",
         "configuration_peagle.py",
         "modeling_peagle.py",
+        "drafting_peagle.py",
     ):
         assert (folder / name).is_file(), name
     config = json.loads((folder / "config.json").read_text())
@@ -231,6 +232,7 @@ def test_push_to_hub_uploads_the_prepared_folder(tmp_path, monkeypatch):
         "README.md",
         "config.json",
         "modeling_peagle.py",
+        "drafting_peagle.py",
         "configuration_peagle.py",
         "custom_generate/generate.py",
     ):
@@ -392,20 +394,27 @@ def test_push_is_registered_and_says_import_peagle_without_it(monkeypatch):
         make_head(make_target()).push_to_hub("org/smol-peagle")
 
 
-def test_model_imports_only_its_configuration():
-    """modeling_peagle.py ships as remote code: no import of formats, hub, fp8, targets or the package root."""
+@pytest.mark.parametrize(
+    ("module", "allowed"),
+    [
+        ("modeling_peagle", {".configuration_peagle", ".drafting_peagle"}),
+        ("drafting_peagle", set()),
+    ],
+)
+def test_remote_code_imports_only_remote_code(module, allowed):
+    """modeling_peagle.py and drafting_peagle.py ship as remote code: the model imports only its configuration and
+    its drafting round, the round nothing from peagle (no formats, hub, fp8, targets or the package root)."""
     import ast
+    import importlib
 
-    import peagle.modeling_peagle
-
-    tree = ast.parse(Path(peagle.modeling_peagle.__file__).read_text())
+    tree = ast.parse(Path(importlib.import_module(f"peagle.{module}").__file__).read_text())
     imported = {
         ("." * node.level) + (node.module or "")
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("peagle"))
     }
     imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    assert {m for m in imported if m.startswith(".") or m.startswith("peagle")} == {".configuration_peagle"}
+    assert {m for m in imported if m.startswith(".") or m.startswith("peagle")} == allowed
 
 
 @pytest.mark.parametrize("mode", ["parallel", "autoregressive"])

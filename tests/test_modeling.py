@@ -65,6 +65,7 @@ def test_save_load_roundtrip_auto_classes(tiny_head, tmp_path):
     assert cfg["model_type"] == "peagle"
     assert cfg["auto_map"]["AutoModel"].endswith("modeling_peagle.PEagleDrafter")
     assert (tmp_path / "modeling_peagle.py").is_file() and (tmp_path / "model.safetensors").is_file()
+    assert (tmp_path / "drafting_peagle.py").is_file()  # the model file's relative import travels with it
     assert isinstance(AutoConfig.from_pretrained(tmp_path), PEagleConfig)
     loaded = AutoModel.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, PEagleDrafter)

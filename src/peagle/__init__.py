@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModel
 from . import sizing  # noqa: F401  (registers the sizing rule as PEagleConfig.for_target's)
 from ._version import __version__
 from .configuration_peagle import PEagleConfig
+from .drafting_peagle import PEagleDraft
 from .formats import export
 from .formats import load_head as _load_head
 from .generation import (
@@ -35,7 +36,7 @@ from .generation import (
 )
 from .generation.cost import VerifyCostModel, set_cost_model
 from .integrations import hub  # noqa: F401  (registers PEagleDrafter.push_to_hub)
-from .modeling_peagle import PEagleDraft, PEagleDrafter, PEagleDrafterOutput
+from .modeling_peagle import PEagleDrafter, PEagleDrafterOutput
 from .targets import load_default_drafter, load_default_target, load_target
 
 AutoConfig.register(PEagleConfig.model_type, PEagleConfig, exist_ok=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..modeling_peagle import cache_kwarg
+from ..drafting_peagle import cache_kwarg
 from .cost_cache import cost_model_key
 from .cost_model import VerifyCostModel, monotone
 

@@ -28,7 +28,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
-from ..modeling_peagle import cache_kwarg, custom_attention_mask
+from ..drafting_peagle import cache_kwarg, custom_attention_mask
 from .checks import check_decoding_inputs
 from .drafting import DraftingSession
 from .processing import grouped_processing

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import torch
 from transformers.generation.logits_process import LogitsProcessorList
 
-from ..modeling_peagle import DraftSelector, PEagleDrafter
+from ..drafting_peagle import DraftSelector
+from ..modeling_peagle import PEagleDrafter
 
 
 def grouped_processing(

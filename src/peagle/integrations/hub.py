@@ -3,7 +3,7 @@
 `prepare_upload_folder(head, folder, ...)` writes everything a Hub repository of a head needs:
 
 - `config.json` (with `auto_map`) and `model*.safetensors` in peagle's layout;
-- the remote-code files `configuration_peagle.py` and `modeling_peagle.py`,
+- the remote-code files `configuration_peagle.py`, `modeling_peagle.py` and `drafting_peagle.py`,
   so `AutoModel.from_pretrained(repo, trust_remote_code=True)` works without peagle installed;
 - `custom_generate/generate.py` (+ `requirements.txt`), so `target.generate(..., custom_generate=repo,
   trust_remote_code=True)` runs greedy speculative decoding with the head without peagle installed;
@@ -35,6 +35,8 @@ from ..formats.vllm import speculative_config
 from ..modeling_peagle import PEagleDrafter
 
 TEMPLATES = Path(__file__).parent.parent / "model_card_templates"
+REMOTE_CODE_FILES = ("configuration_peagle.py", "modeling_peagle.py", "drafting_peagle.py")
+"""The files `save_pretrained` writes as remote code (a model file and its relative imports)."""
 CARD_TEMPLATE = TEMPLATES / "peagle_head.md"
 CUSTOM_GENERATE_SOURCE = TEMPLATES / "custom_generate.py"
 CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.24\n"
@@ -433,7 +435,7 @@ def prepare_upload_folder(
     try:
         head.save_pretrained(tmp, max_shard_size=max_shard_size)
         config = json.loads((tmp / "config.json").read_text())
-        missing = [f for f in ("configuration_peagle.py", "modeling_peagle.py") if not (tmp / f).is_file()]
+        missing = [f for f in REMOTE_CODE_FILES if not (tmp / f).is_file()]
         if "auto_map" not in config or missing:
             raise RuntimeError(
                 f"save_pretrained wrote no remote code into {out} (auto_map: {config.get('auto_map')}, missing "
