@@ -223,11 +223,18 @@ def test_flat_curve_batch_tokens_per_pass_hold(target):
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-def _sampling_models():
+def _sampling_models(kind: str = "llama"):
     small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
     target = make_target(
         seed=3, vocab_size=8, num_hidden_layers=2, eos_token_id=None, pad_token_id=0, **small
     )
+    if kind == "sliding":  # the same shape with a window of 2 that every row's prompt and drafts run past
+        cfg = transformers.MistralConfig(
+            **{k: getattr(target.config, k) for k in ("vocab_size", "num_hidden_layers", "pad_token_id")},
+            **small, eos_token_id=None, sliding_window=2, max_position_embeddings=64,
+        )  # fmt: skip
+        torch.manual_seed(3)
+        target = AutoModelForCausalLM.from_config(cfg).eval()
     head = make_head(target, seed=4, mask_token_id=7, draft_vocab_size=6)
     head.set_draft_vocab(torch.tensor([0, 1, 2, 4, 5, 6]))
     with torch.no_grad():
@@ -236,11 +243,13 @@ def _sampling_models():
     return target, head
 
 
-def test_sampling_keeps_each_rows_distribution():
+@pytest.mark.parametrize("kind", ["llama", "sliding"])
+def test_sampling_keeps_each_rows_distribution(kind):
     """B = 2 left-padded prompts of different lengths, temperature + top-k: each row's continuations follow the
     target's exact distribution for that prompt (chi-square against full enumeration); drafts from the target's
-    own logits plus noise are accepted often but not always, so both branches of the rule shape the output."""
-    target, head = _sampling_models()
+    own logits plus noise are accepted often but not always, so both branches of the rule shape the output. Also on
+    a sliding-window target (window 2, masked by position past holes and padding)."""
+    target, head = _sampling_models(kind)
     rows = [torch.tensor([1, 3, 5, 6, 2]), torch.tensor([4, 1, 6])]
     ids, mask = left_pad(rows)
     steps = 3
@@ -311,7 +320,9 @@ def test_prefix_allowed_tokens_fn_sees_each_rows_batch_index(target):
     assert torch.equal(out, ref)
 
 
-def test_sliding_window_targets_refuse_batches_and_decode_single_prompts():
+def test_sliding_window_targets_decode_batches():
+    """A target whose every layer slides (Mistral, window 8): a batch of prompts generates past the window, rows
+    keeping holes and left padding, and equals plain batched greedy; one prompt equals plain greedy too."""
     cfg = transformers.MistralConfig(
         vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=128, max_position_embeddings=256, sliding_window=8, pad_token_id=0,
@@ -323,10 +334,16 @@ def test_sliding_window_targets_refuse_batches_and_decode_single_prompts():
             sliding, num_hidden_layers=1, mask_token_id=127, confidence_threshold=0.0
         )
     ).eval()
-    rows = prompts(2, seed=120)
-    ids, mask = left_pad(rows)
-    with pytest.raises(ValueError, match="sliding-window"):
-        sliding.generate(ids, attention_mask=mask, max_new_tokens=3, assistant_model=head)
+    rows = prompts(3, seed=120)
+    oracle = Oracle(head, references(sliding, rows, max_new_tokens=24), p=0.6, seed=5)
+    try:
+        assert torch.equal(
+            drafted(sliding, head, rows, max_new_tokens=24, num_assistant_tokens=4),
+            plain(sliding, rows, max_new_tokens=24),
+        )
+    finally:
+        oracle.handle.remove()
+    assert head.last_generation_stats.accepted_tokens > 0
     one = rows[1][None]
     assert torch.equal(
         sliding.generate(one, do_sample=False, max_new_tokens=12, assistant_model=head),

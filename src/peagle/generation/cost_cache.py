@@ -16,9 +16,9 @@ import torch
 from .cost_model import VerifyCostModel
 
 CACHE_SUBDIR = "cost"
-COST_MODEL_VERSION = 2
-"""Part of the cache key: curves of an earlier model (no context points, factors kept in memory only) are timed
-again."""
+COST_MODEL_VERSION = 3
+"""Part of the cache key: curves of an earlier model (2: verify passes copied the cache per query head; 1: no
+context points, factors kept in memory only) are timed again."""
 
 
 def cost_model_key(target: Any, head: Any = None, batch_size: int = 1) -> dict[str, Any]:

@@ -13,8 +13,10 @@ from typing import Any
 import torch
 
 from ..drafting_peagle import cache_kwarg
+from .attention import packed_attention
 from .cost_cache import cost_model_key
 from .cost_model import VerifyCostModel, monotone
+from .windows import positional_windows
 
 CALIBRATION_CONTEXT = 256
 """Context length (tokens) the calibration times its verify passes at (the reference context)."""
@@ -81,6 +83,7 @@ def measure_cost_model(
     rows = max(1, int(batch_size))
     prefix = torch.randint(0, vocab, (rows, context), generator=gen).to(device)
     cache = DynamicCache(config=target.config)  # the measurement's own cache, never the user's
+    positional_windows(target, cache)  # sliding layers keep every slot, as in peagle_decoding
     target(input_ids=prefix, use_cache=True, **cache_kwarg(cache))
     # sliding-window layers drop what falls out of the window unless told to keep it until the next crop; after
     # the prefill (as transformers' assisted decoding does), so the prefix itself is trimmed to the window
@@ -177,6 +180,7 @@ def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: in
 
     prefix = min(32, context)
     cache = DynamicCache(config=config)
+    positional_windows(model, cache)  # sliding layers keep every slot, as in peagle_decoding
     ids = torch.randint(0, vocab, (rows, prefix), generator=gen).to(device)
     model(input_ids=ids, use_cache=True, **cache_kwarg(cache))
     for layer in cache.layers:
@@ -268,19 +272,20 @@ def _time_pass(
     """Median seconds of `repeats` target passes over `ids` on `cache` after one warm-up pass (the first pass of a
     shape allocates, and is slower); each pass is cropped off the cache again."""
     times = []
-    for _ in range(repeats + 1):
-        sync()
-        t0 = time.perf_counter()
-        target(
-            input_ids=ids,
-            attention_mask=mask,
-            use_cache=True,
-            logits_to_keep=ids.shape[1],
-            **cache_kwarg(cache),
-        )
-        sync()
-        times.append(time.perf_counter() - t0)
-        cache.crop(-ids.shape[1])
+    with packed_attention(target):  # the attention verify passes run with (peagle_decoding)
+        for _ in range(repeats + 1):
+            sync()
+            t0 = time.perf_counter()
+            target(
+                input_ids=ids,
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=ids.shape[1],
+                **cache_kwarg(cache),
+            )
+            sync()
+            times.append(time.perf_counter() - t0)
+            cache.crop(-ids.shape[1])
     return statistics.median(times[1:])
 
 

@@ -29,6 +29,7 @@ from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingC
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
 from ..drafting_peagle import cache_kwarg, custom_attention_mask
+from .attention import packed_attention
 from .checks import check_decoding_inputs
 from .drafting import DraftingSession
 from .processing import grouped_processing
@@ -36,6 +37,7 @@ from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compa
 from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
 from .tree import DraftCandidates, greedy_path, sample_path
+from .windows import causal_block, positional_windows, slot_positions, windowed_masks
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -155,6 +157,7 @@ class _Decoder:
         self.timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
         cache = model_kwargs.get("cache")
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        self.windows = positional_windows(model, self.cache)  # sliding layers: the window by position (DESIGN 10.1)
         _refuse_batch(model, self.cache, self.batch)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
@@ -254,9 +257,8 @@ class _Decoder:
         last = torch.stack([e[-1] for e in emitted])[:, None].to(device)
         inputs = torch.cat([last, candidates.tokens.to(device)], dim=1)
         depths = torch.cat([torch.zeros_like(last), candidates.depths.to(device)], dim=1)
-        out, feats = self._forward(
-            inputs, self.next_pos[:, None] + depths, self._verify_mask(candidates), width
-        )
+        positions = self.next_pos[:, None] + depths
+        out, feats = self._forward(inputs, positions, self._verify_mask(candidates, positions), width)
         raw = out.logits[:, -width:].float()
         scores = raw.clone()
         if len(self.processors) > 0:  # each slot sees the row's history plus the drafts on its own path
@@ -288,14 +290,30 @@ class _Decoder:
             self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
         return emitted
 
-    def _verify_mask(self, candidates: DraftCandidates) -> torch.Tensor | None:
-        """The verify pass's attention mask in the form the target's attention takes it."""
+    def _verify_mask(
+        self, candidates: DraftCandidates, positions: torch.LongTensor
+    ) -> torch.Tensor | dict[str, torch.Tensor] | None:
+        """The verify pass's attention mask in the form the target's attention takes it: a chain's 2D mask, a
+        tree's 4D one; on sliding-window layers, 4D masks with each layer kind's window applied by position."""
         mask = candidates.attention_mask(self.kv_mask)
+        if self.windows is not None:
+            allowed = (
+                mask
+                if mask is not None and mask.dim() == 4
+                else causal_block(self.kv_mask, len(candidates) + 1)
+            )
+            keys = torch.cat([slot_positions(self.kv_mask), positions], dim=1)
+            masks = windowed_masks(allowed, keys, positions, self.windows)
+            if isinstance(masks, dict):
+                return {kind: self._as_model_mask(m) for kind, m in masks.items()}
+            return self._as_model_mask(masks)
         if mask is None or mask.dim() == 2:
             return mask
-        return custom_attention_mask(
-            mask, self.model.config._attn_implementation, self.model.get_input_embeddings().weight.dtype
-        )
+        return self._as_model_mask(mask)
+
+    def _as_model_mask(self, mask: torch.BoolTensor) -> torch.Tensor:
+        impl = self.model.config._attn_implementation
+        return custom_attention_mask(mask, impl, self.model.get_input_embeddings().weight.dtype)
 
     def _accept(
         self, inputs: torch.LongTensor, scores: torch.Tensor, candidates: DraftCandidates
@@ -479,22 +497,23 @@ def peagle_decoding(
     )
     if call.given is not None:
         generation_config._peagle_given = set(call.given)
-    loop = _Decoder(
-        model,
-        call.head,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        streamer,
-        model_kwargs,
-        call.options,
-    )
-    emitted = loop.drop_finished(loop.prefill())
-    while loop.rows.active:
-        emitted = loop.drop_finished(loop.round(emitted))
-    loop.drafter.finish()
-    return loop.result()
+    with packed_attention(model):  # verify passes read the cache without a copy per query head
+        loop = _Decoder(
+            model,
+            call.head,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            streamer,
+            model_kwargs,
+            call.options,
+        )
+        emitted = loop.drop_finished(loop.prefill())
+        while loop.rows.active:
+            emitted = loop.drop_finished(loop.round(emitted))
+        loop.drafter.finish()
+        return loop.result()
 
 
 def _per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple[torch.Tensor, ...]:

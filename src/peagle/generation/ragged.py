@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .windows import MASKED_ATTENTION
+
 COMPACT_MIN_SLOTS = 16
 """Compact a cache once compaction would free at least this many slots per row ..."""
 COMPACT_FRACTION = 0.125
@@ -87,7 +89,7 @@ def tree_refusal(model, cache: Cache) -> str | None:
     """Why draft trees cannot be verified on this target, or None: a tree needs a custom 4D attention mask (eager
     or SDPA attention) and a cache that can keep only the accepted path (dynamic full-attention layers)."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
-    if impl not in ("eager", "sdpa"):
+    if impl not in MASKED_ATTENTION:
         return f"{impl!r} attention, which takes no custom tree mask (eager and sdpa do)"
     return batch_refusal(cache)
 

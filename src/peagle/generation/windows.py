@@ -5,7 +5,7 @@ transformers' sliding-window layers count cache slots: a key is in the window wh
 differs per row and a tree's slots share depths, so slot distance and position distance part. Here every layer
 keeps its whole cache (`full_cache_layers`), and the window is a mask on positions: key slot k is in the window
 of query q when `position(q) - position(k) < W`, the rule transformers applies (`kv_idx > q_idx - W`) with
-positions for indices. Holes, padding and tree slots then never shift a window. docs/DESIGN.md section 10.3.
+positions for indices. Holes, padding and tree slots then never shift a window. docs/DESIGN.md section 10.1.
 
 A target with layers of several kinds (`config.layer_types`: Gemma 2/3, GPT-OSS, Qwen 2/3, Cohere 2) takes a
 dict of 4D masks keyed by layer kind, which its forward uses as is; one whose every layer slides
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from .attention import PACKED_SDPA
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -98,6 +100,36 @@ def slot_positions(valid: torch.Tensor) -> torch.LongTensor:
     hold its tokens in order from position 0 (holes and padding get 0; they are masked anyway)."""
     valid = valid.long()
     return ((valid.cumsum(-1) - 1) * valid).clamp(min=0)
+
+
+def causal_block(valid: torch.Tensor, width: int) -> torch.BoolTensor:
+    """`(B, 1, width, S + width)` what a chain's verify pass attends to: the rows' valid past (`valid (B, S)`) and the
+    block's own earlier slots (True = attend)."""
+    past = valid.bool()[:, None, None, :].expand(-1, 1, width, -1)
+    block = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+    return torch.cat([past, block[None, None].expand(valid.shape[0], 1, -1, -1)], dim=-1)
+
+
+MASKED_ATTENTION = ("eager", "sdpa", PACKED_SDPA)
+"""Attention implementations that take a custom 4D mask (the packed SDPA of `attention.py` included)."""
+
+
+def positional_windows(model, cache: Cache) -> LayerWindows | None:
+    """The windows a `generate()` call masks by position, after its cache's sliding-window layers became plain
+    dynamic ones ([`full_cache_layers`]); None where transformers' own sliding layers stay, and with them the batch-1
+    chains they allow: no layer slides, the attention takes no 4D mask (flash attention), a layer kind other than
+    full and sliding, or a cache that already holds keys."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in MASKED_ATTENTION or not any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        return None
+    try:
+        windows = layer_windows(model.config)
+        if windows is None:
+            return None
+        full_cache_layers(cache)
+    except ValueError:
+        return None
+    return windows
 
 
 def full_cache_layers(cache: Cache) -> bool:
