@@ -157,7 +157,9 @@ class _Decoder:
         self.timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
         cache = model_kwargs.get("cache")
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
-        self.windows = positional_windows(model, self.cache)  # sliding layers: the window by position (DESIGN 10.1)
+        self.windows = positional_windows(
+            model, self.cache
+        )  # sliding layers: the window by position (DESIGN 10.1)
         _refuse_batch(model, self.cache, self.batch)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
