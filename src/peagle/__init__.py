@@ -27,7 +27,7 @@ from .drafting_peagle import PEagleDraft
 from .formats import export
 from .formats import load_head as _load_head
 from .generation import (
-    PEagleCandidateGenerator,
+    DraftingSession,
     PEagleGenerateOutput,
     PEagleGenerationStats,
     declare_stateless_processor,
@@ -90,7 +90,7 @@ __all__ = [
     "FP8Linear",
     "quantize_head",
     "dequantize_head",
-    "PEagleCandidateGenerator",
+    "DraftingSession",
     "PEagleGenerationStats",
     "VerifyCostModel",
     "set_cost_model",

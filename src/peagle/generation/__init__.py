@@ -17,12 +17,8 @@ from .hook import install_generate_hook, uninstall_generate_hook
 from .settings import resolve_confidence_threshold, resolve_num_speculative_tokens
 from .stats import PEagleGenerationStats
 
-PEagleCandidateGenerator = DraftingSession
-"""The drafting side's earlier name (it is no transformers `CandidateGenerator`), kept for code that imports it."""
-
 __all__ = [
     "DraftingSession",
-    "PEagleCandidateGenerator",
     "PEagleGenerationStats",
     "PEagleGenerateOutput",
     "check_generation_request",
