@@ -1,27 +1,16 @@
-"""benchmarks/bench_long_context.py on a tiny random target and head (behaviour only: nothing here is timed or
-compared by speed)."""
+"""peagle.evaluation.long_context (behind benchmarks/bench_long_context.py) on a tiny random target and head
+(behaviour only: nothing here is timed or compared by speed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
 from helpers import make_head, make_target
+from peagle.evaluation import long_context
 from peagle.evaluation.long_inputs import build_input
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_long_context", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up while the module runs
-    spec.loader.exec_module(module)
-    return module
+from peagle.evaluation.results import write_json_and_plot
 
 
 def _examples(n: int = 10) -> list[dict[str, list[int]]]:
@@ -51,7 +40,7 @@ def test_build_input_takes_whole_earlier_examples_then_the_prompt():
 
 
 def test_extended_copy_computes_what_the_target_does():
-    bench = _script()
+    bench = long_context
     target = make_target()
     longer = bench.extended_copy(target, 2048)
     assert longer.config.max_position_embeddings == 2048 and target.config.max_position_embeddings == 512
@@ -62,7 +51,7 @@ def test_extended_copy_computes_what_the_target_does():
 
 
 def test_run_long_context_rows_summary_and_files(tmp_path):
-    bench = _script()
+    bench = long_context
     target = make_target()  # max_position_embeddings 512: the 600-token context runs past it
     head = make_head(target)
     lines: list[str] = []
@@ -84,12 +73,12 @@ def test_run_long_context_rows_summary_and_files(tmp_path):
     assert all(r["context_tokens"] <= r["context"] for r in res["runs"]) and len(res["runs"]) == 6
     assert summary[2]["timing_cache_tokens"] > 512  # the timed cache is past the trained range too
     assert "PAST TRAINED 512" in lines[-1] and "PAST" not in lines[1]
-    js, png = bench.write_json_and_plot(res, tmp_path, "long_context", bench.plot)
+    js, png = write_json_and_plot(res, tmp_path, "long_context", bench.plot)
     assert json.loads(js.read_text())["summary"][2]["past_trained_range"] and png.stat().st_size > 1000
 
 
 def test_a_context_past_the_extended_range_is_recorded_not_raised():
-    bench = _script()
+    bench = long_context
     target = make_target()
     head = make_head(target)
     settings = bench.LongContextSettings(max_new_tokens=4, repeats=1, extend_positions=520)
