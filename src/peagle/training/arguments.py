@@ -94,7 +94,7 @@ class PEagleTrainingArguments(TrainingArguments):
         ttt_decay: EAGLE-3 mode: weight of unroll step i is ``ttt_decay ** i``.
         flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
         flush_denormal: flush denormal floats to zero while training on a CPU: softmaxes over the draft
-            vocabulary produce many, and CPU arithmetic on them is 10-20x slower (no effect on GPUs).
+            vocabulary produce many, and CPU arithmetic on them is many times slower (no effect on GPUs).
         trainable_parameters: a regular expression over the head's parameter names; when set, only the
             parameters it matches (`re.search`) are trained and the rest stay frozen, e.g. `"lm_head"` to fit the
             rows of a grown draft vocabulary with the decoder layers kept as they are.

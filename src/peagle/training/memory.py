@@ -12,10 +12,8 @@ The model counts what a step holds at its peak, for one micro-batch of `B` rows 
   prefix and the segment's own elements); the target's distribution over the segment's window of positions
   (``3 * V_draft`` values per position); 64 MiB of workspace.
 
-The constants come from one segment pass measured on the CPU (fp32, SDPA; peak RSS) for the shipped head's shape
-(width 576, 4 layers, intermediate 1,536, draft vocabulary 8,192): 362, 734, 1,570, 1,023 and 986 MiB for
-1,000 x 1,000, 2,000 x 2,000, 4,000 x 4,000, 2,000 x 8,000 and 1,000 x 20,000 queries x keys, which the model
-puts at 381, 722, 1,741, 1,174 and 1,027 MiB (it errs on the large side).  Weights, gradients of the weights and optimiser state
+The constants come from segment passes measured on the CPU (fp32, SDPA; peak RSS) for the shipped head's shape at
+several query and key counts; the model errs on the large side (docs/training.md, section 8, has the figures).  Weights, gradients of the weights and optimiser state
 are not counted: they do not depend on the sequence.  `docs/training.md` (long context) compares the model with
 measured peaks.
 """
