@@ -8,6 +8,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from peagle.drafting_peagle import custom_attention_mask
 from peagle.generation.windows import (
     FULL,
     SLIDING,
@@ -166,6 +167,6 @@ def test_a_window_by_slot_would_differ():
 
 
 def _eager(masks):
-    """Eager attention adds its mask to the scores: 0 where True, the dtype's minimum elsewhere."""
-    convert = lambda m: torch.where(m, 0.0, torch.finfo(torch.float32).min)  # noqa: E731
+    """Eager attention takes its mask additive: the model's own conversion (`custom_attention_mask`)."""
+    convert = lambda m: custom_attention_mask(m, "eager", torch.float32)  # noqa: E731
     return {k: convert(m) for k, m in masks.items()} if isinstance(masks, dict) else convert(masks)
