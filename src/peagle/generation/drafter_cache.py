@@ -91,8 +91,10 @@ class DrafterCache:
             held[1].append(features)
 
     def pending_slots(self) -> int:
-        """The most real slots any row has queued."""
-        return max((sum(t.shape[0] for t in p[0]) for p in self.pending if p is not None), default=0)
+        """The most real slots any row's next round runs over: its queued ones, at most the window (a long
+        prompt's older slots are never drafted from, so a windowed catch-up costs W slots, not the prompt)."""
+        queued = max((sum(t.shape[0] for t in p[0]) for p in self.pending if p is not None), default=0)
+        return queued if self.window is None else min(queued, self.window)
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
