@@ -79,8 +79,76 @@ def test_train_head_adds_document_examples(tmp_path, monkeypatch):
         target,
         tiny_tokenizer(),
         output_dir=tmp_path / "head",
-        data_args=DataArguments(documents=folder, document_examples_per_length=2),
+        data_args=DataArguments(documents=folder, document_examples_per_length=2, document_questions=0),
         head_args=HeadArguments(num_hidden_layers=1, draft_vocab_size=128),
         training_args=args,
     )
     assert summary["examples"] == 4 and summary["tokens"] == 2 * 32 + 2 * 64
+
+
+def test_document_questions_hold_the_documents_and_ask_one_question():
+    """Each prompt is documents cut to leave room for an answer at its length, then one of the questions."""
+    from peagle.data.documents import DOCUMENT_QUESTIONS, document_questions
+
+    tok = tiny_tokenizer()
+    docs = [(f"f{i}.txt", " ".join(WORDS * 20)) for i in range(3)]
+    prompts = document_questions(tok, docs, [200, 400], 4, answer_tokens=40, seed=1)
+    assert len(prompts) == 4
+    for i, prompt in enumerate(prompts):
+        body, question = prompt.rsplit("\n\n", 1)
+        assert question in DOCUMENT_QUESTIONS and "hello" in body
+        assert len(tok(body, add_special_tokens=False).input_ids) <= [200, 400][i % 2] - 40 - 64
+    assert len(tok(prompts[1], add_special_tokens=False).input_ids) > 200  # the lengths take turns
+
+
+def test_train_head_answers_questions_about_the_documents(tmp_path, monkeypatch):
+    """`document_questions=N`: the target's own answers to N questions about the documents join the long examples;
+    their loss covers the answer only, after the whole document in the prompt."""
+    import peagle.data.documents as documents
+    from peagle.training import DataArguments, HeadArguments
+    from peagle.training.recipe import gather_examples
+
+    monkeypatch.setattr(documents, "MIN_DOCUMENT_LENGTH", 128)
+    folder = write_folder(tmp_path / "docs", {f"f{i}.txt": " ".join(WORDS * (20 + i)) for i in range(4)})
+    args = make_args(tmp_path, max_length=256)
+    data = DataArguments(
+        documents=str(folder), document_examples_per_length=1, document_questions=3, max_new_tokens=8
+    )
+    rows = gather_examples(make_target(), tiny_tokenizer(), str(tmp_path), args, data, [], [])
+    asked = [r for r in rows if r.get("source") == "document questions"]
+    assert len(rows) == 2 + 3 and len(asked) == 3
+    for row in asked:
+        first = row["loss_mask"].index(1)
+        assert first > 40 and sum(row["loss_mask"]) <= 8  # a long prompt of documents, a short answer
+
+
+def test_auto_documents_make_long_examples_where_the_targets_range_allows(tmp_path, monkeypatch):
+    """The default (`documents="auto"`, `max_length` 8,192) adds long examples from Python's own sources when the
+    target's range reaches the shortest length, and nothing (silently) when it does not, or for `"none"`."""
+    import peagle.data.documents as documents
+    from peagle.training import DataArguments, PEagleTrainingArguments
+    from peagle.training.recipe import gather_examples, resolved_documents
+
+    assert (
+        DataArguments().documents == "auto"
+        and PEagleTrainingArguments(output_dir=str(tmp_path)).max_length == 8192
+    )
+    target, tok = make_target(), tiny_tokenizer()  # 512 positions
+    assert resolved_documents("auto", target, tok, 8192) is None
+    assert resolved_documents("none", target, tok, 8192) is None
+    assert resolved_documents(str(tmp_path), target, tok, 8192) == str(tmp_path)
+    monkeypatch.setattr(documents, "MIN_DOCUMENT_LENGTH", 128)
+    assert resolved_documents("auto", target, tok, 8192) == "stdlib"
+    assert (
+        resolved_documents("auto", target, None, 8192) is None
+    )  # token ids only: nothing to encode text with
+    read = []
+    real_read = documents.read_documents
+    monkeypatch.setattr(
+        documents, "read_documents", lambda source: read.append(source) or real_read(source)[:40]
+    )
+    data = DataArguments(document_examples_per_length=1, document_questions=0)
+    rows = gather_examples(target, tok, str(tmp_path), make_args(tmp_path), data, [], [])
+    assert read == ["stdlib"] and [r["length"] for r in rows] == [128, 256, 512]
+    none = DataArguments(documents="none")
+    assert gather_examples(target, tok, str(tmp_path), make_args(tmp_path), none, [], []) == []

@@ -142,3 +142,33 @@ def test_gradient_checkpointing_is_refused_with_partitioning(tmp_path):
                 args=make_args(tmp_path, gradient_checkpointing=True, **kw),
                 train_dataset=random_examples(2),
             )
+
+
+def test_auto_budget_is_chosen_from_the_machines_memory(tmp_path):
+    """`partition_memory_budget="auto"` (the default): a quarter of a CPU machine's RAM, at most 4 GiB; "none" turns
+    the budget off; under gradient checkpointing "auto" steps aside instead of refusing the run."""
+    import os
+
+    from peagle.training import PEagleTrainingArguments
+    from peagle.training.memory import resolve_memory_budget
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert resolve_memory_budget("auto") == min(4 * 2**30, ram // 4)
+    assert resolve_memory_budget("none") is None and resolve_memory_budget(None) is None
+    assert resolve_memory_budget("3GiB") == 3 * 2**30
+    assert PEagleTrainingArguments(output_dir=str(tmp_path)).partition_memory_budget == "auto"
+    target = make_target()
+    head = make_head(target).float()
+    data = random_examples(2)
+    trainer = PEagleTrainer(model=head, target_model=target, args=make_args(tmp_path), train_dataset=data)
+    assert trainer.memory_budget == resolve_memory_budget("auto")
+    checkpointed = make_args(tmp_path, gradient_checkpointing=True)
+    trainer = PEagleTrainer(model=head, target_model=target, args=checkpointed, train_dataset=data)
+    assert trainer.memory_budget is None
+    off = PEagleTrainer(
+        model=head,
+        target_model=target,
+        args=make_args(tmp_path, partition_memory_budget="none"),
+        train_dataset=data,
+    )
+    assert off.memory_budget is None

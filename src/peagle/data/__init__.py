@@ -36,7 +36,7 @@ _EXPORTS = {
     "evalsets": ["EVAL_SETS", "load_eval_prompts", "is_evaluation_prompt"],
     "distill": ["generate_responses", "self_distill", "synthesize_prompts"],
     "vllm_engine": ["VLLMEngine"],
-    "documents": ["read_documents", "document_examples", "default_document_lengths"],
+    "documents": ["read_documents", "document_examples", "default_document_lengths", "document_questions"],
     "features": ["PEagleDataCollator", "FeatureCache", "capture_features"],
     "vocab": ["select_draft_vocab", "draft_vocab_coverage", "choose_draft_vocab_size"],
     "shards": ["save_examples", "load_examples", "write_shard", "read_shards"],
@@ -45,7 +45,12 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime imports are lazy
     from .distill import generate_responses, self_distill, synthesize_prompts  # noqa: F401
-    from .documents import default_document_lengths, document_examples, read_documents  # noqa: F401
+    from .documents import (  # noqa: F401
+        default_document_lengths,
+        document_examples,
+        document_questions,
+        read_documents,
+    )
     from .evalsets import EVAL_SETS, is_evaluation_prompt, load_eval_prompts  # noqa: F401
     from .features import FeatureCache, PEagleDataCollator, capture_features  # noqa: F401
     from .prompts import (  # noqa: F401

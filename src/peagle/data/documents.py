@@ -8,7 +8,9 @@ trainer's loss reads the target's logits there), so every token of a document is
   on every machine), in a fixed order, skipping files that are not UTF-8 text;
 - [`document_examples`]: examples of given lengths, each whole documents joined end to end (a header line naming
   each file) and cut to the length, with `loss_mask` 1 on every token after the first;
-- [`default_document_lengths`]: 2K tokens doubling up to the target's position range (8K for the embedded target).
+- [`default_document_lengths`]: 2K tokens doubling up to the target's position range (8K for the embedded target);
+- [`document_questions`]: chat prompts that ask about long documents, for the target to answer itself (long
+  self-distilled examples; the recipe generates their answers).
 
 Examples carry `source="documents"` and the `length` asked for; they are ready for `peagle train --examples` or
 [`peagle.training.recipe.train_head`]'s `examples`.  Evaluation sets never enter: a document whose text holds an
@@ -158,4 +160,57 @@ def document_examples(
     return examples
 
 
-__all__ = ["default_document_lengths", "document_examples", "read_documents"]
+DOCUMENT_QUESTIONS = (
+    "Summarise what the text above does or says, part by part.",
+    "Which functions, classes or sections does the text above define, and what is each one for?",
+    "Explain the most intricate part of the text above step by step.",
+    "What would make the text above easier to follow? Point to the places you would change.",
+    "Write a short guide for someone who has to work with the text above.",
+    "List the main ideas of the text above and where each one appears.",
+    "What could go wrong when using what the text above describes? Refer to the relevant parts.",
+    "Describe how the parts of the text above depend on each other.",
+)
+"""The questions [`document_questions`] asks about a document (none from an evaluation set)."""
+
+
+def document_questions(
+    tokenizer: Any,
+    documents: Sequence[tuple[str, str]],
+    lengths: Iterable[int],
+    count: int,
+    answer_tokens: int = 256,
+    seed: int = 0,
+) -> list[str]:
+    """`count` prompts, each a user message that holds documents (joined as in [`document_examples`], cut so
+    the prompt and an answer of `answer_tokens` fit the length) and then one of [`DOCUMENT_QUESTIONS`]; the lengths
+    take turns.  The target's own answers to them ([`peagle.data.distill`]) are long-context self-distilled examples:
+    their loss covers the answer, which reads the whole document back."""
+    lengths = [int(n) for n in lengths]
+    if count < 1 or not lengths:
+        return []
+    rng = random.Random(seed)
+    order = list(range(len(documents)))
+    rng.shuffle(order)
+    prompts, cursor = [], 0
+    for q in range(count):
+        budget = max(lengths[q % len(lengths)] - answer_tokens - 64, 64)
+        ids: list[int] = []
+        for _ in range(len(order)):
+            name, text = documents[order[cursor % len(order)]]
+            cursor += 1
+            ids += tokenizer(f"# {name}\n{text}\n", add_special_tokens=False).input_ids
+            if len(ids) >= budget:
+                break
+        body = tokenizer.decode(ids[:budget])
+        question = DOCUMENT_QUESTIONS[rng.randrange(len(DOCUMENT_QUESTIONS))]
+        prompts.append(f"{body}\n\n{question}")
+    return prompts
+
+
+__all__ = [
+    "DOCUMENT_QUESTIONS",
+    "default_document_lengths",
+    "document_examples",
+    "document_questions",
+    "read_documents",
+]

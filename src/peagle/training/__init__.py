@@ -34,7 +34,7 @@ _EXPORTS = {
     "cod": ["cod_counts", "cod_sample"],
     "masks": ["peagle_mask_rule", "peagle_attention_mask", "peagle_block_mask", "PEagleMaskTemplate"],
     "partition": ["Segment", "partition_boundaries", "partition_plan"],
-    "memory": ["StepMemoryModel", "choose_num_segments", "parse_bytes"],
+    "memory": ["StepMemoryModel", "choose_num_segments", "parse_bytes", "resolve_memory_budget"],
     "losses": ["distillation_loss", "target_draft_logits"],
     "..data.prompts": [
         "chat_prompt_ids",
@@ -92,7 +92,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs; the runtime import
     from .head_surgery import grow_draft_vocab, grow_layers, resize_draft_vocab  # noqa: F401
     from .losses import distillation_loss, target_draft_logits  # noqa: F401
     from .masks import PEagleMaskTemplate, peagle_attention_mask, peagle_block_mask, peagle_mask_rule  # noqa: F401
-    from .memory import StepMemoryModel, choose_num_segments, parse_bytes  # noqa: F401
+    from .memory import StepMemoryModel, choose_num_segments, parse_bytes, resolve_memory_budget  # noqa: F401
     from .partition import Segment, partition_boundaries, partition_plan  # noqa: F401
     from .plan import ExamplePlan, parallel_drafter_inputs, plan_example  # noqa: F401
     from .recipe import build_head, end_distributed, train_head, training_arguments  # noqa: F401

@@ -87,9 +87,13 @@ class PEagleTrainingArguments(TrainingArguments):
             `partition_memory_budget`, the smallest S tried.
         partition_memory_budget: a size (`"4GB"`, `"3.5GiB"`, bytes) the activations of one step must fit: each
             micro-batch is split into the fewest segments whose estimated peak fits
-            ([`peagle.training.memory.StepMemoryModel`]; weights and optimiser state not counted).
+            ([`peagle.training.memory.StepMemoryModel`]; weights and optimiser state not counted).  `"auto"` (the
+            default) chooses the size from the device's memory ([`resolve_memory_budget`]: a quarter of the RAM up
+            to 4 GiB on a CPU, half the free memory of a GPU) and is off under `gradient_checkpointing`; `"none"`:
+            S is `sequence_partitions`.
         balance_partitions: choose segment boundaries that even out the passes' sizes.
-        max_length: examples are truncated to this many tokens.
+        max_length: examples are truncated to this many tokens; long document examples go up to it (8,192 by
+            default, or the target's range where that is shorter).
         loss_type: `"kl"` (against the target's distribution over the draft vocab) or `"ce"` (its argmax).
         ttt_decay: EAGLE-3 mode: weight of unroll step i is ``ttt_decay ** i``.
         flex_block_size: tile size of the flex-attention block mask (heads built with `flex_attention`).
@@ -111,13 +115,20 @@ class PEagleTrainingArguments(TrainingArguments):
     cod_min_ratio: float = field(default=0.2, metadata={"help": "COD keep-ratio floor r_min."})
     sequence_partitions: int = field(default=1, metadata={"help": "Forward/backward passes per example."})
     partition_memory_budget: str | None = field(
-        default=None,
+        default="auto",
         metadata={
-            "help": "Choose S per micro-batch so a step's activations fit this size, e.g. 4GB or 3.5GiB."
+            "help": "Choose S per micro-batch so a step's activations fit this size, e.g. 4GB or 3.5GiB; 'auto': "
+            "a quarter of the RAM up to 4 GiB on a CPU, half the free memory of a GPU; 'none': S is "
+            "sequence_partitions."
         },
     )
     balance_partitions: bool = field(default=True, metadata={"help": "Balance segment sizes."})
-    max_length: int = field(default=2048, metadata={"help": "Truncate examples to this many tokens."})
+    max_length: int = field(
+        default=8192,
+        metadata={
+            "help": "Truncate examples to this many tokens (and the longest document examples' length)."
+        },
+    )
     loss_type: str = field(default="kl", metadata={"help": "'kl' or 'ce'."})
     ttt_decay: float = field(default=0.8, metadata={"help": "EAGLE-3 unroll step weight decay."})
     flex_block_size: int = field(default=128, metadata={"help": "flex-attention block size."})
@@ -148,9 +159,9 @@ class PEagleTrainingArguments(TrainingArguments):
         if self.sequence_partitions < 1:
             raise ValueError(f"sequence_partitions is {self.sequence_partitions}; expected >= 1.")
         if self.partition_memory_budget is not None:
-            from .memory import parse_bytes
+            from .memory import resolve_memory_budget
 
-            parse_bytes(self.partition_memory_budget)
+            resolve_memory_budget(self.partition_memory_budget)  # a size, "auto" or "none"
         k = self.num_parallel_positions
         if k is not None and not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(
@@ -214,14 +225,21 @@ class DataArguments:
     )
     feature_cache: str | None = field(default=None, metadata={"help": "cache target features in this folder"})
     documents: str | None = field(
-        default=None,
+        default="auto",
         metadata={
             "help": "a folder of text files ('stdlib': Python's own sources) added as long teacher-forced examples, "
-            "2K tokens doubling up to max_length"
+            "2K tokens doubling up to max_length and the target's range; 'auto': stdlib where the target's range "
+            "reaches 2K tokens; 'none': short examples only"
         },
     )
     document_examples_per_length: int = field(
         default=16, metadata={"help": "examples per length made from --documents"}
+    )
+    document_questions: int = field(
+        default=16,
+        metadata={
+            "help": "questions about the documents the target answers itself (long self-distilled examples)"
+        },
     )
     calibration_examples: str = field(
         default="auto",
@@ -234,7 +252,7 @@ class DataArguments:
     def __post_init__(self):
         _not_a_file(self, "feature_cache")
         _at_least(self, 1, "limit", "max_new_tokens", "generation_batch_size", "document_examples_per_length")
-        _at_least(self, 0, "num_magpie_prompts", "num_code_prompts")
+        _at_least(self, 0, "num_magpie_prompts", "num_code_prompts", "document_questions")
         if self.calibration_examples != "auto":
             try:
                 count = int(self.calibration_examples)

@@ -20,8 +20,12 @@ measured peaks.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
+from typing import Any
+
+import torch
 
 from .partition import partition_plan
 
@@ -47,6 +51,42 @@ def parse_bytes(value: str | int | float) -> int:
     if size <= 0:
         raise ValueError(f"{value!r} is not a positive size.")
     return size
+
+
+AUTO_BUDGET_CPU_CAP = 4 * 2**30
+"""`partition_memory_budget="auto"` on a CPU: a quarter of the machine's memory, at most 4 GiB."""
+AUTO_BUDGET_GPU_SHARE = 0.5
+"""... on a GPU: this share of the device memory free when training starts (weights and optimiser are loaded)."""
+
+
+def resolve_memory_budget(
+    value: str | int | float | None, device: Any = "cpu", gradient_checkpointing: bool = False
+) -> int | None:
+    """Bytes `partition_memory_budget` allows one step's activations: a size, `"auto"` (chosen from the device's
+    memory: a quarter of a CPU machine's RAM up to 4 GiB; half a GPU's free memory; none under
+    `gradient_checkpointing`, which partitioning cannot run with), or None / `"none"` (no budget:
+    `sequence_partitions` alone decides).
+
+    >>> resolve_memory_budget("2GiB"), resolve_memory_budget("none")
+    (2147483648, None)
+    >>> 0 < resolve_memory_budget("auto") <= 4 * 2**30
+    True
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if not (isinstance(value, str) and value.strip().lower() == "auto"):
+        return parse_bytes(value)
+    if gradient_checkpointing:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(int(AUTO_BUDGET_GPU_SHARE * free), 1)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): assume the cap fits
+        ram = 4 * AUTO_BUDGET_CPU_CAP
+    return min(AUTO_BUDGET_CPU_CAP, max(ram // 4, 1))
 
 
 class StepMemoryModel:
@@ -152,4 +192,10 @@ def choose_num_segments(
     return s, need
 
 
-__all__ = ["StepMemoryModel", "choose_num_segments", "parse_bytes", "CANDIDATE_PARTITIONS"]
+__all__ = [
+    "StepMemoryModel",
+    "choose_num_segments",
+    "parse_bytes",
+    "resolve_memory_budget",
+    "CANDIDATE_PARTITIONS",
+]

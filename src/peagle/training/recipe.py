@@ -246,7 +246,7 @@ def train_head(
         training_args = training_arguments(os.path.join(output_dir, "checkpoints"))
     args, progress = training_args, not training_args.disable_tqdm
     generated = data_args.num_magpie_prompts or data_args.num_code_prompts
-    if examples is None and data_args.documents is not None and not (prompts or generated):
+    if examples is None and explicit_documents(data_args.documents) and not (prompts or generated):
         examples = []  # long document examples alone
     if examples is None:
         check_prompts(tokenizer, prompts, data_args)
@@ -287,11 +287,10 @@ def gather_examples(
             save_examples(examples, os.path.join(output_dir, "examples.jsonl"))
     else:
         examples = checked_examples(examples, tokenizer)
-    if data_args.documents is None:
+    documents = resolved_documents(data_args.documents, target, tokenizer, args.max_length)
+    if documents is None:
         return list(examples)
-    per_length = data_args.document_examples_per_length
-    progress = not args.disable_tqdm
-    return long_examples(target, tokenizer, data_args.documents, per_length, args, progress) + list(examples)
+    return long_examples(target, tokenizer, documents, args, data_args) + list(examples)
 
 
 def base_head(target, head_args: HeadArguments, lora_args: LoraArguments | None = None):
@@ -328,7 +327,7 @@ def distill_examples(
 ) -> list[dict[str, Any]]:
     """The target answers `prompts` (plus `data_args`' Magpie and standard-library coding prompts) itself: the
     examples, decoded as `data_args` says."""
-    from ..data.distill import self_distill, synthesize_prompts
+    from ..data.distill import synthesize_prompts
     from ..data.prompts import stdlib_code_prompts
 
     progress = not args.disable_tqdm
@@ -341,6 +340,15 @@ def distill_examples(
         prompts += stdlib_code_prompts(data_args.num_code_prompts, seed=args.seed)
     if not prompts:
         raise ValueError("train_head needs prompts, examples, num_magpie_prompts or num_code_prompts.")
+    return answered(target, tokenizer, args, data_args, prompts)
+
+
+def answered(
+    target, tokenizer, args: PEagleTrainingArguments, data_args: DataArguments, prompts: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """The target's own answers to `prompts`, decoded as `data_args` says."""
+    from ..data.distill import self_distill
+
     return self_distill(
         target,
         prompts,
@@ -350,30 +358,76 @@ def distill_examples(
         do_sample=data_args.do_sample,
         temperature=data_args.temperature,
         seed=args.seed,
-        progress=progress,
+        progress=not args.disable_tqdm,
         plain_prompts=data_args.plain_prompts,
     )
 
 
+def explicit_documents(documents: str | None) -> bool:
+    """Whether `documents` names a folder or `"stdlib"` (not None, `"auto"` or `"none"`)."""
+    return documents is not None and str(documents).strip().lower() not in ("auto", "none", "")
+
+
+def document_lengths(target, max_length: int) -> list[int]:
+    """The long examples' lengths: 2K tokens doubling up to the target's range and `max_length`."""
+    from ..data.documents import default_document_lengths
+
+    positions = int(getattr(target.config.get_text_config(), "max_position_embeddings", max_length))
+    return default_document_lengths(positions, max_length)
+
+
+def resolved_documents(documents: str | None, target, tokenizer, max_length: int) -> str | None:
+    """The documents a run reads: `documents` as given; for `"auto"` (the default), Python's standard library where
+    the target's range and `max_length` allow 2K-token examples and a tokenizer can encode them; None for `"none"`
+    or where `"auto"` finds no room."""
+    if explicit_documents(documents):
+        return documents
+    if (
+        str(documents).strip().lower() != "auto"
+        or tokenizer is None
+        or not document_lengths(target, max_length)
+    ):
+        return None
+    logger.info("documents: auto, long examples from Python's standard library (documents='none' for none)")
+    return "stdlib"
+
+
 def long_examples(
-    target, tokenizer, documents, per_length: int, args, progress: bool
+    target, tokenizer, documents: str, args: PEagleTrainingArguments, data_args: DataArguments
 ) -> list[dict[str, Any]]:
     """Teacher-forced examples from `documents` at every length the target's range and `args.max_length` allow
-    (none, with a warning, where that is under 2K tokens)."""
-    from ..data.documents import default_document_lengths, document_examples, read_documents
+    (none, with a warning, where that is under 2K tokens), and the target's answers to
+    `data_args.document_questions` questions about them."""
+    from ..data.documents import document_examples, document_questions, read_documents
+    from ..data.prompts import has_chat_template
 
     if tokenizer is None:
         raise ValueError("documents need the target's tokenizer to encode their text.")
-    positions = int(getattr(target.config.get_text_config(), "max_position_embeddings", args.max_length))
-    lengths = default_document_lengths(positions, args.max_length)
+    lengths = document_lengths(target, args.max_length)
     if not lengths:
         logger.warning(
-            f"documents: no long examples (max_length {args.max_length} and the target's {positions} positions "
-            "leave no room for 2K tokens); raise max_length to train on long text."
+            f"documents: no long examples (max_length {args.max_length} and the target's range leave no room for "
+            "2K tokens); raise max_length to train on long text."
         )
         return []
-    rows = document_examples(tokenizer, read_documents(documents), lengths, per_length, args.seed, progress)
+    texts = read_documents(documents)
+    per_length, progress = data_args.document_examples_per_length, not args.disable_tqdm
+    rows = document_examples(tokenizer, texts, lengths, per_length, args.seed, progress)
     logger.info(f"documents: {len(rows)} examples of {lengths} tokens from {documents}")
+    count = data_args.document_questions
+    if count and not (data_args.plain_prompts or has_chat_template(tokenizer)):
+        logger.warning(
+            "documents: no questions about the documents (the tokenizer has no chat template; plain_prompts "
+            "or chat_template to ask them)."
+        )
+        count = 0
+    if count:
+        questions = document_questions(tokenizer, texts, lengths, count, data_args.max_new_tokens, args.seed)
+        rows += [
+            dict(ex, source="document questions")
+            for ex in answered(target, tokenizer, args, data_args, questions)
+        ]
+        logger.info(f"documents: {count} questions about them answered by the target")
     return rows
 
 

@@ -40,7 +40,7 @@ from ..data.shards import check_token_ids
 from .arguments import PEagleTrainingArguments, parse_lr_scales
 from .callbacks import COUNTS_FILE, TrainingCountsCallback
 from .masks import PEagleMaskTemplate
-from .memory import StepMemoryModel, choose_num_segments, parse_bytes
+from .memory import StepMemoryModel, choose_num_segments, resolve_memory_budget
 from .optimizer import freeze_except, split_lr_groups
 from .plan import ExamplePlan, cod_seed, plan_example
 from .step import AcceptanceRecorder, PartitionedStep, SegmentPass, StepSettings
@@ -156,7 +156,9 @@ class PEagleTrainer(Trainer):
                 f"PEagleTrainer does not support DataParallel over {self.args.n_gpu} GPUs; launch one process per "
                 "GPU with `accelerate launch` or `torchrun` (DDP)."
             )
-        partitioned = args.sequence_partitions > 1 or args.partition_memory_budget is not None
+        budget = args.partition_memory_budget
+        self.memory_budget = resolve_memory_budget(budget, args.device, args.gradient_checkpointing)
+        partitioned = args.sequence_partitions > 1 or self.memory_budget is not None
         if args.gradient_checkpointing and (partitioned or self.autoregressive):
             raise ValueError(
                 "gradient_checkpointing drops the drafter's KV cache, which "
@@ -241,13 +243,13 @@ class PEagleTrainer(Trainer):
                     balance=self.args.balance_partitions,
                 )
             )
-        if self.args.partition_memory_budget is not None:
+        if self.memory_budget is not None:
             self._fit_partitions(plans, online="target_hidden_states" not in batch)
         return plans
 
     def _fit_partitions(self, plans: list[ExamplePlan], online: bool) -> None:
         """Re-partition `plans` into the fewest segments whose step fits `partition_memory_budget`."""
-        budget = parse_bytes(self.args.partition_memory_budget)
+        budget = self.memory_budget
         model = StepMemoryModel(
             self._head().config, self.target_model.config.get_text_config(), online=online
         )
@@ -255,12 +257,12 @@ class PEagleTrainer(Trainer):
             plans, model, budget, self.args.sequence_partitions, self.args.balance_partitions
         )
         key = (max(p.length for p in plans), count)
-        if key != self._last_partition_choice:
+        if self._last_partition_choice is None or count != self._last_partition_choice[1]:
             logger.info(
                 f"partition_memory_budget {budget / 2**30:.2f} GiB: {len(plans)} x {key[0]} tokens in {count} "
                 f"segment(s), about {need / 2**30:.2f} GiB"
             )
-            self._last_partition_choice = key
+        self._last_partition_choice = key
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
         """Fetch the micro-batches of one optimiser step, plan them, and count their supervised elements over
