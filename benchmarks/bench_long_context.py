@@ -65,7 +65,7 @@ from peagle.evaluation.long_context import (
     plot,
     run_long_context,
 )
-from peagle.evaluation.long_inputs import build_input, prompt_part
+from peagle.evaluation.long_inputs import long_inputs, prompt_part
 from peagle.evaluation.results import write_json_and_plot
 from peagle.evaluation.timing import machine_description
 
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extend-positions", type=int, default=32768,
                     help="max_position_embeddings of the target copy used past its trained range")  # fmt: skip
     ap.add_argument("--no-timing", action="store_true", help="skip the round-cost measurement")
+    ap.add_argument("--context-source", default="conversations",
+                    help="'conversations' (earlier held-out examples) or a folder of documents before each prompt")  # fmt: skip
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", default="bench_results/long_context")
     args = ap.parse_args(argv)
@@ -122,11 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     check_not_evaluation(
         [prompt_part(examples[i]) for i in indices], tokenizer, source="long-context prompts"
     )
+    separator = tokenizer("\n", add_special_tokens=False).input_ids
+    documents = None if args.context_source == "conversations" else args.context_source
+    inputs = long_inputs(examples, contexts, indices, separator, tokenizer, documents)
     used = sorted(
-        {j for i in indices for j in build_input(examples, i, max(contexts), ())[1]["context_examples"]}
+        {j for rows in inputs.values() for _, info in rows for j in info.get("context_examples", ())}
     )
     check_not_evaluation([prompt_part(examples[j]) for j in used], tokenizer, source="long-context contexts")
-    separator = tokenizer("\n", add_special_tokens=False).input_ids
     t0 = time.perf_counter()
     settings = LongContextSettings(
         max_new_tokens=args.max_new_tokens,
@@ -137,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         extend_positions=args.extend_positions,
         timing=not args.no_timing,
     )
-    results = run_long_context(target, head, examples, contexts, indices, settings)
+    results = run_long_context(target, head, examples, contexts, indices, settings, inputs=inputs)
     results["config"].update(
         examples=args.examples,
+        context_source=args.context_source,
         head=str(args.head or default_drafter_path("peagle")),
         target=str(target.config._name_or_path),
         dtype=args.dtype,

@@ -24,7 +24,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,18 +32,9 @@ from typing import Any
 import torch
 
 from peagle import PEagleDrafter
-from peagle.evaluation.long_inputs import build_input, prompt_part
+from peagle.evaluation.long_inputs import long_inputs, prompt_part
 from peagle.evaluation.results import save_figure, write_json_and_plot
 from peagle.evaluation.timing import machine_description
-
-
-def document_contexts(tokenizer, folder: str, count: int, length: int) -> list[list[int]]:
-    """`count` contexts of up to `length` tokens from the documents of `folder`, each starting at another
-    document (`peagle.data.documents`)."""
-    from peagle.data.documents import document_examples, read_documents
-
-    rows = document_examples(tokenizer, read_documents(folder), [length], count, seed=7, progress=False)
-    return [r["input_ids"] for r in rows]
 
 
 @dataclass
@@ -56,26 +47,6 @@ class Variants:
     k: int
     trees: int
     max_new_tokens: int
-
-
-def long_inputs(
-    examples: list[dict[str, Any]],
-    contexts: list[int],
-    prompts: list[int],
-    doc_contexts: dict[int, list[list[int]]] | None,
-    sep: list[int],
-) -> Iterator[tuple[int, int, list[int], dict[str, Any]]]:
-    """`(context, prompt index, input ids, info)` for every context and prompt: earlier conversations before the
-    prompt ([`build_input`]) or, with `doc_contexts`, the document context of that length and prompt."""
-    for context in contexts:
-        for n, index in enumerate(prompts):
-            if doc_contexts is None or context == 0:
-                ids, info = build_input(examples, index, context, sep)
-            else:
-                prompt = prompt_part(examples[index])
-                ctx = doc_contexts[context][n][: max(0, context - len(prompt))]
-                ids, info = ctx + prompt, {"context_tokens": len(ctx), "prompt_example": index}
-            yield context, index, ids, info
 
 
 def run(
@@ -215,11 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         [prompt_part(examples[i]) for i in prompts], tokenizer, source="long-context prompts"
     )
     sep = tokenizer("\n", add_special_tokens=False).input_ids
-    docs = None
-    if args.context_source != "conversations":
-        docs = {c: document_contexts(tokenizer, args.context_source, len(prompts), c) for c in contexts if c}
+    docs = None if args.context_source == "conversations" else args.context_source
     t0 = time.perf_counter()
-    inputs = long_inputs(examples, contexts, prompts, docs, sep)
+    by_context = long_inputs(examples, contexts, prompts, sep, tokenizer, docs)
+    inputs = [(c, ids_info[1]["prompt_example"], *ids_info) for c in contexts for ids_info in by_context[c]]
     runs = run(target, heads, inputs, Variants(windows, args.k, args.trees, args.max_new_tokens), print)
     results = {
         "runs": runs,

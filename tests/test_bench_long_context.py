@@ -39,6 +39,29 @@ def test_build_input_takes_whole_earlier_examples_then_the_prompt():
     assert ids == examples[5]["input_ids"][:12] and info["context_tokens"] == 0
 
 
+def test_long_inputs_put_documents_of_the_contexts_length_before_each_prompt(tmp_path):
+    """`documents=FOLDER`: each prompt follows document text cut so context and prompt fit the context length, a
+    different document first for each prompt; context 0 is the prompt alone; without documents, `build_input`'s."""
+    from helpers import tiny_tokenizer
+    from peagle.evaluation.long_inputs import long_inputs
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, word in enumerate(["hello", "world", "code", "please"]):
+        (folder / f"d{i}.txt").write_text(" ".join([word] * 60))
+    examples, tok = _examples(), tiny_tokenizer()
+    inputs = long_inputs(examples, [0, 50], [3, 4], [3], tok, str(folder))
+    assert [ids for ids, _ in inputs[0]] == [examples[i]["input_ids"][:12] for i in (3, 4)]
+    firsts = set()
+    for (ids, info), index in zip(inputs[50], (3, 4)):
+        assert info["context_tokens"] == 50 - 12 and len(ids) == 50 and info["context_documents"] == str(folder)
+        assert ids[-12:] == examples[index]["input_ids"][:12]
+        firsts.add(tuple(ids[:5]))
+    assert len(firsts) == 2
+    plain = long_inputs(examples, [100], [3], [3])
+    assert plain[100] == [build_input(examples, 3, 100, [3])]
+
+
 def test_extended_copy_computes_what_the_target_does():
     bench = long_context
     target = make_target()

@@ -25,7 +25,7 @@ from ..drafting_peagle import cache_kwarg
 from ..generation import PEagleGenerationStats
 from ..generation.cost import cost_model_for, extend_to_context
 from ..generation.settings import AUTO_TREE_NODES
-from .long_inputs import build_input
+from .long_inputs import build_input, long_inputs
 from .results import save_figure
 from .timing import timed_generate
 
@@ -180,9 +180,12 @@ def run_long_context(
     prompt_indices: Sequence[int],
     settings: LongContextSettings | None = None,
     log=print,
+    inputs: dict[int, list[tuple[list[int], dict[str, Any]]]] | None = None,
 ) -> dict[str, Any]:
     """Run both measurements at every context (see the module docstring) and return the JSON-ready results:
-    `runs` (one per context and prompt), `timing` (one per context), `summary` (one per context) and `config`."""
+    `runs` (one per context and prompt), `timing` (one per context), `summary` (one per context) and `config`.
+    `inputs`: the inputs per context, one per prompt index ([`peagle.evaluation.long_inputs.long_inputs`]; default:
+    earlier examples before each prompt)."""
     settings = settings or LongContextSettings()
     trained = int(text_config(target).max_position_embeddings)
     k = int(settings.num_assistant_tokens or head.config.num_speculative_tokens)
@@ -194,9 +197,7 @@ def run_long_context(
             "assistant_confidence_threshold": 0.0,
         }
     device = next(target.parameters()).device
-    inputs_at = {
-        c: [build_input(examples, i, c, settings.separator) for i in prompt_indices] for c in contexts
-    }
+    inputs_at = inputs or long_inputs(examples, contexts, prompt_indices, settings.separator)
     warm = torch.tensor([build_input(examples, prompt_indices[0], 0, settings.separator)[0]], device=device)
     cost_timing = _warm_up(target, head, warm, [(c, inputs_at[c]) for c in contexts], settings, k, gen_kwargs)
     extended = None

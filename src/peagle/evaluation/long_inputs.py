@@ -1,5 +1,5 @@
-"""Long inputs for long-context measurements: a held-out prompt after a long context of whole earlier examples
-(`benchmarks/bench_long_context.py`, `benchmarks/bench_long_heads.py`)."""
+"""Long inputs for long-context measurements: a held-out prompt after a long context of whole earlier examples or
+of documents (`benchmarks/bench_long_context.py`, `benchmarks/bench_long_heads.py`)."""
 
 from __future__ import annotations
 
@@ -44,4 +44,45 @@ def build_input(
     return ids + prompt, info
 
 
-__all__ = ["build_input", "prompt_part"]
+def document_contexts(tokenizer, folder: str, count: int, length: int) -> list[list[int]]:
+    """`count` contexts of up to `length` tokens from the documents of `folder` (`"stdlib"` or a folder of text
+    files), each starting at another document (`peagle.data.documents`)."""
+    from ..data.documents import document_examples, read_documents
+
+    rows = document_examples(tokenizer, read_documents(folder), [length], count, seed=7, progress=False)
+    return [r["input_ids"] for r in rows]
+
+
+def long_inputs(
+    examples: Sequence[dict[str, Any]],
+    contexts: Sequence[int],
+    prompts: Sequence[int],
+    separator: Sequence[int] = (),
+    tokenizer: Any = None,
+    documents: str | None = None,
+) -> dict[int, list[tuple[list[int], dict[str, Any]]]]:
+    """Per context length, `(input ids, info)` for every prompt index of `prompts`: earlier whole examples before
+    the prompt ([`build_input`]) or, with `documents` (a folder, or `"stdlib"`; needs `tokenizer`), document text of
+    up to the context's length (less the prompt) before it, another document per prompt."""
+    out: dict[int, list[tuple[list[int], dict[str, Any]]]] = {}
+    for context in contexts:
+        if documents is None or context == 0:
+            out[context] = [build_input(examples, i, context, separator) for i in prompts]
+            continue
+        texts = document_contexts(tokenizer, documents, len(prompts), context)
+        rows = []
+        for text, index in zip(texts, prompts):
+            prompt = prompt_part(examples[index])
+            ctx = text[: max(0, context - len(prompt))]
+            info = {
+                "prompt_example": index,
+                "context_documents": documents,
+                "context_tokens": len(ctx),
+                "prompt_tokens": len(prompt),
+            }
+            rows.append((ctx + prompt, info))
+        out[context] = rows
+    return out
+
+
+__all__ = ["build_input", "document_contexts", "long_inputs", "prompt_part"]
