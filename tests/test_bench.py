@@ -153,6 +153,8 @@ def test_bench_command_validates_before_loading(monkeypatch):
         (["bench", "--tree_sizes", "8,-1"], "integers >= 0"),
         (["bench", "--tree_sizes", "8", "--datasets", ""], "needs prompts"),
         (["bench", "--skip", "-3"], "--skip must be >= 0"),
+        (["bench", "--contexts", "0,-1", "--examples", "x"], "integers >= 0"),
+        (["bench", "--contexts", "0,2048"], "needs held-out prompts: --examples"),
     ):
         with pytest.raises(SystemExit, match=message):
             main(argv)
@@ -251,3 +253,43 @@ def test_tree_benchmark_rows_summary_and_files(tmp_path):
     assert json.loads(js.read_text())["config"]["tree_sizes"] == [0, 4, 8] and png.stat().st_size > 1000
     table = format_tree_table(res["summary"])
     assert "| random | peagle tree 8 +lookup 4 |" in table
+
+
+def test_bench_contexts_runs_the_long_context_benchmark(tmp_path, monkeypatch, capsys):
+    """`peagle bench --contexts 0,N --examples F [--context_source DIR]`: the head's default rule against plain
+    greedy after each context, every output checked; long_context.json and .png."""
+    import peagle.targets
+    from helpers import tiny_tokenizer
+    from peagle.cli import main
+    from peagle.data.shards import save_examples
+
+    target = make_target(eos_token_id=None)
+    make_head(target).save_pretrained(tmp_path / "head")
+    monkeypatch.setattr(peagle.targets, "load_target", lambda *a, **k: (target, tiny_tokenizer()))
+    gen = torch.Generator().manual_seed(1)
+    rows = [torch.randint(5, 120, (30,), generator=gen).tolist() for _ in range(6)]
+    save_examples([{"input_ids": r, "loss_mask": [0] * 8 + [1] * 22} for r in rows], tmp_path / "ex.jsonl")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text(" ".join(["hello", "world", "code"] * 40))
+    common = ["bench", "--target", "tiny", "--head", str(tmp_path / "head"), "--methods", "greedy,peagle"]
+    common += [
+        "--examples",
+        str(tmp_path / "ex.jsonl"),
+        "--skip",
+        "4",
+        "--limit",
+        "2",
+        "--max_new_tokens",
+        "6",
+    ]
+    for source in ("conversations", str(docs)):
+        out = tmp_path / source.replace("/", "_")
+        assert main([*common, "--contexts", "0,64", "--context_source", source, "--out", str(out)]) == 0
+        res = json.loads((out / "long_context.json").read_text())
+        assert [s["context"] for s in res["summary"]] == [0, 64]
+        assert (
+            all(s["identical"] for s in res["summary"]) and (out / "long_context.png").stat().st_size > 1000
+        )
+        assert res["config"]["context_source"] == source and res["command"].startswith("peagle bench")
+    assert "wrote" in capsys.readouterr().out

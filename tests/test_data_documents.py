@@ -105,7 +105,7 @@ def test_train_head_answers_questions_about_the_documents(tmp_path, monkeypatch)
     """`document_questions=N`: the target's own answers to N questions about the documents join the long examples;
     their loss covers the answer only, after the whole document in the prompt."""
     import peagle.data.documents as documents
-    from peagle.training import DataArguments, HeadArguments
+    from peagle.training import DataArguments
     from peagle.training.recipe import gather_examples
 
     monkeypatch.setattr(documents, "MIN_DOCUMENT_LENGTH", 128)

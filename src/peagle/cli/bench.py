@@ -68,6 +68,22 @@ class BenchArguments:
             "prompt-lookup branches, K = the first of --ks; writes bench_tree.json/.png)"
         },
     )
+    contexts: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated context lengths in tokens, e.g. 0,2048,4096,8192: run the long-context "
+            "benchmark instead (each held-out prompt of --examples after that many tokens of earlier examples or "
+            "--context_source documents; the P-EAGLE head's default rule against plain greedy: tokens per target "
+            "pass and speed; writes long_context.json/.png)"
+        },
+    )
+    context_source: str = field(
+        default="conversations",
+        metadata={
+            "help": "long-context benchmark: 'conversations' (earlier --examples) or a folder of documents put "
+            "before each prompt"
+        },
+    )
     lookups: str = field(
         default="0,10",
         metadata={
@@ -123,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
         _ints(args.lookups, "lookups", low=0)
         if args.examples is None and not args.datasets.strip():
             raise SystemExit("peagle bench: --tree_sizes needs prompts: --datasets and/or --examples")
+    if args.contexts is not None:
+        _ints(args.contexts, "contexts", low=0)
+        if args.examples is None:
+            raise SystemExit("peagle bench: --contexts needs held-out prompts: --examples (shards or JSONL)")
     if args.skip < 0:
         raise SystemExit(f"peagle bench: --skip must be >= 0, got {args.skip}")
     if args.limit is not None and args.limit < 1:
@@ -174,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
             heads[method] = head.attach_target(target).eval()
         except ValueError as err:
             raise SystemExit(f"peagle bench: {folder} does not fit the target: {err}") from err
+    if args.contexts is not None:
+        return _run_contexts(args, target, tokenizer, heads, head_dtype)
     prompts = load_eval_prompts(tokenizer, datasets, args.limit)
     if args.tree_sizes is not None:
         return _run_trees(args, target, prompts, heads, ks[0], head_dtype)
@@ -325,6 +347,41 @@ def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
     return _finish(
         results, args, head_dtype, write_tree_results, format_tree_table, "plain greedy (see '= greedy')"
     )
+
+
+def _run_contexts(args, target, tokenizer, heads, head_dtype) -> int:
+    """`--contexts`: the P-EAGLE head's default rule against plain greedy after long contexts."""
+    from ..data.prompts import check_not_evaluation
+    from ..data.shards import load_examples
+    from ..evaluation.long_context import LongContextSettings, plot, run_long_context
+    from ..evaluation.long_inputs import long_inputs, prompt_part
+    from ..evaluation.results import write_json_and_plot
+
+    if "peagle" not in heads:
+        raise SystemExit("peagle bench: --contexts measures the P-EAGLE head: keep peagle in --methods")
+    contexts = _ints(args.contexts, "contexts", low=0)
+    examples = load_examples(args.examples)
+    indices = list(range(args.skip, min(args.skip + (args.limit or 3), len(examples))))
+    if not indices:
+        raise SystemExit(f"peagle bench: {args.examples} holds {len(examples)} examples; --skip {args.skip}")
+    check_not_evaluation(
+        [prompt_part(examples[i]) for i in indices], tokenizer, source="long-context prompts"
+    )
+    separator = tokenizer("\n", add_special_tokens=False).input_ids
+    documents = None if args.context_source == "conversations" else args.context_source
+    inputs = long_inputs(examples, contexts, indices, separator, tokenizer, documents)
+    settings = LongContextSettings(
+        max_new_tokens=args.max_new_tokens, separator=separator, repeats=args.repeats, timing=False
+    )
+    results = run_long_context(target, heads["peagle"], examples, contexts, indices, settings, inputs=inputs)
+    results["config"].update(examples=args.examples, context_source=args.context_source)
+    _record_run(results, args, head_dtype)
+    js, png = write_json_and_plot(results, args.out, "long_context", plot)
+    print(f"\nwrote {js} and {png}")
+    lossless = all(s["identical"] is not False and not s["failed"] for s in results["summary"])
+    if not lossless:
+        print("WARNING: some speculative outputs differ from plain greedy (or failed)")
+    return 0 if lossless else 1
 
 
 def _add_vllm_rows(results, args, methods, vllm_python, target, prompts, ks):
