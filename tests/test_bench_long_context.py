@@ -54,7 +54,9 @@ def test_long_inputs_put_documents_of_the_contexts_length_before_each_prompt(tmp
     assert [ids for ids, _ in inputs[0]] == [examples[i]["input_ids"][:12] for i in (3, 4)]
     firsts = set()
     for (ids, info), index in zip(inputs[50], (3, 4)):
-        assert info["context_tokens"] == 50 - 12 and len(ids) == 50 and info["context_documents"] == str(folder)
+        assert (
+            info["context_tokens"] == 50 - 12 and len(ids) == 50 and info["context_documents"] == str(folder)
+        )
         assert ids[-12:] == examples[index]["input_ids"][:12]
         firsts.add(tuple(ids[:5]))
     assert len(firsts) == 2

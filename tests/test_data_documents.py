@@ -30,10 +30,17 @@ def test_read_documents_keeps_text_files_in_order_and_skips_the_rest(tmp_path):
             "bad.txt": b"\xff\xfe\x00bad",
             "empty.txt": "  \n",
             "data.bin": "not read",
+            "LICENSE": "licence",
+            ".hidden": "not read",
             "eval.txt": "notes\n" + load_mtbench(limit=1)[0],
         },
     )
-    assert read_documents(folder) == [("a/x.txt", "first"), ("b.md", "second"), ("c.py", "x = 1")]
+    assert read_documents(folder) == [
+        ("LICENSE", "licence"),
+        ("a/x.txt", "first"),
+        ("b.md", "second"),
+        ("c.py", "x = 1"),
+    ]
     with pytest.raises(ValueError, match="not a folder"):
         read_documents(tmp_path / "missing")
     with pytest.raises(ValueError, match="no readable text files"):

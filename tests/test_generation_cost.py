@@ -657,7 +657,9 @@ def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
         assert model.drafter_slot_seconds == pytest.approx(0.01, rel=0.2)
         assert model.remembered_pays(300) < 1.0 and model.remembered_pays(5000) == model.remembered_pays(300)
         # a drafter window catches up on its last W slots only: cheap enough to look again with few tokens left
-        out = greedy(target, ids, max_new_tokens=12, assistant_model=head, num_assistant_tokens=4, drafter_window=16)
+        out = greedy(
+            target, ids, max_new_tokens=12, assistant_model=head, num_assistant_tokens=4, drafter_window=16
+        )
         assert torch.equal(out, greedy(target, ids, max_new_tokens=12))
         assert head.last_generation_stats.drafter_forward_calls > 0
     finally:

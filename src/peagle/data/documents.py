@@ -32,8 +32,8 @@ from . import evalsets
 
 logger = logging.get_logger(__name__)
 
-DOCUMENT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".c", ".h")
-"""The file kinds [`read_documents`] reads from a folder."""
+DOCUMENT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".tex", ".html", ".json", ".c", ".h", "")
+"""The file kinds [`read_documents`] reads from a folder ("": names without a suffix, such as LICENSE or README)."""
 MIN_DOCUMENT_LENGTH = 2048
 """The shortest example [`default_document_lengths`] makes: shorter text is what the conversations already cover."""
 MAX_DOCUMENT_LENGTH = 8192
@@ -60,7 +60,11 @@ def read_documents(
             raise ValueError(
                 f"documents: {source} is not a folder (expected a folder of text files, or 'stdlib')."
             )
-        files = [f for f in sorted(root.rglob("*")) if f.is_file() and f.suffix.lower() in suffixes]
+        files = [
+            f
+            for f in sorted(root.rglob("*"))
+            if f.is_file() and f.suffix.lower() in suffixes and not f.name.startswith(".")
+        ]
     documents, skipped = [], 0
     for file in files:
         try:
