@@ -65,7 +65,7 @@ from peagle.evaluation.long_context import (
     plot,
     run_long_context,
 )
-from peagle.evaluation.long_inputs import long_inputs, prompt_part
+from peagle.evaluation.long_inputs import checked_long_inputs
 from peagle.evaluation.results import write_json_and_plot
 from peagle.evaluation.timing import machine_description
 
@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench_results/long_context")
     args = ap.parse_args(argv)
 
-    from peagle.data.prompts import check_not_evaluation
     from peagle.data.shards import load_examples
     from peagle.targets import default_drafter_path, load_default_drafter, load_default_target
 
@@ -121,16 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     indices = list(range(args.skip, min(args.skip + args.limit, len(examples))))
     if not indices:
         raise SystemExit(f"no prompts: {args.examples} holds {len(examples)} examples, --skip {args.skip}.")
-    check_not_evaluation(
-        [prompt_part(examples[i]) for i in indices], tokenizer, source="long-context prompts"
-    )
-    separator = tokenizer("\n", add_special_tokens=False).input_ids
-    documents = None if args.context_source == "conversations" else args.context_source
-    inputs = long_inputs(examples, contexts, indices, separator, tokenizer, documents)
-    used = sorted(
-        {j for rows in inputs.values() for _, info in rows for j in info.get("context_examples", ())}
-    )
-    check_not_evaluation([prompt_part(examples[j]) for j in used], tokenizer, source="long-context contexts")
+    separator, inputs = checked_long_inputs(examples, tokenizer, contexts, indices, args.context_source)
     t0 = time.perf_counter()
     settings = LongContextSettings(
         max_new_tokens=args.max_new_tokens,

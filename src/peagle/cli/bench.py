@@ -351,10 +351,9 @@ def _run_trees(args, target, prompts, heads, k, head_dtype) -> int:
 
 def _run_contexts(args, target, tokenizer, heads, head_dtype) -> int:
     """`--contexts`: the P-EAGLE head's default rule against plain greedy after long contexts."""
-    from ..data.prompts import check_not_evaluation
     from ..data.shards import load_examples
     from ..evaluation.long_context import LongContextSettings, plot, run_long_context
-    from ..evaluation.long_inputs import long_inputs, prompt_part
+    from ..evaluation.long_inputs import checked_long_inputs
     from ..evaluation.results import write_json_and_plot
 
     if "peagle" not in heads:
@@ -364,12 +363,10 @@ def _run_contexts(args, target, tokenizer, heads, head_dtype) -> int:
     indices = list(range(args.skip, min(args.skip + (args.limit or 3), len(examples))))
     if not indices:
         raise SystemExit(f"peagle bench: {args.examples} holds {len(examples)} examples; --skip {args.skip}")
-    check_not_evaluation(
-        [prompt_part(examples[i]) for i in indices], tokenizer, source="long-context prompts"
-    )
-    separator = tokenizer("\n", add_special_tokens=False).input_ids
-    documents = None if args.context_source == "conversations" else args.context_source
-    inputs = long_inputs(examples, contexts, indices, separator, tokenizer, documents)
+    try:
+        separator, inputs = checked_long_inputs(examples, tokenizer, contexts, indices, args.context_source)
+    except ValueError as err:
+        raise SystemExit(f"peagle bench: {err}") from err
     settings = LongContextSettings(
         max_new_tokens=args.max_new_tokens, separator=separator, repeats=args.repeats, timing=False
     )

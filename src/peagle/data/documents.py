@@ -102,6 +102,37 @@ def default_document_lengths(max_positions: int, max_length: int = MAX_DOCUMENT_
     return lengths
 
 
+class _DocumentStream:
+    """Documents in a shuffled order (fixed by `seed`), each encoded once after a header line naming it, taken in
+    turn and wrapping round: `take(n)` joins whole documents until they hold at least `n` tokens."""
+
+    def __init__(self, tokenizer: Any, documents: Sequence[tuple[str, str]], seed: int):
+        self.tokenizer, self.documents = tokenizer, documents
+        self.order = list(range(len(documents)))
+        random.Random(seed).shuffle(self.order)
+        self.encoded: dict[int, list[int]] = {}
+        self.cursor = 0
+
+    def take(self, length: int) -> tuple[list[int], list[str]]:
+        ids: list[int] = []
+        names: list[str] = []
+        start = self.cursor
+        while len(ids) < length:
+            i = self.order[self.cursor % len(self.order)]
+            self.cursor += 1
+            if self.cursor - start > len(self.order):
+                raise ValueError(
+                    f"documents: the {len(self.documents)} documents hold {len(ids)} tokens; an example of {length} "
+                    "needs more text."
+                )
+            if i not in self.encoded:
+                name, text = self.documents[i]
+                self.encoded[i] = self.tokenizer(f"# {name}\n{text}\n", add_special_tokens=False).input_ids
+            ids += self.encoded[i]
+            names.append(self.documents[i][0])
+        return ids, names
+
+
 def document_examples(
     tokenizer: Any,
     documents: Sequence[tuple[str, str]],
@@ -121,34 +152,12 @@ def document_examples(
         raise ValueError(
             f"document_examples: lengths {lengths} x {per_length}; expected lengths >= 2 and a count >= 1."
         )
-    order = list(range(len(documents)))
-    random.Random(seed).shuffle(order)
-    encoded: dict[int, list[int]] = {}
-
-    def tokens(i: int) -> list[int]:
-        if i not in encoded:
-            name, text = documents[i]
-            encoded[i] = tokenizer(f"# {name}\n{text}\n", add_special_tokens=False).input_ids
-        return encoded[i]
-
-    examples, cursor = [], 0
-    total = len(lengths) * per_length
-    bar = tqdm(total=total, desc="document examples", disable=not progress)
+    stream = _DocumentStream(tokenizer, documents, seed)
+    examples = []
+    bar = tqdm(total=len(lengths) * per_length, desc="document examples", disable=not progress)
     for length in lengths:
         for _ in range(per_length):
-            ids: list[int] = []
-            names = []
-            start = cursor
-            while len(ids) < length:
-                i = order[cursor % len(order)]
-                cursor += 1
-                if cursor - start > len(order):
-                    raise ValueError(
-                        f"document_examples: the {len(documents)} documents hold {len(ids)} tokens; an example "
-                        f"of {length} needs more text."
-                    )
-                ids += tokens(i)
-                names.append(documents[i][0])
+            ids, names = stream.take(length)
             ids = ids[:length]
             examples.append(
                 {
@@ -193,18 +202,11 @@ def document_questions(
     if count < 1 or not lengths:
         return []
     rng = random.Random(seed)
-    order = list(range(len(documents)))
-    rng.shuffle(order)
-    prompts, cursor = [], 0
+    stream = _DocumentStream(tokenizer, documents, seed)
+    prompts = []
     for q in range(count):
         budget = max(lengths[q % len(lengths)] - answer_tokens - 64, 64)
-        ids: list[int] = []
-        for _ in range(len(order)):
-            name, text = documents[order[cursor % len(order)]]
-            cursor += 1
-            ids += tokenizer(f"# {name}\n{text}\n", add_special_tokens=False).input_ids
-            if len(ids) >= budget:
-                break
+        ids, _ = stream.take(budget)
         body = tokenizer.decode(ids[:budget])
         question = DOCUMENT_QUESTIONS[rng.randrange(len(DOCUMENT_QUESTIONS))]
         prompts.append(f"{body}\n\n{question}")

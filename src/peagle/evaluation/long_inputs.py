@@ -85,4 +85,29 @@ def long_inputs(
     return out
 
 
-__all__ = ["build_input", "document_contexts", "long_inputs", "prompt_part"]
+def checked_long_inputs(
+    examples: Sequence[dict[str, Any]],
+    tokenizer: Any,
+    contexts: Sequence[int],
+    prompts: Sequence[int],
+    context_source: str = "conversations",
+) -> tuple[list[int], dict[int, list[tuple[list[int], dict[str, Any]]]]]:
+    """`(separator, inputs)`: [`long_inputs`] with a newline between examples, after earlier examples
+    (`context_source="conversations"`) or documents (a folder, or `"stdlib"`); raises `ValueError` when a prompt or
+    an example used as context is an MT-Bench or HumanEval prompt."""
+    from ..data.prompts import check_not_evaluation
+
+    check_not_evaluation(
+        [prompt_part(examples[i]) for i in prompts], tokenizer, source="long-context prompts"
+    )
+    separator = tokenizer("\n", add_special_tokens=False).input_ids
+    documents = None if context_source == "conversations" else context_source
+    inputs = long_inputs(examples, contexts, prompts, separator, tokenizer, documents)
+    used = sorted(
+        {j for rows in inputs.values() for _, info in rows for j in info.get("context_examples", ())}
+    )
+    check_not_evaluation([prompt_part(examples[j]) for j in used], tokenizer, source="long-context contexts")
+    return separator, inputs
+
+
+__all__ = ["build_input", "checked_long_inputs", "document_contexts", "long_inputs", "prompt_part"]
