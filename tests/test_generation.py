@@ -333,14 +333,26 @@ def test_streamer_and_custom_stopping_criteria(target):
         )
 
 
-def test_return_dict_with_hidden_states(target):
+def test_return_dict_with_hidden_states(target, monkeypatch):
+    """The output carries the target's cache under the installed transformers' field name, without its
+    deprecation warning (5.24 renamed `past_key_values` to `cache`)."""
+    import transformers.utils.generic as generic
+
+    from peagle.drafting_peagle import CACHE_KWARG
+
     head = make_head(target, seed=12)
     ids = prompt_ids(51, 6)
     kw = dict(max_new_tokens=6, return_dict_in_generate=True, output_hidden_states=True, output_scores=True)
     ref = greedy(target, ids, **kw)
+
+    def no_deprecation(message, *args, **kwargs):
+        raise AssertionError(message)
+
+    monkeypatch.setattr(generic.logger, "warning_once", no_deprecation)
     out = greedy(target, ids, assistant_model=head, num_assistant_tokens=3, **kw)
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.scores) == 6 and len(out.hidden_states) == 6
+    assert getattr(out, CACHE_KWARG) is not None
 
 
 # ---------------------------------------------------------------------------------------------- K resolution

@@ -460,7 +460,7 @@ class _Decoder:
             scores=_per_step(self.per_row["scores"], self.pad_id, fill) if self.want["scores"] else None,
             logits=_per_step(self.per_row["logits"], self.pad_id, fill) if self.want["logits"] else None,
             hidden_states=_hidden_per_step(self.per_row["hidden"]) if self.want["hidden"] else None,
-            past_key_values=self.cache if self.batch == 1 else None,
+            **cache_kwarg(self.cache if self.batch == 1 else None),
             peagle_stats=self.drafter.stats,
         )
 
