@@ -56,7 +56,8 @@ def parse_bytes(value: str | int | float) -> int:
 AUTO_BUDGET_CPU_CAP = 4 * 2**30
 """`partition_memory_budget="auto"` on a CPU: a quarter of the machine's memory, at most 4 GiB."""
 AUTO_BUDGET_GPU_SHARE = 0.5
-"""... on a GPU: this share of the device memory free when training starts (weights and optimiser are loaded)."""
+"""... on a GPU: this share of the device memory free when the trainer is built (the head and the target on it; the
+optimiser state, a few bytes per head parameter, comes later)."""
 
 
 def resolve_memory_budget(

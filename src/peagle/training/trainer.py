@@ -156,6 +156,9 @@ class PEagleTrainer(Trainer):
                 f"PEagleTrainer does not support DataParallel over {self.args.n_gpu} GPUs; launch one process per "
                 "GPU with `accelerate launch` or `torchrun` (DDP)."
             )
+        self.target_model = target_model.to(
+            self.args.device
+        )  # first: "auto" measures the memory left beside it
         budget = args.partition_memory_budget
         self.memory_budget = resolve_memory_budget(budget, args.device, args.gradient_checkpointing)
         partitioned = args.sequence_partitions > 1 or self.memory_budget is not None
@@ -171,7 +174,6 @@ class PEagleTrainer(Trainer):
                 "the head uses flex_attention, which has no backward pass on the CPU in torch "
                 f"{torch.__version__}; build it with attn_implementation='sdpa' for CPU training."
             )
-        self.target_model = target_model.to(self.args.device)
         if self.train_dataset is not None:
             check_examples(self.train_dataset, int(target_model.config.get_text_config().vocab_size))
         self._template = PEagleMaskTemplate(args.max_length, self.num_parallel_positions)
