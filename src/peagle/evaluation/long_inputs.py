@@ -44,12 +44,14 @@ def build_input(
     return ids + prompt, info
 
 
-def document_contexts(tokenizer, folder: str, count: int, length: int) -> list[list[int]]:
-    """`count` contexts of up to `length` tokens from the documents of `folder` (`"stdlib"` or a folder of text
-    files), each starting at another document (`peagle.data.documents`)."""
-    from ..data.documents import document_examples, read_documents
+def document_contexts(
+    tokenizer, documents: Sequence[tuple[str, str]], count: int, length: int
+) -> list[list[int]]:
+    """`count` contexts of up to `length` tokens from `documents` (`(name, text)` pairs, as
+    `peagle.data.documents.read_documents` returns them), each starting at another document."""
+    from ..data.documents import document_examples
 
-    rows = document_examples(tokenizer, read_documents(folder), [length], count, seed=7, progress=False)
+    rows = document_examples(tokenizer, documents, [length], count, seed=7, progress=False)
     return [r["input_ids"] for r in rows]
 
 
@@ -64,12 +66,17 @@ def long_inputs(
     """Per context length, `(input ids, info)` for every prompt index of `prompts`: earlier whole examples before
     the prompt ([`build_input`]) or, with `documents` (a folder, or `"stdlib"`; needs `tokenizer`), document text of
     up to the context's length (less the prompt) before it, another document per prompt."""
+    from ..data.documents import read_documents
+
+    document_texts = (
+        None if documents is None else read_documents(documents)
+    )  # once, for every context length
     out: dict[int, list[tuple[list[int], dict[str, Any]]]] = {}
     for context in contexts:
-        if documents is None or context == 0:
+        if document_texts is None or context == 0:
             out[context] = [build_input(examples, i, context, separator) for i in prompts]
             continue
-        texts = document_contexts(tokenizer, documents, len(prompts), context)
+        texts = document_contexts(tokenizer, document_texts, len(prompts), context)
         rows = []
         for text, index in zip(texts, prompts):
             prompt = prompt_part(examples[index])
