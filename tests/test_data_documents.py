@@ -159,3 +159,19 @@ def test_auto_documents_make_long_examples_where_the_targets_range_allows(tmp_pa
     assert read == ["stdlib"] and [r["length"] for r in rows] == [128, 256, 512]
     none = DataArguments(documents="none")
     assert gather_examples(target, tok, str(tmp_path), make_args(tmp_path), none, [], []) == []
+
+
+def test_documents_without_room_for_long_examples_say_why(tmp_path, caplog):
+    """Named documents on a target whose range is under 2K tokens: no long examples, and a warning that names
+    max_length and the target's positions."""
+    from peagle.training import DataArguments
+    from peagle.training.recipe import gather_examples
+
+    folder = write_folder(tmp_path / "docs", {"a.txt": " ".join(WORDS * 50)})
+    data = DataArguments(documents=str(folder), document_questions=0)
+    with caplog.at_level("WARNING", logger="peagle.training.recipe"):
+        rows = gather_examples(
+            make_target(), tiny_tokenizer(), str(tmp_path), make_args(tmp_path), data, [], []
+        )
+    assert rows == []
+    assert "max_length 8192 and the target's 512 positions leave no room" in caplog.text

@@ -368,12 +368,16 @@ def explicit_documents(documents: str | None) -> bool:
     return documents is not None and str(documents).strip().lower() not in ("auto", "none", "")
 
 
+def target_positions(target, default: int) -> int:
+    """The target's position range (`max_position_embeddings`), or `default` where its config gives none."""
+    return int(getattr(target.config.get_text_config(), "max_position_embeddings", default))
+
+
 def document_lengths(target, max_length: int) -> list[int]:
     """The long examples' lengths: 2K tokens doubling up to the target's range and `max_length`."""
     from ..data.documents import default_document_lengths
 
-    positions = int(getattr(target.config.get_text_config(), "max_position_embeddings", max_length))
-    return default_document_lengths(positions, max_length)
+    return default_document_lengths(target_positions(target, max_length), max_length)
 
 
 def resolved_documents(documents: str | None, target, tokenizer, max_length: int) -> str | None:
@@ -406,8 +410,9 @@ def long_examples(
     lengths = document_lengths(target, args.max_length)
     if not lengths:
         logger.warning(
-            f"documents: no long examples (max_length {args.max_length} and the target's range leave no room for "
-            "2K tokens); raise max_length to train on long text."
+            f"documents: no long examples (max_length {args.max_length} and the target's "
+            f"{target_positions(target, args.max_length)} positions leave no room for 2K tokens); raise max_length "
+            "to train on long text."
         )
         return []
     texts = read_documents(documents)
