@@ -175,3 +175,17 @@ def test_documents_without_room_for_long_examples_say_why(tmp_path, caplog):
         )
     assert rows == []
     assert "max_length 8192 and the target's 512 positions leave no room" in caplog.text
+
+
+def test_a_documents_folder_that_is_not_there_is_refused_when_parsed(tmp_path):
+    """A documents setting is checked where it enters, before any target loads or answers are generated: a
+    folder, 'stdlib', 'auto' or 'none'."""
+    from peagle.training import DataArguments
+
+    for value in ("auto", "none", "stdlib", str(tmp_path)):
+        DataArguments(documents=value)
+    for value in (str(tmp_path / "missing"), str(write_folder(tmp_path, {"f.txt": "x"}) / "f.txt")):
+        with pytest.raises(
+            ValueError, match=r"documents is '.*', not a folder; expected a folder of text files"
+        ):
+            DataArguments(documents=value)

@@ -185,6 +185,12 @@ class PEagleTrainingArguments(TrainingArguments):
             )
 
 
+def explicit_documents(documents: str | os.PathLike | None) -> bool:
+    """Whether a `documents` setting names documents (a folder, or `"stdlib"`) rather than None, `"auto"` or
+    `"none"`."""
+    return documents is not None and str(documents).strip().lower() not in ("auto", "none", "")
+
+
 @dataclass
 class DataArguments:
     """Where the training examples come from: the target, and prompts it answers itself or ready examples."""
@@ -253,6 +259,16 @@ class DataArguments:
         _not_a_file(self, "feature_cache")
         _at_least(self, 1, "limit", "max_new_tokens", "generation_batch_size", "document_examples_per_length")
         _at_least(self, 0, "num_magpie_prompts", "num_code_prompts", "document_questions")
+        folder = self.documents
+        if (
+            explicit_documents(folder)
+            and str(folder) != "stdlib"
+            and not os.path.isdir(os.path.expanduser(folder))
+        ):
+            raise ValueError(
+                f"documents is {str(folder)!r}, not a folder; expected a folder of text files, 'stdlib', 'auto' "
+                "or 'none'."
+            )
         if self.calibration_examples != "auto":
             try:
                 count = int(self.calibration_examples)

@@ -236,7 +236,7 @@ def train_head(
         `(head, summary)`: the trained head and a dict of what happened (also written to `train_summary.json`).
         Raises `ValueError` for no prompts or examples, or a prompt from MT-Bench or HumanEval.
     """
-    from .arguments import DataArguments, HeadArguments
+    from .arguments import DataArguments, HeadArguments, explicit_documents
 
     start = time.time()
     data_args = DataArguments() if data_args is None else data_args
@@ -363,11 +363,6 @@ def answered(
     )
 
 
-def explicit_documents(documents: str | None) -> bool:
-    """Whether `documents` names a folder or `"stdlib"` (not None, `"auto"` or `"none"`)."""
-    return documents is not None and str(documents).strip().lower() not in ("auto", "none", "")
-
-
 def target_positions(target, default: int) -> int:
     """The target's position range (`max_position_embeddings`), or `default` where its config gives none."""
     return int(getattr(target.config.get_text_config(), "max_position_embeddings", default))
@@ -384,6 +379,8 @@ def resolved_documents(documents: str | None, target, tokenizer, max_length: int
     """The documents a run reads: `documents` as given; for `"auto"` (the default), Python's standard library where
     the target's range and `max_length` allow 2K-token examples and a tokenizer can encode them; None for `"none"`
     or where `"auto"` finds no room."""
+    from .arguments import explicit_documents
+
     if explicit_documents(documents):
         return documents
     if (
