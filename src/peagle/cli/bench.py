@@ -72,9 +72,9 @@ class BenchArguments:
         default=None,
         metadata={
             "help": "comma-separated context lengths in tokens, e.g. 0,2048,4096,8192: run the long-context "
-            "benchmark instead (each held-out prompt of --examples after that many tokens of earlier examples or "
-            "--context_source documents; the P-EAGLE head's default rule against plain greedy: tokens per target "
-            "pass and speed; writes long_context.json/.png)"
+            "benchmark instead (--limit held-out prompts of --examples, default 3, each after that many tokens of "
+            "earlier examples or --context_source documents; the P-EAGLE head's default rule against plain "
+            "greedy: tokens per target pass and speed; writes long_context.json/.png)"
         },
     )
     context_source: str = field(
