@@ -156,15 +156,16 @@ def test_shipped_heads_draft_trees_losslessly(target_and_tokenizer, kind):
     assert one.output == timed_generate(target, rows[0], 40).output
 
 
-def test_shipped_head_windows_its_drafter_after_a_long_context(target_and_tokenizer):
-    """The shipped P-EAGLE head was trained on conversations of a few hundred tokens: after ~2K tokens of other
-    held-out conversations its config's 256-slot drafter window drafts further than attending over the whole
-    context (docs/training.md section 8.8), and both outputs are plain greedy's."""
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_shipped_heads_window_their_drafter_after_a_long_context(target_and_tokenizer, kind):
+    """Both shipped heads were trained on conversations of a few hundred tokens: after ~2K tokens of other held-out
+    conversations their configs' 256-slot drafter window drafts at least as far as attending over the whole context
+    (the P-EAGLE head a tenth further or more; docs/training.md section 8.8), and both outputs are plain greedy's."""
     from peagle.data.shards import load_examples
     from peagle.evaluation.long_inputs import build_input
 
     target, tok = target_and_tokenizer
-    head = peagle.load_default_drafter(target)
+    head = peagle.load_default_drafter(target, kind=kind)
     assert head.config.drafter_window == 256
     examples = load_examples("training_data/smollm2-135m-instruct/heldout")
     ids, info = build_input(examples, 0, 2048, tok("\n", add_special_tokens=False).input_ids)
@@ -177,4 +178,4 @@ def test_shipped_head_windows_its_drafter_after_a_long_context(target_and_tokeni
                               num_assistant_tokens=7, assistant_confidence_threshold=0.0, drafter_window=window)  # fmt: skip
         assert torch.equal(out, plain)
         passes[window] = head.last_generation_stats.tokens_per_target_pass
-    assert passes[None] > passes[0] * 1.1, passes
+    assert passes[None] >= passes[0] * (1.1 if kind == "peagle" else 1.0), passes
