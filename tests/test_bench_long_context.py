@@ -10,7 +10,7 @@ import torch
 from helpers import make_head, make_target
 from peagle.evaluation import long_context
 from peagle.evaluation.long_inputs import build_input
-from peagle.evaluation.results import write_json_and_plot
+from peagle.evaluation.results import repeated_ngram_share, write_json_and_plot
 
 
 def _examples(n: int = 10) -> list[dict[str, list[int]]]:
@@ -80,7 +80,7 @@ def test_run_long_context_rows_summary_and_files(tmp_path):
     target = make_target()  # max_position_embeddings 512: the 600-token context runs past it
     head = make_head(target)
     lines: list[str] = []
-    settings = bench.LongContextSettings(max_new_tokens=6, separator=[3], repeats=1, extend_positions=2048)
+    settings = bench.LongContextSettings(max_new_tokens=12, separator=[3], repeats=1, extend_positions=2048)
     res = bench.run_long_context(
         target, head, _examples(16), [0, 100, 600], [6, 7], settings, log=lines.append
     )
@@ -98,6 +98,10 @@ def test_run_long_context_rows_summary_and_files(tmp_path):
     assert all(r["context_tokens"] <= r["context"] for r in res["runs"]) and len(res["runs"]) == 6
     assert summary[2]["timing_cache_tokens"] > 512  # the timed cache is past the trained range too
     assert "PAST TRAINED 512" in lines[-1] and "PAST" not in lines[1]
+    # every row says how much of its output repeats itself, and the table shows the mean
+    assert all(0.0 <= r["repeated_ngrams"] <= 1.0 for r in res["runs"])
+    assert summary[0]["repeated_ngrams_per_prompt"] == [r["repeated_ngrams"] for r in res["runs"][:2]]
+    assert "repeat" in lines[0] and lines[1].split()[-3].endswith("%")
     js, png = write_json_and_plot(res, tmp_path, "long_context", bench.plot)
     assert json.loads(js.read_text())["summary"][2]["past_trained_range"] and png.stat().st_size > 1000
 
@@ -112,3 +116,13 @@ def test_a_context_past_the_extended_range_is_recorded_not_raised():
     assert s["failed"] == 1 and s["tokens_per_target_pass"] is None and s["identical"] is None
     assert "--extend-positions is 520" in res["runs"][0]["error"] and "520" in s["timing_error"]
     assert "1 failed" in bench.format_row(s)
+
+
+def test_repeated_ngram_share_tells_a_loop_from_fresh_text():
+    fresh = list(range(40))
+    loop = [7, 8, 9, 10] * 10
+    assert repeated_ngram_share(fresh) == 0.0
+    # 33 windows of 8 tokens; all but the first 4 already occurred
+    assert repeated_ngram_share(loop) == 29 / 33
+    assert repeated_ngram_share(fresh[:20] + fresh[:20], n=8) == 13 / 33
+    assert repeated_ngram_share([1, 2, 3], n=8) is None

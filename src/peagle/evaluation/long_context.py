@@ -26,7 +26,7 @@ from ..generation import PEagleGenerationStats
 from ..generation.cost import cost_model_for, extend_to_context
 from ..generation.settings import AUTO_TREE_NODES
 from .long_inputs import build_input, long_inputs
-from .results import save_figure
+from .results import repeated_ngram_share, save_figure
 from .timing import timed_generate
 
 DEFAULT_EXAMPLES = "training_data/smollm2-135m-instruct/heldout"
@@ -302,6 +302,7 @@ def _compare(
         prefill_seconds=run.prefill_seconds,
         drafter_seconds=run.drafter_seconds,
         stats=stats.to_dict() if stats else None,
+        repeated_ngrams=repeated_ngram_share(plain.output),
         output=plain.output,
         **({} if run.output == plain.output else {"head_output": run.output}),
     )
@@ -358,6 +359,7 @@ def summarize_context(
         if r.get("prefill_seconds") is not None and r["seconds"] > r["prefill_seconds"]
     ]
     buckets = merged.seconds_by_context if merged else {}
+    repeats = [r["repeated_ngrams"] for r in ok if r.get("repeated_ngrams") is not None]
     return {
         "context": context,
         "context_tokens_mean": statistics.mean(r["context_tokens"] for r in rows) if rows else 0,
@@ -390,6 +392,8 @@ def summarize_context(
         "decode_speedup_per_prompt": decode,
         "slowest_prompt_decode_speedup": min(decode) if decode else None,
         "slowest_prompt_speedup": min(per_prompt) if per_prompt else None,
+        "repeated_ngrams": statistics.mean(repeats) if repeats else None,
+        "repeated_ngrams_per_prompt": repeats,
         "rule_seconds_by_context": buckets,
         "rule_predicted_over_measured": (
             sum(b["predicted_seconds"] for b in buckets.values())
@@ -425,7 +429,7 @@ def format_header() -> str:
     return (
         f"{'context':>7} {'ctx tok':>7} {'prompts':>7} {'tok/pass':>8} {'acc.len':>7} {'identical':>9} "
         f"{'draft ms':>8} {'verify ms':>9} {'ratio':>6} {'speedup':>7} {'slowest':>7} {'decode':>6} {'slowest':>7} "
-        f"{'pred/meas':>9}  range"
+        f"{'pred/meas':>9} {'repeat':>6}  range"
     )
 
 
@@ -443,8 +447,8 @@ def format_row(s: dict[str, Any]) -> str:
         f"{_num(s['draft_round_ms'], '.1f'):>8} {_num(s['verify_ms'], '.1f'):>9} "
         f"{_num(s['draft_verify_ratio'], '.2f'):>6} {_num(s['speedup'], '.2f'):>7} "
         f"{_num(s.get('slowest_prompt_speedup'), '.2f'):>7} {_num(s.get('decode_speedup'), '.2f'):>6} "
-        f"{_num(s.get('slowest_prompt_decode_speedup'), '.2f'):>7} {_num(s.get('rule_predicted_over_measured'), '.2f'):>9}  "
-        f"{rng}{failed}"
+        f"{_num(s.get('slowest_prompt_decode_speedup'), '.2f'):>7} {_num(s.get('rule_predicted_over_measured'), '.2f'):>9} "
+        f"{_num(s.get('repeated_ngrams'), '.0%'):>6}  {rng}{failed}"
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,4 +30,20 @@ def write_json_and_plot(
     return js, plot(results["summary"], out / f"{stem}.png")
 
 
-__all__ = ["save_figure", "write_json_and_plot"]
+def repeated_ngram_share(tokens: Sequence[int], n: int = 8) -> float | None:
+    """The share of `tokens`' n-token windows that already occurred earlier in them (0: no window repeats, near 1: a
+    loop); None when there are fewer than n + 1 tokens. A drafter drafts a repeating output far better than fresh
+    text, so a speedup measured on one says little about the other."""
+    windows = len(tokens) - n + 1
+    if windows < 2:
+        return None
+    seen: set[tuple[int, ...]] = set()
+    repeated = 0
+    for i in range(windows):
+        window = tuple(tokens[i : i + n])
+        repeated += window in seen
+        seen.add(window)
+    return repeated / windows
+
+
+__all__ = ["repeated_ngram_share", "save_figure", "write_json_and_plot"]
