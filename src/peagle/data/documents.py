@@ -40,6 +40,11 @@ MAX_DOCUMENT_LENGTH = 8192
 """The longest example [`default_document_lengths`] makes by default (longer ones: pass `lengths`)."""
 
 
+def is_document_source(source: str | os.PathLike) -> bool:
+    """Whether [`read_documents`] can read `source`: `"stdlib"` or an existing folder."""
+    return str(source) == "stdlib" or Path(source).expanduser().is_dir()
+
+
 def read_documents(
     source: str | os.PathLike, suffixes: Sequence[str] = DOCUMENT_SUFFIXES
 ) -> list[tuple[str, str]]:
@@ -55,11 +60,11 @@ def read_documents(
             & set(f.relative_to(root).parts)
         ]
     else:
-        root = Path(source).expanduser()
-        if not root.is_dir():
+        if not is_document_source(source):
             raise ValueError(
                 f"documents: {source} is not a folder (expected a folder of text files, or 'stdlib')."
             )
+        root = Path(source).expanduser()
         files = [
             f
             for f in sorted(root.rglob("*"))
@@ -218,5 +223,6 @@ __all__ = [
     "default_document_lengths",
     "document_examples",
     "document_questions",
+    "is_document_source",
     "read_documents",
 ]

@@ -19,6 +19,7 @@ from transformers import TrainingArguments
 
 from ..configuration_peagle import MAX_SPECULATIVE_TOKENS, number_problem
 from ..data.distill import GenerationSettings
+from ..data.documents import is_document_source
 from .losses import LOSS_TYPES
 
 RECIPE_DEFAULTS: dict[str, Any] = {
@@ -259,14 +260,9 @@ class DataArguments:
         _not_a_file(self, "feature_cache")
         _at_least(self, 1, "limit", "max_new_tokens", "generation_batch_size", "document_examples_per_length")
         _at_least(self, 0, "num_magpie_prompts", "num_code_prompts", "document_questions")
-        folder = self.documents
-        if (
-            explicit_documents(folder)
-            and str(folder) != "stdlib"
-            and not os.path.isdir(os.path.expanduser(folder))
-        ):
+        if explicit_documents(self.documents) and not is_document_source(self.documents):
             raise ValueError(
-                f"documents is {str(folder)!r}, not a folder; expected a folder of text files, 'stdlib', 'auto' "
+                f"documents is {str(self.documents)!r}, not a folder; expected a folder of text files, 'stdlib', 'auto' "
                 "or 'none'."
             )
         if self.calibration_examples != "auto":
