@@ -156,9 +156,8 @@ class PEagleTrainer(Trainer):
                 f"PEagleTrainer does not support DataParallel over {self.args.n_gpu} GPUs; launch one process per "
                 "GPU with `accelerate launch` or `torchrun` (DDP)."
             )
-        self.target_model = target_model.to(
-            self.args.device
-        )  # first: "auto" measures the memory left beside it
+        # the target goes to the device first: an "auto" budget measures the memory left beside it
+        self.target_model = target_model.to(self.args.device)
         budget = args.partition_memory_budget
         self.memory_budget = resolve_memory_budget(budget, args.device, args.gradient_checkpointing)
         partitioned = args.sequence_partitions > 1 or self.memory_budget is not None
