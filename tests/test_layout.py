@@ -64,3 +64,15 @@ def test_the_rules_see_what_they_measure(tmp_path):
     path.write_text("def f(self, a, b, *args, c, **kw):\n    pass\n\n\ndef g(\n    a,\n):\n    return a\n")
     found = {f.name: (parameters(f), f.end_lineno - f.lineno + 1) for f in functions(path)}
     assert found == {"f": (3, 2), "g": (1, 4)}
+
+
+def test_design_states_the_limits_these_tests_check():
+    """docs/DESIGN.md section 9 cites the same numbers as this module (the docstring above points readers there)."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    section = " ".join(text.split("## 9. Package layout", 1)[1].split("\n## ", 1)[0].split())
+    for limit in (
+        f"no module over {MAX_MODULE_LINES} lines in `src/` or `benchmarks/`",
+        f"no function over {MAX_CORE_FUNCTION_LINES} lines in `{CORE[0]}/` or `{CORE[1]}/`",
+        f"no public function with more than {MAX_PUBLIC_PARAMETERS} parameters",
+    ):
+        assert limit in section, f"docs/DESIGN.md section 9 does not state the limit {limit!r}"
