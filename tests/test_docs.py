@@ -148,3 +148,17 @@ def test_the_checks_see_broken_references(tmp_path):
         anchor("8.8 Long-context heads: the `drafter` window") == "88-long-context-heads-the-drafter-window"
     )
     assert headings("# a\n```\n# not a heading\n```\n## b ##") == ["a", "b"]
+
+
+def test_the_readme_fits_two_screens():
+    """The front door: about 120 lines, one results table of at most 8 rows; the rest lives in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 125, f"README.md has {len(lines)} lines; move details to docs/usage.md"
+    separators = [i for i, line in enumerate(lines) if re.fullmatch(r"\|(---\|)+", line)]
+    assert len(separators) == 1, "README.md should hold one table, the results"
+    rows = 0
+    for line in lines[separators[0] + 1 :]:
+        if not line.startswith("|"):
+            break
+        rows += 1
+    assert 1 <= rows <= 8
