@@ -19,6 +19,7 @@ their depths' positions, each row keeps its accepted path, and only that path st
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
-from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafting_peagle import cache_kwarg, custom_attention_mask
 from .attention import packed_attention
@@ -34,10 +35,13 @@ from .checks import check_decoding_inputs
 from .drafting import DraftingSession
 from .processing import grouped_processing
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
+from .sampling import KeyedSampler
 from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
-from .tree import DraftCandidates, greedy_path, sample_path
-from .windows import causal_block, positional_windows, slot_positions, windowed_masks
+from .stopping import LockstepStops, replayed_criteria
+from .tree import DraftCandidates, greedy_path
+from .windows import causal_block, layer_windows, positional_windows, slot_positions, windowed_masks
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -82,6 +86,12 @@ class _Rows:
     def ended(self, row: int) -> bool:
         return row in self.done
 
+    def cut(self, row: int, length: int, pad: int) -> None:
+        """End row `row` at `length` tokens (a stopping criterion stopped it there): later tokens become padding."""
+        self.tokens[row, length:] = pad
+        self.lengths[row] = length
+        self.done.add(row)
+
     def live(self) -> list[bool]:
         """Per row in the batch: whether it is still decoding (not an idle row kept for speed)."""
         return [b not in self.idle for b in self.active]
@@ -110,6 +120,32 @@ class _PathOutput:
 
     def __init__(self, hidden_states: tuple[torch.Tensor, ...] | None):
         self.hidden_states = hidden_states
+
+
+def _check_continuation(model: Any, cache: Any, cached: int, input_ids: torch.LongTensor) -> None:
+    """Refuse a filled cache where continuing from it cannot give plain `generate()`'s answer, naming why."""
+    batch, length = input_ids.shape
+    if batch > 1:
+        raise ValueError(
+            f"a filled cache ({cached} tokens) with a batch of {batch} prompts: with a P-EAGLE assistant_model, "
+            "generate() continues from a cache one sequence at a time (each row's cache then holds exactly its own "
+            "tokens). Call generate() once per conversation, or pass the batch without the cache."
+        )
+    if length <= cached:
+        raise ValueError(
+            f"input_ids hold {length} tokens and the cache already holds {cached}: pass the whole sequence (the "
+            "cached tokens and at least one new token after them), as plain generate() expects."
+        )
+    try:
+        slides = layer_windows(model.config) is not None
+    except ValueError:
+        slides = True
+    if slides or any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
+        raise ValueError(
+            f"{type(model).__name__} has sliding-window layers: continuing from a filled cache is not supported "
+            "there with a P-EAGLE assistant_model yet (the window by position needs every slot the cache's "
+            "sliding layers dropped). Pass the whole conversation without the cache."
+        )
 
 
 def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
@@ -155,7 +191,13 @@ class _Decoder:
             "hidden": want_dict and bool(generation_config.output_hidden_states),
         }
         self.timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
+        replayed = replayed_criteria(stopping_criteria)
+        pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria)  # as plain decoding decides it
+        self.stops = LockstepStops(replayed, self.batch, prompt_len, pads) if replayed else None
         cache = model_kwargs.get("cache")
+        self.cached = cache.get_seq_length() if cache is not None else 0  # tokens an earlier call left there
+        if self.cached:
+            _check_continuation(model, cache, self.cached, input_ids)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         self.windows = positional_windows(
             model, self.cache
@@ -167,7 +209,19 @@ class _Decoder:
         ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
-        self.drafter = DraftingSession(model, head, generation_config, logits_processor, self.batch, options)
+        # sampling draws keyed by (row, position): the seed fixes the tokens whatever the rule chooses
+        self.sampler = KeyedSampler.from_global_generator(self.device) if self.do_sample else None
+        self.drafter = DraftingSession(
+            model,
+            head,
+            generation_config,
+            logits_processor,
+            self.batch,
+            options,
+            sampler=self.sampler,
+            resume=take_state(self.cache, head, input_ids) if self.cached else None,
+        )
+        self.drafter.stats.cached_tokens = self.cached
         tree_size = options.draft_tree_size
         self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(
             options.prompt_lookup_num_tokens
@@ -177,6 +231,7 @@ class _Decoder:
         self.per_row: dict[str, list[list[Any]]] = {
             name: [[] for _ in range(self.batch)] for name in self.want
         }
+        self._streamed = prompt_len  # row 0's tokens handed to the streamer
         if streamer is not None:
             streamer.put(input_ids.cpu())
 
@@ -197,14 +252,21 @@ class _Decoder:
         self.drafter.disable_trees()
 
     # ------------------------------------------------------------------ target passes
-    def _forward(self, ids: torch.LongTensor, pos: torch.LongTensor, mask: torch.Tensor | None, keep: int):
+    def _forward(
+        self,
+        ids: torch.LongTensor,
+        pos: torch.LongTensor,
+        mask: torch.Tensor | None,
+        keep: int,
+        cache: Any = None,
+    ):
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
             use_cache=True,
             logits_to_keep=keep,
-            **cache_kwarg(self.cache),
+            **cache_kwarg(self.cache if cache is None else cache),
             **self.drafter.model_kwargs_overrides,
         )
         aux, layers = list(self.drafter.settings.aux_layer_ids), self.drafter.settings.num_target_layers
@@ -219,27 +281,61 @@ class _Decoder:
         return out, torch.cat([states[i] for i in aux], dim=-1)
 
     def prefill(self) -> list[torch.LongTensor]:
-        """The prompt through the target, a plain step for every row; the drafter gets every real prompt slot."""
+        """The prompt through the target (after what a filled cache holds), a plain step for every row; the
+        drafter gets every real prompt slot it does not hold yet."""
         self.drafter.prefill_next()
         positions = (self.kv_mask.cumsum(-1) - 1).masked_fill_(self.kv_mask == 0, 1)
         padded = bool((self.kv_mask == 0).any())
-        out, feats = self._forward(self.input_ids, positions, self.kv_mask if padded else None, 1)
+        mask = self.kv_mask if padded else None
+        first = self.cached  # the first slot the target has not read
+        if first and not self.drafter.resumed:
+            self._catch_up(positions, mask)
+        out, feats = self._forward(self.input_ids[:, first:], positions[:, first:], mask, 1)
         _refuse_batch(self.model, self.cache, self.batch)  # layers a cache creates lazily exist now
         self._check_trees()
         raw = out.logits[:, -1:].float()
         scores = self.processors(self.input_ids, raw[:, 0].clone())[:, None]
-        if self.do_sample:
-            first = torch.multinomial(scores[:, 0].softmax(dim=-1), num_samples=1)
+        if self.sampler is not None:
+            token = self.sampler.sample(scores[:, 0], self.rows.active, [self.rows.lengths[0]] * self.batch)[
+                :, None
+            ]
         else:
-            first = scores[:, 0].argmax(dim=-1, keepdim=True)
-        emitted = self.record([first[b] for b in range(self.batch)], raw, scores, out)
+            token = scores[:, 0].argmax(dim=-1, keepdim=True)
+        emitted = self.record([token[b] for b in range(self.batch)], raw, scores, out)
         for j, b in enumerate(self.rows.active):  # every real prompt position with the real token after it
             if emitted[j].numel() == 0:
                 continue
-            cols = self.kv_mask[j].nonzero()[:, 0]
+            cols = self.kv_mask[j, first:].nonzero()[:, 0] + first
             nxt = torch.cat([self.input_ids[b, cols[1:]], emitted[j][:1]])
-            self.drafter.add_real_slots(j, nxt, feats[j, cols], 0)
+            self.drafter.add_real_slots(j, nxt, feats[j, cols - first], int(positions[j, cols[0]]))
         return emitted
+
+    def _catch_up(self, positions: torch.LongTensor, mask: torch.Tensor | None) -> None:
+        """A cache arrived without the head's state: the target re-reads the cache's last W tokens on a view of
+        the slots before them (the cache itself stays as it is), and the drafter gets their features as real
+        slots (docs/DESIGN.md section 12.2).  Nothing happens where no view can be made: the head then drafts from
+        the new tokens alone (the output is the same, the first rounds accept less)."""
+        first = self.cached
+        span = min(first, self.drafter.settings.window or CATCH_UP_SLOTS)
+        view = prefix_view(self.cache, first - span) if self.windows is None else None
+        if view is None:
+            return
+        tic = time.perf_counter()
+        lo = first - span
+        _, feats = self._forward(
+            self.input_ids[:, lo:first],
+            positions[:, lo:first],
+            None if mask is None else mask[:, :first],
+            1,
+            view,
+        )
+        cols = self.kv_mask[0, lo:first].nonzero()[:, 0] + lo
+        if cols.numel():
+            nxt = self.input_ids[0, cols + 1]
+            self.drafter.add_real_slots(0, nxt, feats[0, cols - lo], int(positions[0, cols[0]]))
+        stats = self.drafter.stats
+        stats.catch_up_tokens += span
+        stats.catch_up_seconds += time.perf_counter() - tic
 
     def round(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
         """Drafts for every row, then [`verify`]: one target pass over all rows and each row's accepted
@@ -320,32 +416,21 @@ class _Decoder:
     def _accept(
         self, inputs: torch.LongTensor, scores: torch.Tensor, candidates: DraftCandidates
     ) -> tuple[list[list[int]], list[torch.LongTensor]]:
-        """Each row's accepted path (slots, root first) and emitted tokens: greedy, the path of the target's own
-        choices ([`greedy_path`]) and its choice after the path; sampling, transformers' accept/resample rule for a
-        chain (which keeps the target's distribution given the drafts' own distributions) or recursive rejection
-        sampling over a tree's siblings ([`sample_path`])."""
+        """Each row's accepted path (slots, root first) and emitted tokens: the path of the target's own choices
+        ([`greedy_path`]) and its choice after the path.  Greedy, a choice is the argmax; sampling, the keyed draw
+        for the position the slot decides ([`sampling.KeyedSampler`]: an exact draw from the target's distribution
+        that does not depend on the drafts, so a draft is kept iff it equals the target's draw)."""
         paths, accepted = [], []
-        k = len(candidates)
-        for j in range(inputs.shape[0]):
-            if not self.do_sample:
+        for j, b in enumerate(self.rows.active):
+            if self.sampler is None:
                 choices = scores[j].argmax(dim=-1).tolist()
-                path = greedy_path(candidates.row(j), choices)
-                final = choices[path[-1]]
-            elif k == 0:
-                token = torch.multinomial(scores[j, 0].softmax(dim=-1), num_samples=1)
-                paths.append([0])
-                accepted.append(token)
-                continue
-            elif candidates.is_chain:
-                q = candidates.draft_scores[j : j + 1].to(scores.device)
-                valid, _ = _speculative_sampling(inputs[j : j + 1], q, k, scores[j : j + 1])
-                paths.append(list(range(valid.shape[1])))
-                accepted.append(valid[0])
-                continue
-            else:
-                path, final = sample_path(
-                    candidates.row(j), lambda slot, j=j: scores[j, slot].softmax(dim=-1)
-                )
+            else:  # each slot's keyed draw at the position its output decides
+                at = self.rows.lengths[b]
+                depths = [0] + candidates.depths[j].tolist()
+                choices = self.sampler.sample(scores[j], [b] * len(depths), [at + d for d in depths]).tolist()
+                self.sampler.forget_before(b, at)
+            path = greedy_path(candidates.row(j), choices)
+            final = choices[path[-1]]
             paths.append(path)
             nodes = inputs[j, path[1:]]
             accepted.append(torch.cat([nodes, nodes.new_tensor([final])]))
@@ -397,10 +482,40 @@ class _Decoder:
                 self.per_row["hidden"][b].append((out.hidden_states, j, n, not self.per_row["hidden"][b]))
             rows.append(b, tokens, done)
             cut.append(tokens)
-        if self.streamer is not None:
-            self.streamer.put(cut[0].cpu())
+        if self.stops is not None:
+            self._replay_stops()
+        if self.streamer is not None:  # what is left of row 0's new tokens once the criteria had their say
+            end = rows.lengths[0]
+            if end > self._streamed:
+                self.streamer.put(rows.tokens[0, self._streamed : end].cpu())
+                self._streamed = end
         self.drafter.verified([t.shape[0] - 1 for t in cut], rows.live(), paths)
         return cut
+
+    def _replay_stops(self) -> None:
+        """Run the call's own stopping criteria as plain decoding runs them ([`stopping.LockstepStops`]) and cut
+        each row they stop back to that step."""
+        rows = self.rows
+        prompt = self.input_ids.shape[1]
+        step_scores = None
+        if self.want["scores"]:
+
+            def step_scores(length: int) -> tuple[torch.Tensor, ...]:
+                return _per_step(
+                    [r[: length - prompt] for r in self.per_row["scores"]], self.pad_id, float("-inf")
+                )
+
+        def cut(b: int, length: int) -> None:
+            n = length - prompt
+            for name in ("scores", "logits"):
+                if self.want[name]:
+                    del self.per_row[name][b][n:]
+            if self.want["hidden"]:
+                self.per_row["hidden"][b] = _hidden_entries_upto(self.per_row["hidden"][b], n)
+            rows.cut(b, length, self.pad_id)
+
+        if self.stops.advance(rows.tokens, rows.lengths, rows.done, cut, step_scores):
+            rows.done.update(rows.active)
 
     def drop_finished(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
         """Remove the rows that ended (EOS, `max_length`, or every row at `max_time`) from both caches; compact the
@@ -448,9 +563,27 @@ class _Decoder:
         count = self.drafter.rows_to_keep(len(live), len(live) + len(eligible))
         return eligible[: count - len(live)]
 
+    def leave_state(self) -> None:
+        """One sequence: cut the target's cache to the sequence but its last token (what plain decoding leaves
+        there; a row that ended inside a round kept more) and leave the head's state on it for the next call
+        ([`resume`])."""
+        if self.batch != 1 or self.cache is None:
+            return
+        length = self.rows.lengths[0] - 1
+        extra = self.cache.get_seq_length() - length
+        if extra > 0:
+            self.cache.crop(-extra)
+            self.kv_mask = self.kv_mask[:, :length]
+        if self.windows is not None:
+            return  # continuing from a cache is refused on sliding-window targets
+        end = int(self.kv_mask[0, :length].sum())
+        if self.drafter.cache.drop_slots_from(end):
+            leave_state(self.cache, self.drafter.cache, self.drafter.head, int(self.rows.tokens[0, length]))
+
     def result(self) -> GenerateDecoderOnlyOutput | torch.LongTensor:
         if self.streamer is not None:
             self.streamer.end()
+        self.leave_state()
         sequences = self.rows.tokens[:, : max(self.rows.lengths)]
         if not self.want_dict:
             return sequences
@@ -475,6 +608,7 @@ def peagle_decoding(
     synced_gpus: bool = False,
     streamer: Any = None,
     peagle: PEagleCall | None = None,
+    tokenizer: Any = None,
     **model_kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle.head` (transformers'
@@ -484,7 +618,11 @@ def peagle_decoding(
     target's own distribution under sampling), rows that end early padded with `pad_token_id`, and a
     `GenerateDecoderOnlyOutput` when `return_dict_in_generate` (scores, logits and hidden states per step;
     a row's entries after its end read -inf except 0 at `pad_token_id`, and zeros for hidden states).
+
+    `tokenizer` is a parameter so that generate() keeps it for `stop_strings` (it hands a `custom_generate` only
+    the generation-mode arguments its signature names); the stop strings arrive in `stopping_criteria`.
     """
+    del tokenizer
     call = peagle if peagle is not None else PEagleCall(head=None)
     streamer = call.streamer if call.streamer is not None else streamer
     check_decoding_inputs(
@@ -535,6 +673,18 @@ def _per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple
                 column.append(ended)
         out.append(torch.stack(column))
     return tuple(out)
+
+
+def _hidden_entries_upto(entries: list[Any], steps: int) -> list[Any]:
+    """A row's hidden-state records (`(states, row, kept, first)` per record) cut to its first `steps` tokens."""
+    out, total = [], 0
+    for states, j, kept, first in entries:
+        if total >= steps:
+            break
+        take = min(kept, steps - total)
+        out.append((states, j, take, first))
+        total += take
+    return out
 
 
 def _hidden_per_step(rows: list[list[Any]]) -> tuple[tuple[torch.Tensor, ...], ...]:

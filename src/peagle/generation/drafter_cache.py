@@ -11,6 +11,7 @@ takes the block ([`DrafterCache.next_block`]).  docs/DESIGN.md sections 3.2 and 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -69,10 +70,31 @@ class DrafterCache:
         ] * batch_size
         self.speculative_slots = 0  # slots after the real ones (dropped next round)
 
+    def __deepcopy__(self, memo: dict) -> DrafterCache:
+        """A copy of the slots that shares the head (a target cache copied for reuse carries this along)."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        memo[id(self.head)] = self.head
+        for name, value in self.__dict__.items():
+            setattr(clone, name, copy.deepcopy(value, memo))
+        return clone
+
     @property
     def rows(self) -> int:
         """Rows still decoding."""
         return len(self.pending)
+
+    def drop_slots_from(self, position: int) -> bool:
+        """Drop every row's queued real slots at `position` and after (a row cut short inside its last round);
+        False when some such slot is in the cache already (nothing is dropped then)."""
+        held = [p for p in self.pending if p is not None]
+        if any(start > position for _, _, start in held):
+            return False
+        for b, entry in enumerate(self.pending):
+            if entry is not None:
+                keep = position - entry[2]
+                self.pending[b] = ([_joined(entry[0])[:keep]], [_joined(entry[1])[:keep]], entry[2])
+        return True
 
     @property
     def length(self) -> int:

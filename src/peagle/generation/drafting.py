@@ -23,6 +23,7 @@ from .drafter_cache import DrafterCache, SlotBlock
 from .policy import make_policy
 from .processing import draft_selector
 from .rule import AcceptanceCorrection
+from .sampling import KeyedSampler
 from .settings import DraftingOptions, DraftingSettings
 from .stats import PEagleGenerationStats
 from .tree import DraftCandidates, DraftTree, LookupEstimate, grow_tree, grow_tree_from_pool, prompt_lookup
@@ -48,6 +49,9 @@ class DraftingSession:
             rules.
         batch_size: rows decoded together (the cost rule's curve is measured for this many rows).
         options: peagle's own `generate()` options (trees, prompt lookup, the drafter window, a round observer).
+        sampler: the call's keyed sampler when sampling ([`sampling.KeyedSampler`]): drafts use the noise the
+            target's draw at their position will use.
+        resume: the drafter cache an earlier call left on the target's cache ([`resume`]); a new one when None.
     """
 
     def __init__(
@@ -58,8 +62,11 @@ class DraftingSession:
         logits_processor: LogitsProcessorList | None = None,
         batch_size: int = 1,
         options: DraftingOptions | None = None,
+        sampler: KeyedSampler | None = None,
+        resume: DrafterCache | None = None,
     ):
         options = options or DraftingOptions()
+        self.sampler = sampler
         self.processors = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.settings = s = DraftingSettings.resolve(
             target, head, generation_config, options, batch_size, len(self.processors)
@@ -88,7 +95,8 @@ class DraftingSession:
             draft_tree_size=s.tree_nodes,
             tree_size_histogram=[0] * (s.tree_nodes + 1) if s.tree_nodes else [],
         )
-        self.cache = DrafterCache(head, s.batch_size, s.window)
+        self.resumed = resume is not None and resume.window == s.window and resume.rows == s.batch_size
+        self.cache = resume if self.resumed else DrafterCache(head, s.batch_size, s.window)
         self.correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
         self.policy = make_policy(s, self.stats, target, head, self.cache, self.correction)
         self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
@@ -177,6 +185,7 @@ class DraftingSession:
             self.settings.batch_size,
             confidences,
             self.policy.stop,
+            self.sampler,
         )
         draft = self.head.draft_round(
             block.tokens, block.features, k, self.cache.cache, block.start, select, block.attention_mask

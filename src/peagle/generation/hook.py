@@ -11,6 +11,7 @@ docs/DESIGN.md section 6.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -18,7 +19,6 @@ import warnings
 from collections.abc import Callable
 
 import transformers
-from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 from ..modeling_peagle import PEagleDrafter
@@ -26,11 +26,11 @@ from .checks import (
     SUPPORTED_TRANSFORMERS,
     _raise_if_incompatible,
     check_assistant,
-    check_generation_request,
     check_user_request,
 )
 from .decoding import peagle_decoding
 from .settings import DraftingOptions, PEagleCall
+from .stopping import stop_strings_as_criteria
 
 PEAGLE_OPTIONS = tuple(f.name for f in dataclasses.fields(DraftingOptions))
 """`generate()` options peagle reads itself (transformers' own loop does not know them, [`DraftingOptions`]): the
@@ -54,10 +54,14 @@ def _wrap_generate(original: Callable) -> Callable:
         arguments.pop("self")
         extra = arguments.pop("kwargs", {})
         config = arguments.get("generation_config") or getattr(self, "generation_config", None)
-        stop = extra.get("stop_strings") or getattr(config, "stop_strings", None)
-        if stop:  # generate() needs a tokenizer for them before the loop could refuse them
-            check_generation_request(self, head, GenerationConfig(stop_strings=stop))
         given = check_user_request({**arguments, **extra})
+        stop = extra.pop("stop_strings", None) or getattr(config, "stop_strings", None)
+        if stop:  # generate() keeps the tokenizer from a custom_generate loop: build the criterion here
+            criteria = arguments.get("stopping_criteria")
+            arguments["stopping_criteria"] = stop_strings_as_criteria(stop, extra.get("tokenizer"), criteria)
+            if getattr(config, "stop_strings", None):
+                arguments["generation_config"] = config = copy.deepcopy(config)
+                config.stop_strings = None
         arguments.pop("assistant_model")
         streamer = arguments.pop("streamer", None)
         # peagle's own options, read through both doors as transformers reads its own: a keyword, else the

@@ -11,6 +11,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 from ..drafting_peagle import DraftSelector
 from ..modeling_peagle import PEagleDrafter
+from .sampling import KeyedSampler
 
 
 def grouped_processing(
@@ -57,18 +58,24 @@ def draft_selector(
     batch_size: int,
     confidences: list[list[float]],
     stop: Callable[[list[list[float]]], bool],
+    sampler: KeyedSampler | None = None,
 ) -> DraftSelector:
     """The round's `select(logits, depth)` for [`PEagleDrafter.draft_round`].
 
     Each depth's `(B, V_draft)` logits become target-vocabulary scores (`-inf` outside the draft vocabulary), pass
     through `processors` with each row's history plus its drafts so far (`rows`: each row's index in the call's
-    `batch_size` rows), and give one token per row (argmax, or a sample when `do_sample`).  The scores returned are
-    exactly those the token was drawn from, as the accept/resample rule requires.  Nothing is proposed when the
+    `batch_size` rows), and give one token per row (argmax, or when `do_sample` the `sampler`'s keyed draw for the
+    row's position, the noise the target's own draw there will use: [`sampling.KeyedSampler`]).  The scores returned
+    are exactly those the token was drawn from.  Nothing is proposed when the
     processors leave some row no admissible token (e.g. a forced token outside the draft vocabulary).  The head's
     probability of each draft goes to `confidences[depth][row]`; `stop(confidences)` ends the round (the drafting
     policy's cut).  Greedy without processors skips the target vocabulary: no scores go back to the loop.
     """
     contexts = list(histories)
+    keys = list(range(len(histories))) if rows is None else list(rows)
+    starts = [h.shape[1] for h in histories]  # each row's next position: its first draft's
+    if do_sample and sampler is None:
+        raise ValueError("sampled drafts need the call's KeyedSampler")
     if not do_sample and len(processors) == 0:
 
         def select_greedy(logits: torch.Tensor, depth: int):
@@ -85,7 +92,7 @@ def draft_selector(
             if not bool(torch.isfinite(scores).any(dim=-1).all()):
                 return None
         if do_sample:
-            token = torch.multinomial(scores.softmax(dim=-1), num_samples=1)[:, 0]
+            token = sampler.sample(scores, keys, [start + depth for start in starts])
         else:
             token = scores.argmax(dim=-1)
         prob = scores.softmax(dim=-1).gather(-1, token[:, None])[:, 0]

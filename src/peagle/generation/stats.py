@@ -87,6 +87,12 @@ class PEagleGenerationStats:
             the prefill (drafting rounds: drafter + verify; plain steps: the step), per context bucket and
             batch size: `{"B=<rows> L=<bucket>": {"passes", "predicted_seconds", "measured_seconds"}}`, the
             bucket being the context's power of two rounded down (`"0"` below 512 tokens).
+        cached_tokens: prompt tokens the call found in the cache passed to it (a conversation's earlier turns, a
+            prefilled document), which the target did not run again.
+        catch_up_tokens: of those, the tokens the target re-read (on a copy of the cache's view, the cache left
+            as it was) to give the head their features, because the cache arrived without the head's state (0 when
+            an earlier call with this head left it there; docs/DESIGN.md section 12.2).
+        catch_up_seconds: the seconds of that catch-up pass.
     """
 
     drafting_mode: str = "parallel"
@@ -120,6 +126,9 @@ class PEagleGenerationStats:
     probe_steps: int = 0
     cost_timing_seconds: float = 0.0
     seconds_by_context: dict[str, dict[str, float]] = field(default_factory=dict)
+    cached_tokens: int = 0
+    catch_up_tokens: int = 0
+    catch_up_seconds: float = 0.0
 
     def observe_pass(self, context: int, batch_size: int, predicted: float, measured: float) -> None:
         """Add one target pass's predicted and measured seconds to its context bucket."""

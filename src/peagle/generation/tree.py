@@ -19,8 +19,8 @@ expectation.  A prompt-lookup branch (the continuation of an earlier occurrence 
 
 Verification ([`decoding`]) lays the n nodes out flat after the root (slot 0 = the bonus token), gives slot i the
 position `root + depth(i)` and lets it attend to the valid past and its own ancestors ([`ancestor_mask`]); the
-target's choice at each slot then decides the path ([`greedy_path`], or [`sample_path`]: recursive rejection
-sampling over siblings, lossless for the target's distribution; docs/DESIGN.md section 11).
+target's choice at each slot then decides the path ([`greedy_path`]: the argmax, or under sampling the draw keyed by
+the slot's position, [`sampling.KeyedSampler`], lossless for the target's distribution; docs/DESIGN.md section 11).
 """
 
 from __future__ import annotations
@@ -408,39 +408,6 @@ def greedy_path(tree: DraftTree | TreeRow, choices: Sequence[int]) -> list[int]:
         path.append(nxt)
 
 
-def sample_path(
-    tree: DraftTree | TreeRow, probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
-) -> tuple[list[int], int]:
-    """The accepted path and the final token under sampling: recursive rejection sampling over siblings.
-
-    At the current slot with target distribution p (`probs(slot)`, `(V,)`), its children c_1, c_2, ... are tried
-    in order; each is a point-mass draft, so c_i is accepted with probability p(c_i) and on rejection p becomes
-    p with c_i removed, renormalised.  Once every child is rejected, the final token is sampled from what is
-    left of p.  Every step emits token t with probability exactly p(t), so the output keeps the target's
-    distribution whatever the tree (docs/DESIGN.md section 11).
-    """
-    kids = children(tree.parents)
-    path = [0]
-    while True:
-        p = probs(path[-1]).double().clone()
-        moved = False
-        for c in kids[path[-1]]:
-            token = tree.tokens[c - 1]
-            total = float(p.sum())
-            if total <= 0:
-                break
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) * total < float(p[token]):
-                path.append(c)
-                moved = True
-                break
-            p[token] = 0.0
-        if not moved:
-            if float(p.sum()) <= 0:  # numerically exhausted: fall back to the target's own distribution
-                p = probs(path[-1]).double()
-            final = int(torch.multinomial(p / p.sum(), 1, generator=generator))
-            return path, final
-
-
 __all__ = [
     "CANDIDATES_PER_DEPTH",
     "DraftCandidates",
@@ -453,7 +420,6 @@ __all__ = [
     "grow_tree",
     "grow_tree_from_pool",
     "prompt_lookup",
-    "sample_path",
     "sibling_probabilities",
     "tree_attention_mask",
     "TreeRow",
