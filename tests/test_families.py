@@ -588,3 +588,26 @@ def test_bench_and_demo_need_a_head_for_another_target(tmp_path):
     new_head(make_target()).save_pretrained(other)  # a head for an 8-layer target: refused, with the reason
     with pytest.raises(SystemExit, match="does not fit the target"):
         main(["bench", "--target", str(target_dir), "--head", str(other), "--methods", "greedy,peagle"])
+
+
+def test_sizing_notes_say_what_they_mean_and_what_to_do(caplog):
+    """The notes a first run prints: each says what it means for the user and what, if anything, to do."""
+    smol = plan_head(smollm2_135m_config())  # the embedded target: the floor's round costs 22% (modeled)
+    ids = next(n for n in smol.notes if n.startswith("draft ids:"))
+    assert "drafts 8192 of the target's 49152 tokens" in ids and "placeholders" in ids
+    assert "peagle train" in ids and "set_draft_vocab" in ids
+    over = next(n for n in smol.notes if n.startswith("over the round budget"))
+    assert "generate() times both on your machine and drafts only where a round pays" in over
+    assert "nothing to do" in over
+    deep = plan_head(smollm2_135m_config(), {"num_hidden_layers": 3})  # a size the user gave: shrink it
+    advice = [n for n in deep.notes if n.startswith("over")]
+    assert advice and all("give fewer num_hidden_layers or a smaller draft_vocab_size" in n for n in advice)
+    # build_head chooses the draft ids from its examples: it says so, and does not call its choice "given"
+    target = make_target(vocab_size=20000)
+    examples = [{"input_ids": list(range(3, 40)), "loss_mask": [0] * 5 + [1] * 32}] * 2
+    with caplog.at_level("INFO", logger="peagle.sizing"):
+        build_head(target, examples)
+    logged = caplog.text
+    assert "draft ids: the training examples' 8192 most frequent response tokens and the EOS ids" in logged
+    assert "placeholders" not in logged and "(given" not in logged and "given [" not in logged
+    assert "(even the smallest default head does not fit)" in logged and "nothing to do" in logged

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..configuration_peagle import (
@@ -244,7 +244,10 @@ def _round_down(x: float, step: int) -> int:
 
 
 def plan_head(
-    target: Any, overrides: Mapping[str, Any] | None = None, needed_vocab: int | None = None
+    target: Any,
+    overrides: Mapping[str, Any] | None = None,
+    needed_vocab: int | None = None,
+    given: Sequence[str] | None = None,
 ) -> HeadPlan:
     """Choose a head's config for `target` (a model or a config): the rule of the module docstring.
 
@@ -255,6 +258,8 @@ def plan_head(
         needed_vocab: the draft vocabulary the training data needs (`peagle.data.vocab.coverage_vocab_size`:
             the smallest covering `VOCAB_COVERAGE` of its response tokens); None: `min(V, VOCAB_FLOOR)`.  The
             rule drops a layer rather than the vocabulary below this (or below the floor).
+        given: the sizes among `overrides` the user chose (default: all of them); the notes on a head over a
+            budget call the others the rule's (`build_head` passes a draft vocabulary it chose from data).
 
     Raises `ValueError` for targets that cannot work ([`check_target_family`]).
     """
@@ -270,10 +275,7 @@ def plan_head(
     draft, cap = _choose_draft(budgets, overrides, layers, floor, notes)
     values["num_hidden_layers"], values["draft_vocab_size"] = layers, draft
     if draft < vocab:
-        notes.append(
-            f"draft ids: 0..{draft - 1} until chosen from data (`peagle.training.build_head(target, examples)`, or "
-            "head.set_draft_vocab(select_draft_vocab(...)))"
-        )
+        notes.append(draft_ids_note(draft, vocab))
     plan = HeadPlan(
         values,
         budgets.size(layers, draft),
@@ -285,8 +287,20 @@ def plan_head(
         budgets.cost(layers, draft),
         step_cost,
     )
-    _note_over_budget(plan, overrides, floor)
+    _note_over_budget(
+        plan, overrides if given is None else {k: overrides[k] for k in given if k in overrides}, floor
+    )
     return plan
+
+
+def draft_ids_note(draft: int, vocab: int) -> str:
+    """What a draft vocabulary smaller than the target's means for a head not yet given its ids, and what to do."""
+    return (
+        f"draft ids: the head drafts {draft} of the target's {vocab} tokens, for now ids 0..{draft - 1}, "
+        "placeholders: train it (`peagle train` and `peagle.training.build_head(target, examples)` pick the "
+        "training data's most frequent response tokens) or call `head.set_draft_vocab(select_draft_vocab(...))` "
+        "before drafting with it"
+    )
 
 
 def _base_values(target: Any, overrides: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], str | None]:
@@ -410,24 +424,34 @@ def _note_over_budget(plan: HeadPlan, overrides: Mapping[str, Any], floor: int) 
         return
     given = [k for k in ("num_hidden_layers", "draft_vocab_size", "embed_from_target") if k in overrides]
     reason = f"given {given}" if given else "even the smallest default head does not fit"
+    shrink = (
+        "to shrink it, give fewer num_hidden_layers or a smaller draft_vocab_size"
+        if given
+        else "nothing to do: no default head is smaller"
+    )
     if plan.head_parameters > plan.budget:
         plan.notes.append(
             f"over budget: {plan.head_parameters / 1e6:.2f}M > {HEAD_BUDGET:.0%} of "
-            f"{plan.target_parameters / 1e6:.2f}M ({reason})"
+            f"{plan.target_parameters / 1e6:.2f}M ({reason}). The head takes more memory than the rule plans for "
+            f"and still works; {shrink}"
         )
     if plan.round_fraction > ROUND_BUDGET + 1e-9:
-        kept = (
-            "the vocabulary floor is kept"
-            if not given and plan.values["draft_vocab_size"] <= floor
-            else reason
+        floor_kept = not given and plan.values["draft_vocab_size"] <= floor
+        kept = "the vocabulary floor is kept" if floor_kept else reason
+        cheaper = (
+            f"nothing to do; a draft vocabulary below {floor} would cost less but draft fewer tokens"
+            if floor_kept
+            else shrink.replace("shrink it", "make rounds cheaper")
         )
         plan.notes.append(
             f"over the round budget: a round costs {plan.round_fraction:.0%} of a target step (modeled) > "
-            f"{ROUND_BUDGET:.0%} ({kept})"
+            f"{ROUND_BUDGET:.0%} ({kept}). Drafting still pays where the head's drafts are accepted: generate() "
+            f"times both on your machine and drafts only where a round pays; {cheaper}"
         )
 
 
 __all__ = [
+    "draft_ids_note",
     "HEAD_BUDGET",
     "ROUND_BUDGET",
     "SLOT_COST",

@@ -28,6 +28,7 @@ RECIPE_DEFAULTS: dict[str, Any] = {
     "warmup_steps": 0.01,  # below 1: a fraction of the optimiser steps
     "gradient_accumulation_steps": 8,
     "logging_steps": 10,
+    "logging_first_step": True,  # every run that makes a step logs a loss (and the first is the baseline)
     "report_to": "none",
 }
 """The standard recipe's training settings where they differ from `TrainingArguments`' defaults."""

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .run_report import format_summary, warn_if_too_small
+
 if TYPE_CHECKING:
     import torch
 
@@ -92,6 +94,32 @@ def draft_vocab_choice(
     return draft_vocab_size, why_vocab
 
 
+def logged_plan(
+    target, values: dict[str, Any], head_args: HeadArguments, draft_vocab_size: int, why_vocab: str
+):
+    """`PEagleConfig.for_target`'s plan for [`build_head`], logged with what peagle chose said as chosen: the draft
+    vocabulary's reason (not "given" when peagle chose it) and its ids taken from the training examples."""
+    from ..sizing import plan_head
+
+    given = ["num_hidden_layers"] if "num_hidden_layers" in values else []
+    given += ["draft_vocab_size"] if why_vocab == "given" else []
+    given += [] if head_args.embed_from_target else ["embed_from_target"]
+    plan = plan_head(target, {**values, "draft_vocab_size": draft_vocab_size}, given=given)
+    plan.notes[:] = [
+        f"draft_vocab_size: {draft_vocab_size} ({why_vocab})"
+        if n == f"draft_vocab_size: {draft_vocab_size} (given)"
+        else f"draft ids: the training examples' {draft_vocab_size} most frequent response tokens and the EOS ids "
+        "(the head drafts only these)"
+        if n.startswith("draft ids: ")
+        else n
+        for n in plan.notes
+    ]
+    chosen = not {"num_hidden_layers", "embed_from_target"} & set(values) and why_vocab != "given"
+    over = plan.head_parameters > plan.budget and chosen
+    logging.getLogger("peagle.sizing").log(logging.WARNING if over else logging.INFO, plan.describe())
+    return plan
+
+
 def build_head(
     target,
     examples: Sequence[dict[str, Any]] | None = None,
@@ -128,7 +156,6 @@ def build_head(
     from ..configuration_peagle import PEagleConfig
     from ..data.vocab import select_draft_vocab
     from ..modeling_peagle import PEagleDrafter
-    from ..sizing import plan_head
     from .arguments import HeadArguments
     from .head_surgery import eos_ids, init_layers_from_target, init_lm_head_from_target
 
@@ -151,17 +178,7 @@ def build_head(
     values.update(config_overrides)
     vocab_size = int(target.config.get_text_config().vocab_size)
     draft_vocab_size, why_vocab = draft_vocab_choice(target, values, head_args.draft_vocab_size, examples)
-    # PEagleConfig.for_target, with the draft vocabulary's reason logged as it is (not "given" when peagle chose it)
-    plan = plan_head(target, {**values, "draft_vocab_size": draft_vocab_size})
-    plan.notes[:] = [
-        f"draft_vocab_size: {draft_vocab_size} ({why_vocab})"
-        if n == f"draft_vocab_size: {draft_vocab_size} (given)"
-        else n
-        for n in plan.notes
-    ]
-    chosen = not {"num_hidden_layers", "embed_from_target"} & set(values) and why_vocab != "given"
-    over = plan.head_parameters > plan.budget and chosen
-    logging.getLogger("peagle.sizing").log(logging.WARNING if over else logging.INFO, plan.describe())
+    plan = logged_plan(target, values, head_args, draft_vocab_size, why_vocab)
     config = PEagleConfig(**plan.values)
     head = PEagleDrafter(config).to(dtype or torch.float32)
     if draft_vocab_size < vocab_size:
@@ -514,9 +531,11 @@ def training_dataset(
 
 
 def run_training(head, target, args: PEagleTrainingArguments, dataset, resume_from_checkpoint):
-    """`PEagleTrainer.train`; returns `(trainer, result)`."""
+    """`PEagleTrainer.train`, after saying how many optimizer steps it will make (and what to change when that is
+    too few to learn); returns `(trainer, result)`."""
     from .trainer import PEagleTrainer
 
+    warn_if_too_small(len(dataset), args)
     trainer = PEagleTrainer(model=head, target_model=target, args=args, train_dataset=dataset)
     return trainer, trainer.train(resume_from_checkpoint=resume_from_checkpoint)
 
@@ -646,41 +665,6 @@ def calibrate_trained_head(head, target, examples: Sequence[dict[str, Any]], pro
     }
     head.config.draft_calibration = dict(result["calibration"], report=result["report"], data=data)
     return result["report"]
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """A small human-readable table of a [`train_head`] summary."""
-    rows = [
-        ("head", summary["output_dir"]),
-        (
-            "mode / layers / K_train",
-            f"{summary['drafting_mode']} / {summary['num_hidden_layers']} / {summary['num_parallel_positions']}",
-        ),
-        ("draft vocab", summary["draft_vocab_size"]),
-    ]
-    if summary.get("head_parameters") and summary.get("target_parameters"):
-        own, tgt = summary["head_parameters"], summary["target_parameters"]
-        rows.append(
-            ("head / target parameters", f"{own / 1e6:.2f}M / {tgt / 1e6:.1f}M ({100 * own / tgt:.1f}%)")
-        )
-    rows += [
-        (
-            "examples / tokens / response tokens",
-            f"{summary['examples']} / {summary['tokens']} / {summary['response_tokens']}",
-        ),
-        ("optimizer steps", summary["optimizer_steps"]),
-        ("loss first log -> mean", f"{summary['first_loss']} -> {summary['train_loss']:.4f}"),
-        (
-            "top-1 by depth (last log)",
-            " ".join(f"{v:.2f}" for v in summary["last_logged_accuracy"].values()) or "-",
-        ),
-    ]
-    if summary.get("feature_cache"):
-        cache = summary["feature_cache"]
-        rows.append(("feature cache", f"{cache['path']} ({cache['bytes'] / 2**20:.1f} MiB)"))
-    rows.append(("time", f"{summary['seconds']} s"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
 __all__ = [
