@@ -343,6 +343,8 @@ class PEagleDrafter(PEagleDrafting, PEaglePreTrainedModel):
         casting or moving the head would cast or move the target.  The head first takes a parameter of its own
         over the same tensor (no copy): the conversion then replaces the head's and leaves the target's untouched.
         """
+        # a cast may overflow (bfloat16 -> float16): generate() checks the weights again
+        self._finite_weights_checked = False
         emb = getattr(self, "embed_tokens", None)
         if self.config.embed_from_target and emb is not None:
             weight = emb.weight
@@ -437,6 +439,50 @@ class PEagleDrafter(PEagleDrafting, PEaglePreTrainedModel):
         ids = cfg.eagle_aux_hidden_state_layer_ids
         if ids is not None and layers is not None:
             check_aux_layer_ids(ids, int(layers))
+
+    def nonfinite_tensors(self) -> dict[str, str]:
+        """The head's floating-point parameters and buffers that hold NaN or inf, by name, each with a count
+        (`{"fc.weight": "3 NaN, 1 inf of 12288 values"}`); empty for a usable head.  The target's embeddings an
+        `embed_from_target` head holds are the target's, not checked here; tensors on the meta device are skipped.
+        FP8 tensors are read through float16 (e4m3 has NaN but no inf).  Reads every weight once, in slices."""
+        skip = {"embed_tokens.weight"} if self.config.embed_from_target else set()
+        found: dict[str, str] = {}
+        for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
+            if name in skip or not tensor.is_floating_point() or tensor.device.type == "meta":
+                continue
+            nan = inf = 0
+            for part in tensor.detach().reshape(-1).split(1 << 24):
+                part = part.to(torch.float16) if part.element_size() == 1 else part
+                if not bool(torch.isfinite(part).all()):  # counted only where something is wrong
+                    nan += int(torch.isnan(part).sum())
+                    inf += int(torch.isinf(part).sum())
+            if nan or inf:
+                counts = [f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "inf")) if n]
+                found[name] = f"{', '.join(counts)} of {tensor.numel()} values"
+        return found
+
+    def check_finite_weights(
+        self,
+        where: str | Path = "the head",
+        tensor_name: Callable[[str], str] | None = None,
+        once: bool = False,
+    ) -> None:
+        """Raise a `ValueError` naming every tensor of the head that holds NaN or inf ([`nonfinite_tensors`]): such a
+        head loads and runs, but its drafts are garbage and none is accepted.  `where` names the head (its folder);
+        `tensor_name` spells a tensor name as the checkpoint's layout does.  With `once=True` (generate() checks
+        each head passed to it) a head object that passed before is not read again, so a call costs nothing."""
+        if once and getattr(self, "_finite_weights_checked", False):
+            return
+        bad = self.nonfinite_tensors()
+        if bad:
+            spell = tensor_name or (lambda name: name)
+            listed = "; ".join(f"{spell(name)!r}: {what}" for name, what in bad.items())
+            raise ValueError(
+                f"{where}: tensors {[spell(n) for n in bad]} hold NaN or inf values ({listed}); a head with them "
+                "drafts nothing useful (a diverged training run or a damaged file?). Expected finite weights: "
+                "retrain the head or load an earlier checkpoint."
+            )
+        self._finite_weights_checked = True
 
     def attach_target(self, target: PreTrainedModel) -> PEagleDrafter:
         """Check the head against `target`; with `embed_from_target`, take the target's (frozen) embeddings."""

@@ -197,7 +197,7 @@ def load_converted(
 
         renamed = {layout.tensor_name(n).removesuffix(".weight"): n.removesuffix(".weight") for n in state}
         config_kwargs["peagle_fp8"] = fp8_record(qc, renamed, str(checkpoint.path / "config.json"))
-    return assemble_head(
+    model = assemble_head(
         checkpoint,
         config_kwargs,
         state,
@@ -206,6 +206,8 @@ def load_converted(
         dtype=dtype,
         tensor_name=layout.tensor_name,
     )
+    model.check_finite_weights(checkpoint.path, tensor_name=layout.tensor_name)
+    return model
 
 
 def config_overrides(kwargs: Mapping[str, Any], where: str | Path) -> dict[str, Any]:
@@ -237,7 +239,8 @@ def load_head(
             foreign layouts use `dtype` and the Hub arguments.
 
     Returns:
-        The head, in eval mode; errors name the file and tensor of any mismatch with the config.
+        The head, in eval mode; errors name the file and tensor of any mismatch with the config, and the tensors
+        that hold NaN or inf (`PEagleDrafter.check_finite_weights`: such a head would draft nothing useful).
     """
     cls = cls or PEagleDrafter
     checkpoint = inspect_checkpoint(path_or_id, allow_pickle=allow_pickle, hub_kwargs=kwargs)
@@ -249,6 +252,7 @@ def load_head(
     if config is not None:
         kwargs["config"] = config
     model = cls.from_pretrained_native(checkpoint.path, *model_args, **kwargs)
+    model.check_finite_weights(checkpoint.path)  # shapes were checked; a NaN or inf weight passes them
     if target is not None:
         model.attach_target(target)
     return model
@@ -292,7 +296,8 @@ def export(
     Raises:
         ValueError: before anything is written or created, when the head does not fit `target_model`
             (`check_target`: family, widths, layers) or, for the layouts vLLM serves through its EAGLE-3 path
-            (`vllm`, `speculators`), when vLLM does not serve the target family (`peagle.sizing.check_export_target`).
+            (`vllm`, `speculators`), when vLLM does not serve the target family (`peagle.sizing.check_export_target`),
+            or when a weight holds NaN or inf (`check_finite_weights`).
     """
     writers = {name: lay.from_peagle for name, lay in LAYOUTS.items() if lay.from_peagle is not None}
     if layout not in writers:
@@ -307,6 +312,7 @@ def export(
         )
     if target_model is not None:  # a head written next to a target it was not built for is refused
         head.check_target(target_model)
+    head.check_finite_weights("the head to export")  # loading the export would refuse it
     from ..sizing import check_export_target
 
     check_export_target(head, layout, target_model)  # vLLM's EAGLE-3 families; before anything is created
