@@ -119,9 +119,35 @@ def target_field(help: str | None = None, default: str | None = None) -> Any:
     )
 
 
-def positional(help: str) -> Any:
-    """A required positional argument of a settings dataclass (`peagle export HEAD ...`)."""
-    return dataclasses.field(metadata={"help": help, "positional": True})
+def positional(help: str, parse: Any = None) -> Any:
+    """A required positional argument of a settings dataclass (`peagle export HEAD ...`); `parse` is an argparse type
+    function that checks it (a bad value is a usage error)."""
+    metadata = {"help": help, "positional": True}
+    if parse is not None:
+        metadata["parse"] = parse
+    return dataclasses.field(metadata=metadata)
+
+
+def hub_repo_id(value: str) -> str:
+    """argparse type of a destination Hub repo id: one the Hub accepts (`peagle.integrations.hub.check_repo_id`)."""
+    from ..integrations.hub import check_repo_id
+
+    try:
+        return check_repo_id(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def upload_folder(value: str) -> str:
+    """argparse type of `--prepare_only DIR`: not empty, and neither it nor a folder above it a file
+    (`peagle.integrations.hub.check_upload_folder`)."""
+    from ..integrations.hub import check_upload_folder
+
+    try:
+        check_upload_folder(value)
+    except (ValueError, OSError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
 
 
 class DeprecatedFlag(argparse.Action):

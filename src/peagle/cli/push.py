@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from ._common import dataclass_parent, positional
+from ._common import dataclass_parent, hub_repo_id, positional, upload_folder
 
 
 @dataclass
@@ -14,7 +14,9 @@ class PushArguments:
     name)."""
 
     head: str = positional("head folder or Hub repo id, in any layout peagle reads")
-    repo_id: str = positional("destination Hub repo, e.g. you/SmolLM2-135M-Instruct-peagle")
+    repo_id: str = positional(
+        "destination Hub repo, e.g. you/SmolLM2-135M-Instruct-peagle", parse=hub_repo_id
+    )
     target: str | None = field(
         default=None, metadata={"help": "target path, Hub id or 'default' (checked against the head)"}
     )
@@ -44,7 +46,12 @@ class PushArguments:
         default=False, metadata={"switch": True, "help": "permit .bin/.pt checkpoints (unpickling runs code)"}
     )
     prepare_only: str | None = field(
-        default=None, metadata={"metavar": "DIR", "help": "write the upload folder to DIR, do not upload"}
+        default=None,
+        metadata={
+            "metavar": "DIR",
+            "parse": upload_folder,
+            "help": "write the upload folder to DIR, do not upload",
+        },
     )
 
 
@@ -63,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = load_target(args.target)[0] if args.target else None
     head = load_head(args.head, target=target, allow_pickle=args.allow_pickle)
-    if args.prepare_only:
+    if args.prepare_only is not None:
         out = prepare_upload_folder(
             head,
             args.prepare_only,

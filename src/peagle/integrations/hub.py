@@ -67,6 +67,26 @@ FAMILY_LICENSES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemm
 _HF_CACHE_FOLDER = re.compile(r"models--([\w.-]+)--([\w.-]+)")
 
 
+def check_repo_id(repo_id: Any) -> str:
+    """`repo_id` when the Hub accepts it as a model repo id (`name` or `namespace/name`, checked by
+    `huggingface_hub.utils.validate_repo_id`); otherwise a `ValueError` naming it and what is expected, before
+    anything is written or uploaded.
+
+    >>> check_repo_id("you/smollm2-peagle")
+    'you/smollm2-peagle'
+    """
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as err:  # HFValidationError; a non-string is one too
+        raise ValueError(
+            f"repo_id is {repo_id!r}, which the Hub refuses: {err} Expected 'name' or 'namespace/name' (letters, "
+            "digits, '-', '_' and '.', at most 96 characters), e.g. 'you/SmolLM2-135M-Instruct-peagle'."
+        ) from None
+    return repo_id
+
+
 def _is_repo_id(name: str | None) -> bool:
     return bool(name) and bool(_REPO_ID.match(name)) and not Path(name).exists()
 
@@ -409,20 +429,27 @@ def prepare_upload_folder(
     Args:
         head: a `PEagleDrafter`.
         folder: output folder (created).
-        repo_id: the destination repository; `custom_generate/generate.py` loads the head from it.  Without
-            it the recipe points at `folder` itself (for local use).
+        repo_id: the destination repository, one the Hub accepts ([`check_repo_id`]);
+            `custom_generate/generate.py` loads the head from it.  Without it the recipe points at `folder` itself
+            (for local use).
         target_model: checked against the head (`attach_target`) before writing.
+
+    Raises:
+        ValueError: before anything is written, for a repo id the Hub refuses, an empty folder name, a head whose
+            weights hold NaN or inf, or a bench/training file that does not read.
+        NotADirectoryError: when `folder`, or a folder above it, is a file.
         max_shard_size: passed to `save_pretrained`.
         card: the model card's keywords (`base_model`, `license`, `tags`, `bench`, `training`, `template`; see
             [`render_model_card`]).
     """
-    out = Path(folder)
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    out = check_upload_folder(folder)
     if target_model is not None:
         head.attach_target(target_model)
+    head.check_finite_weights("the head to upload")  # loading it from the Hub would refuse it
     # everything that reads the caller's files (bench, training) comes first: a bad file writes nothing
     card = render_model_card(head, repo_id=repo_id, target_model=target_model, **card)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"upload folder {out} is a file.")
     earlier = (out / "config.json").is_file() and (out / "custom_generate").is_dir()
     if out.is_dir() and any(out.iterdir()) and not earlier:
         raise FileExistsError(
@@ -449,6 +476,26 @@ def prepare_upload_folder(
         _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def check_upload_folder(folder: str | Path) -> Path:
+    """`folder` as a `Path` when an upload folder can be written there; a `NotADirectoryError` naming it when it,
+    or a folder above it, is a file, and a `ValueError` for an empty name (which would mean the working folder)."""
+    if not str(folder).strip():
+        raise ValueError(
+            f"the upload folder is {str(folder)!r}; expected a folder path to write the upload into."
+        )
+    out = Path(folder).expanduser()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(
+            f"upload folder {out} is a file; expected a new, empty or earlier upload folder."
+        )
+    blocking = next((p for p in out.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise NotADirectoryError(
+            f"upload folder {out} cannot be created: {blocking} is a file, not a folder."
+        )
     return out
 
 
@@ -492,6 +539,7 @@ def push_to_hub(
     """
     from huggingface_hub import HfApi
 
+    check_repo_id(repo_id)
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
         folder = prepare_upload_folder(head, Path(tmp) / "upload", repo_id=repo_id, **upload)
@@ -511,6 +559,8 @@ __all__ = [
     "render_model_card",
     "prepare_upload_folder",
     "push_to_hub",
+    "check_repo_id",
+    "check_upload_folder",
     "bench_section",
     "training_section",
     "custom_generate_source",
