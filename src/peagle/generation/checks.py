@@ -130,7 +130,64 @@ def check_generation_request(
         )
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"generate() got a batch of {batch_size} prompts; expected at least one.")
+    _check_request_values(target, generation_config)
     head.check_target(tc)
+    head.check_finite_weights("assistant_model (the P-EAGLE head)", once=True)  # read once per head object
+
+
+def _check_request_values(target: Any, generation_config: GenerationConfig) -> None:
+    """The generation config's values a speculative call would honour differently from plain `generate()`, each
+    refused naming the value and what is expected: token ids outside the vocabulary, lengths that are not whole."""
+    _check_token_ids(target, generation_config)
+    _check_lengths(generation_config)
+
+
+def _check_lengths(generation_config: GenerationConfig) -> None:
+    """Refuse a `max_new_tokens` / `max_length` that is not a whole number (2.5): plain `generate()` stops once the
+    length reaches it (rounding up), peagle's loop would cut at the integer below."""
+    for name in ("max_new_tokens", "max_length"):
+        value = getattr(generation_config, name, None)
+        if value is None:
+            continue
+        whole = not isinstance(value, bool) and isinstance(value, int | float) and float(value).is_integer()
+        if not whole:
+            raise ValueError(f"{name} is {value!r}; expected a whole number of tokens (an integer).")
+
+
+def _token_ids(value: Any) -> list[int]:
+    """The ids of a token-id setting (an int, a list of ints, a tensor, or None: none)."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
+
+
+def _check_token_ids(target: Any, generation_config: GenerationConfig) -> None:
+    """Refuse an `eos_token_id` or `pad_token_id` outside the target's vocabulary, naming it and the vocabulary size.
+
+    Plain `generate()` fails on such a pad id once a row ends early (the target embeds it) and never stops on such an
+    eos id; peagle's loop would write the pad id into the output instead.  (A missing pad id falls back to the eos
+    id, checked first.)  Reads the config's Python values: no device sync.
+    """
+    vocab = getattr(text_config(target), "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    for name in ("eos_token_id", "pad_token_id"):
+        ids = _token_ids(getattr(generation_config, name, None))
+        outside = [i for i in ids if not 0 <= i < vocab]
+        if not outside:
+            continue
+        why = (
+            "rows that end early are filled with it, and plain generate() fails on it"
+            if name == "pad_token_id"
+            else "a token outside the vocabulary is never generated, so generation would not stop on it"
+        )
+        value = ids[0] if len(ids) == 1 else ids
+        raise ValueError(
+            f"{name} is {value!r}; expected token ids in [0, {vocab}) (the target's vocabulary size): {why}. "
+            f"Pass {name} inside the vocabulary (e.g. the tokenizer's)."
+        )
 
 
 # ---------------------------------------------------------------------------------------------- generate() arguments
@@ -180,6 +237,7 @@ def check_user_request(kwargs: dict[str, Any]) -> frozenset[str]:
 def _check_prompt_rows(input_ids: Any, attention_mask: Any) -> None:
     """Refuse prompts a head cannot draft after, before generate() prepares anything: an empty prompt, or a row
     whose attention mask is all zeros (no real token for the head to read the target's features at)."""
+    _check_mask_shape(input_ids, attention_mask)
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 0:
         raise ValueError(
             f"generate() got an empty prompt (input_ids of shape {tuple(input_ids.shape)}); give every row at "
@@ -192,6 +250,18 @@ def _check_prompt_rows(input_ids: Any, attention_mask: Any) -> None:
                 f"attention_mask rows {empty} are all zeros: those prompts have no token to draft from. Drop the "
                 "rows, or give each at least one unmasked token (left padding keeps the last ones)."
             )
+
+
+def _check_mask_shape(input_ids: Any, attention_mask: Any) -> None:
+    """Refuse an `attention_mask` whose shape is not the prompt's `(batch, length)`: plain `generate()` fails on most
+    such masks, peagle's loop would read them wrongly or not at all."""
+    if not (isinstance(input_ids, torch.Tensor) and isinstance(attention_mask, torch.Tensor)):
+        return
+    if input_ids.dim() == 2 and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}; expected {tuple(input_ids.shape)}, the shape "
+            "of input_ids (one 0/1 entry per prompt token)."
+        )
 
 
 STATELESS_PROCESSORS: set[type] = set()
