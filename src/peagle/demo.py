@@ -93,9 +93,11 @@ def load_demo_models(target: str | None, head: str | None, dtype: str, head_dtyp
     """`(target, tokenizer, head)`: the target (default: the embedded SmolLM2) and the head attached to it."""
     from .modeling_peagle import PEagleDrafter
     from .runtime import resolve_dtype
-    from .targets import load_default_drafter, load_target
+    from .targets import default_drafter_path, load_default_drafter, load_target
 
     default_target = target is None or target == "default"
+    if head is None:
+        default_drafter_path()  # the shipped head's distribution is there, before the target loads (and converts)
     print(
         f"loading the target ({'embedded SmolLM2-135M-Instruct' if default_target else target}) and the head ..."
     )

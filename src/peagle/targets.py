@@ -226,12 +226,14 @@ def default_drafter_path(kind: str = "peagle") -> Path:
 
 def load_default_drafter(target=None, kind: str = "peagle", dtype: torch.dtype | None = None):
     """Load the head shipped for the default target (P-EAGLE, or the EAGLE-3-style baseline with
-    `kind="eagle3"`), attached to `target` (loaded with `load_default_target()` when None)."""
+    `kind="eagle3"`), attached to `target` (loaded with `load_default_target()` when None).  A missing heads
+    distribution (or an unknown `kind`) fails first, before the target is loaded (and, the first time, converted)."""
     from .modeling_peagle import PEagleDrafter
 
+    path = default_drafter_path(kind)
     if target is None:
         target, _ = load_default_target()
-    head = PEagleDrafter.from_pretrained(default_drafter_path(kind), dtype=dtype or target.dtype)
+    head = PEagleDrafter.from_pretrained(path, dtype=dtype or target.dtype)
     return head.attach_target(target).to(target.device).eval()
 
 
