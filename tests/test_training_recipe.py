@@ -411,3 +411,25 @@ def test_public_functions_of_the_training_api_take_at_most_ten_parameters():
             if attr.startswith("_") or not inspect.isfunction(value) or value.__module__ != name:
                 continue
             assert len(inspect.signature(value).parameters) <= 10, f"{name}.{attr}"
+
+
+def test_same_seed_trains_bit_identical_heads(tmp_path):
+    """`training_args.seed` fixes the new head's initial weights and the run: two runs with seed 7 give the same
+    head bit for bit, whatever torch's global generator held before (and seed 8 gives another)."""
+    target, tok = make_target(), tiny_tokenizer()
+    examples = [
+        {"input_ids": tok("write code please the bot of the and to", add_special_tokens=False)["input_ids"],
+         "loss_mask": [0, 0, 0, 1, 1, 1, 1, 1, 1]},
+    ] * 2  # fmt: skip
+    heads = []
+    for run, (seed, noise) in enumerate([(7, 0), (7, 123), (8, 0)]):
+        torch.manual_seed(noise)  # what the process did before must not matter
+        args = one_step_args(tmp_path / str(run))
+        args.seed = seed
+        head, _ = train_head(
+            target, tok, output_dir=tmp_path / f"head{run}", examples=examples, training_args=args
+        )
+        heads.append({k: v.clone() for k, v in head.state_dict().items()})
+    assert heads[0].keys() == heads[1].keys()
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+    assert any(not torch.equal(heads[0][k], heads[2][k]) for k in heads[0])
