@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import transformers
 from packaging import version
-from transformers.generation import utils as generation_utils
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
@@ -44,8 +43,6 @@ def _integration_problem() -> str | None:
     missing = _GENERATE_PARAMETERS - set(inspect.signature(generate).parameters)
     if missing:
         return f"GenerationMixin.generate lacks the parameters {sorted(missing)}"
-    if not callable(getattr(generation_utils, "_speculative_sampling", None)):
-        return "transformers.generation.utils has no `_speculative_sampling` (the accept/resample rule)"
     return None
 
 
@@ -104,12 +101,6 @@ def check_generation_request(
             f"a P-EAGLE assistant_model drafts on its own; unset {conflicting} in the generation config (expected "
             "None). Prompt lookup joins the head's draft trees when prompt_lookup_num_tokens is passed to "
             "generate() itself."
-        )
-    if generation_config.stop_strings:
-        raise ValueError(
-            "stop_strings cannot be honoured exactly with a P-EAGLE assistant_model: they would be checked once per "
-            "verified block, so a stop string ending inside accepted drafts would not stop generation where "
-            "plain decoding stops. Drop assistant_model, or stop on eos_token_id instead."
         )
     guidance = getattr(generation_config, "guidance_scale", None)
     if guidance is not None and guidance != 1:
@@ -191,33 +182,10 @@ def _check_token_ids(target: Any, generation_config: GenerationConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- generate() arguments
-DEFAULT_STOPPING_CRITERIA = ("MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria")
-"""Stopping criteria a speculative round honours exactly (length and EOS are checked token by token per row;
-a time limit has no exact answer anyway)."""
-
-
 def check_user_request(kwargs: dict[str, Any]) -> frozenset[str]:
     """Refuse the generate() arguments outside the generation config that a speculative round cannot honour
-    exactly (custom stopping criteria, a filled cache, an unmerged adapter, embeddings instead of ids), naming
-    them; return which of K and the confidence cut the user gave (so a value equal to transformers' default
+    exactly (another custom_generate, embeddings instead of ids, empty prompts), naming them; return which of K and the confidence cut the user gave (so a value equal to transformers' default
     still counts as given)."""
-    custom = [
-        type(c).__name__
-        for c in (kwargs.get("stopping_criteria") or [])
-        if type(c).__name__ not in DEFAULT_STOPPING_CRITERIA
-    ]
-    if custom:
-        raise ValueError(
-            f"custom stopping_criteria {custom} cannot be honoured exactly with a P-EAGLE assistant_model: they would "
-            "run once per verified block, not after every token as in plain decoding. Supported: max_new_tokens/"
-            "max_length, eos_token_id and max_time."
-        )
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise ValueError(
-            "A cache (past_key_values) from an earlier call cannot be used with a P-EAGLE assistant_model: the head has no "
-            "target features for the cached prefix. Pass the whole sequence as input_ids without the cache."
-        )
     if kwargs.get("custom_generate") is not None:
         raise ValueError(
             "custom_generate cannot be combined with a P-EAGLE assistant_model: the head runs peagle's own decoding "
@@ -349,7 +317,6 @@ def check_decoding_inputs(
 
 
 __all__ = [
-    "DEFAULT_STOPPING_CRITERIA",
     "MIN_TRANSFORMERS_VERSION",
     "SUPPORTED_TRANSFORMERS",
     "check_assistant",

@@ -253,6 +253,8 @@ def train_head(
         `(head, summary)`: the trained head and a dict of what happened (also written to `train_summary.json`).
         Raises `ValueError` for no prompts or examples, or a prompt from MT-Bench or HumanEval.
     """
+    from transformers import set_seed
+
     from .arguments import DataArguments, HeadArguments, explicit_documents
 
     start = time.time()
@@ -262,6 +264,7 @@ def train_head(
     if training_args is None:
         training_args = training_arguments(os.path.join(output_dir, "checkpoints"))
     args, progress = training_args, not training_args.disable_tqdm
+    set_seed(args.seed)  # data generation, and below the new head's weights: run after run the same head
     generated = data_args.num_magpie_prompts or data_args.num_code_prompts
     if examples is None and explicit_documents(data_args.documents) and not (prompts or generated):
         examples = []  # long document examples alone
@@ -272,6 +275,7 @@ def train_head(
     os.makedirs(output_dir, exist_ok=True)
     examples = gather_examples(target, tokenizer, output_dir, args, data_args, prompts, examples)
     examples, held_out = split_calibration(examples, data_args.calibration_examples)
+    set_seed(args.seed)  # the head's initial weights depend on the seed alone, not on how the data came
     head = prepare_head(head, target, tokenizer, examples, args, head_args)
     dataset, cache_info = training_dataset(target, examples, head, data_args.feature_cache, progress)
     resume = args.resume_from_checkpoint
