@@ -126,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target)[0] if args.target else None
     verifier = resolve_verifier(args.verifier, args.target, target)
     head = load_head(args.head, target=target, allow_pickle=args.allow_pickle)
+    served = served_target(head, args.target, target)
+    head.config.target_model_name = (
+        served  # a Hub id, never a folder of this machine (--verifier may name one)
+    )
     out = export(
         head,
         args.out,
@@ -141,6 +145,19 @@ def run(args: argparse.Namespace) -> int:
         where = verifier or head.config.target_model_name
         print(f"verifier (speculators_config.verifier.name_or_path): {where}")
     if args.layout == "vllm":
-        spec = speculative_config(head, out, args.num_speculative_tokens)
-        print(f"serve with: vllm serve <target> --speculative-config '{json.dumps(spec)}'")
+        spec = speculative_config(head, Path(out).resolve(), args.num_speculative_tokens)
+        print(f"serve with: vllm serve {served or '<target>'} --speculative-config '{json.dumps(spec)}'")
+        if served is None:
+            print("(no Hub id is known for the target: put its Hub id or folder in place of <target>)")
     return 0
+
+
+def served_target(head, target_spec: str | None, target=None) -> str | None:
+    """The target an export names: its Hub id when known (from `--target`, else the head's recorded name), never
+    a folder of this machine; None when no Hub id is known."""
+    from ..sizing import recorded_target_name
+
+    hub = target_locations(target_spec, target)[0] if target_spec else None
+    folder = target_spec if target_spec and Path(target_spec).expanduser().is_dir() else None
+    names = (recorded_target_name(n) for n in (hub, folder, head.config.target_model_name))
+    return next((n for n in names if n), None)

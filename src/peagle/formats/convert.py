@@ -90,7 +90,11 @@ def assemble_head(
                 int(tc.num_hidden_layers)
             )
         config_kwargs.setdefault("target_num_hidden_layers", int(tc.num_hidden_layers))
-        config_kwargs.setdefault("target_model_name", getattr(tc, "_name_or_path", None) or None)
+        from ..sizing import recorded_target_name  # a Hub id, never a folder of this machine
+
+        config_kwargs.setdefault(
+            "target_model_name", recorded_target_name(getattr(tc, "_name_or_path", None))
+        )
     if "embed_tokens.weight" not in state:
         if target_model is None:
             raise ValueError(

@@ -343,7 +343,11 @@ def render_model_card(
     from ..sizing import VLLM_EAGLE3_MODEL_TYPES, family_name, target_model_type
 
     config = head.config
-    base = base_model or target_hub_id(config.target_model_name, target_model) or config.target_model_name
+    from ..sizing import recorded_target_name
+
+    # the card names the target by Hub id, never by a folder of the machine it was written on
+    base = base_model or target_hub_id(config.target_model_name, target_model)
+    base = base or recorded_target_name(config.target_model_name)
     all_tags = list(dict.fromkeys([*DEFAULT_TAGS, *(tags or [])]))
     data = ModelCardData(
         library_name="peagle",
@@ -415,6 +419,17 @@ def custom_generate_source(head_repo: str | None) -> str:
     return line.sub(f"HEAD_REPO: str | None = {head_repo!r}", source, count=1)
 
 
+def _record_target_hub_id(path: Path, config: dict[str, Any], target_model: Any) -> None:
+    """An uploaded config names its target by Hub id (or not at all), never by a folder of this machine."""
+    from ..sizing import recorded_target_name
+
+    name = config.get("target_model_name")
+    hub = target_hub_id(name, target_model) or recorded_target_name(name)
+    if hub != name:
+        config["target_model_name"] = hub
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def prepare_upload_folder(
     head: PEagleDrafter,
     folder: str | Path,
@@ -462,6 +477,7 @@ def prepare_upload_folder(
     try:
         head.save_pretrained(tmp, max_shard_size=max_shard_size)
         config = json.loads((tmp / "config.json").read_text())
+        _record_target_hub_id(tmp / "config.json", config, target_model)
         missing = [f for f in REMOTE_CODE_FILES if not (tmp / f).is_file()]
         if "auto_map" not in config or missing:
             raise RuntimeError(

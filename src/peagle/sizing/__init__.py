@@ -35,7 +35,7 @@ from .rule import (
     target_step_cost,
 )
 from .serving import VLLM_SERVED_LAYOUTS, check_export_target, check_vllm_target
-from .target_config import check_target_family, target_fields, target_model_type
+from .target_config import check_target_family, recorded_target_name, target_fields, target_model_type
 
 
 def sized_config_values(target: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -72,6 +72,7 @@ __all__ = [
     "family_name",
     "head_parameters",
     "plan_head",
+    "recorded_target_name",
     "round_cost",
     "sized_config_values",
     "target_fields",

@@ -4,11 +4,55 @@ global-attention layers, token ids) and which are the drafter's own, whatever th
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..configuration_peagle import default_aux_layer_ids
 from .families import family_name
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$|^[\w.-]+$")
+_HF_CACHE_FOLDER = re.compile(r"models--([\w.-]+)--([\w.-]+)")
+
+
+def _is_local(name: str) -> bool:
+    return name.startswith((".", "~", "/")) or "\\" in name or Path(name).expanduser().exists()
+
+
+def recorded_target_name(name: str | None) -> str | None:
+    """What a head records as its target's name: `name` itself when it is a Hub id (or any name that is not a path
+    of this machine); for a local folder the Hub id the folder records (a Hub cache folder `models--org--name`, or
+    its config's `_name_or_path`, or its card's `base_model`); None when no Hub id is known.  So an exported or
+    pushed head never names a folder of the machine it was made on.
+
+    >>> recorded_target_name("HuggingFaceTB/SmolLM2-135M-Instruct")
+    'HuggingFaceTB/SmolLM2-135M-Instruct'
+    >>> recorded_target_name("/home/me/models/llama") is None
+    True
+    """
+    if not name:
+        return None
+    name = str(name)
+    if not _is_local(name):
+        return name if _REPO_ID.match(name) else None
+    folder = Path(name).expanduser()
+    cached = _HF_CACHE_FOLDER.search(str(folder.resolve()))
+    if cached:
+        return f"{cached.group(1)}/{cached.group(2)}"
+    found = []
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        found.append(json.loads((folder / "config.json").read_text()).get("_name_or_path"))
+    try:
+        card = (folder / "README.md").read_text(encoding="utf-8").split("---")[1]
+        found += re.findall(r"^base_model:\s*(?:-\s*)?['\"]?([\w./-]+?)['\"]?\s*$", card, flags=re.M)
+    except (OSError, IndexError, UnicodeDecodeError):
+        pass
+    return next(
+        (f for f in found if isinstance(f, str) and "/" in f and not _is_local(f) and _REPO_ID.match(f)), None
+    )
 
 
 def text_config(target: Any) -> Any:
@@ -133,7 +177,7 @@ def target_fields(target: Any) -> tuple[dict[str, Any], list[str]]:
         "rope_parameters": rope,
         "target_num_hidden_layers": layers,
         "eagle_aux_hidden_state_layer_ids": default_aux_layer_ids(layers),
-        "target_model_name": getattr(tc, "_name_or_path", None) or None,
+        "target_model_name": recorded_target_name(getattr(tc, "_name_or_path", None)),
         "target_model_type": target_model_type(target),
         "bos_token_id": getattr(tc, "bos_token_id", None),
         "eos_token_id": getattr(tc, "eos_token_id", None),
@@ -175,4 +219,4 @@ def target_fields(target: Any) -> tuple[dict[str, Any], list[str]]:
     return fields, notes
 
 
-__all__ = ["check_target_family", "target_fields", "target_model_type", "text_config"]
+__all__ = ["check_target_family", "recorded_target_name", "target_fields", "target_model_type", "text_config"]

@@ -496,7 +496,11 @@ def prepare_head(head, target, tokenizer, examples: Sequence[dict[str, Any]], ar
     from .head_surgery import grow_draft_vocab, grow_layers
 
     if head is None:
-        name = getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None
+        from ..sizing import recorded_target_name
+
+        name = recorded_target_name(
+            getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None
+        )
         return build_head(
             target,
             examples,
