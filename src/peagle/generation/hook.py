@@ -11,10 +11,13 @@ docs/DESIGN.md section 6.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import inspect
+import sys
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -38,6 +41,49 @@ tree budget, prompt lookup as a branch of the head's trees, the drafter's attent
 verified rounds."""
 
 
+_relay = {"users": 0, "previous": None}
+_relay_lock = threading.Lock()
+
+
+def _show_at_callers_line(message, category, filename, lineno, file=None, line=None):
+    """`warnings.showwarning` while a call passes through the wrapper: a warning transformers attributes to the
+    wrapper (its decorators warn with `stacklevel=2`, one frame short of the user's) is issued again at the line
+    that called `generate()`, under the user's filters; every other warning is shown as it came."""
+    here = _wrap_generate.__code__.co_filename
+    frame = sys._getframe(1) if filename == here else None
+    while frame is not None and not (frame.f_code.co_name == "generate" and frame.f_code.co_filename == here):
+        frame = frame.f_back
+    if frame is None or frame.f_back is None:
+        return _relay["previous"](message, category, filename, lineno, file, line)
+    # the wrapper's own registry must not keep the next call (from another line) from warning
+    globals().get("__warningregistry__", {}).pop((str(message), category, lineno), None)
+    caller = frame.f_back
+    registry = caller.f_globals.setdefault("__warningregistry__", {})
+    name = caller.f_globals.get("__name__")
+    where = caller.f_code.co_filename, caller.f_lineno
+    warnings.warn_explicit(
+        message, category, *where, module=name, registry=registry, module_globals=caller.f_globals
+    )
+
+
+@contextlib.contextmanager
+def _warnings_at_callers_line():
+    """[`_show_at_callers_line`] in place for the call: installed by the first of concurrent calls (any thread),
+    removed by the last, so calls in several threads neither lose nor keep it."""
+    with _relay_lock:
+        if _relay["users"] == 0:
+            _relay["previous"] = warnings.showwarning
+            warnings.showwarning = _show_at_callers_line
+        _relay["users"] += 1
+    try:
+        yield
+    finally:
+        with _relay_lock:
+            _relay["users"] -= 1
+            if _relay["users"] == 0 and warnings.showwarning is _show_at_callers_line:
+                warnings.showwarning = _relay["previous"]
+
+
 def _wrap_generate(original: Callable) -> Callable:
     signature = inspect.signature(original)
 
@@ -47,8 +93,9 @@ def _wrap_generate(original: Callable) -> Callable:
         if head is None and args:
             head = signature.bind_partial(self, *args).arguments.get("assistant_model")
         check_assistant(head)
-        if not isinstance(head, PEagleDrafter):
-            return original(self, *args, **kwargs)
+        if not isinstance(head, PEagleDrafter):  # transformers' own call; its warnings name the caller's line
+            with _warnings_at_callers_line():
+                return original(self, *args, **kwargs)
         _raise_if_incompatible()
         arguments = signature.bind_partial(self, *args, **kwargs).arguments
         arguments.pop("self")
