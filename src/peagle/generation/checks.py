@@ -18,6 +18,7 @@ from transformers.generation.utils import GenerationMixin
 
 from ..modeling_peagle import PEagleDrafter
 from ..sizing.target_config import text_config
+from .windows import layer_windows
 
 MIN_TRANSFORMERS_VERSION = "5.24"
 """Oldest transformers whose list-valued `output_hidden_states` keeps the embeddings at index 0."""
@@ -261,6 +262,32 @@ def unvouched_processors(processors: Any) -> list[str]:
     return sorted(set(names))
 
 
+def check_continuation(model: Any, cache: Any, cached: int, input_ids: torch.LongTensor) -> None:
+    """Refuse a filled cache where continuing from it cannot give plain `generate()`'s answer, naming why."""
+    batch, length = input_ids.shape
+    if batch > 1:
+        raise ValueError(
+            f"a filled cache ({cached} tokens) with a batch of {batch} prompts: with a P-EAGLE assistant_model, "
+            "generate() continues from a cache one sequence at a time (each row's cache then holds exactly its own "
+            "tokens). Call generate() once per conversation, or pass the batch without the cache."
+        )
+    if length <= cached:
+        raise ValueError(
+            f"input_ids hold {length} tokens and the cache already holds {cached}: pass the whole sequence (the "
+            "cached tokens and at least one new token after them), as plain generate() expects."
+        )
+    try:
+        slides = layer_windows(model.config) is not None
+    except ValueError:
+        slides = True
+    if slides or any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
+        raise ValueError(
+            f"{type(model).__name__} has sliding-window layers: continuing from a filled cache is not supported "
+            "there with a P-EAGLE assistant_model yet (the window by position needs every slot the cache's "
+            "sliding layers dropped). Pass the whole conversation without the cache."
+        )
+
+
 def check_assistant(assistant: Any) -> None:
     """Refuse heads wrapped or placed where the loop cannot run them, with the fix."""
     base = getattr(assistant, "get_base_model", None)
@@ -317,6 +344,7 @@ def check_decoding_inputs(
 
 
 __all__ = [
+    "check_continuation",
     "MIN_TRANSFORMERS_VERSION",
     "SUPPORTED_TRANSFORMERS",
     "check_assistant",

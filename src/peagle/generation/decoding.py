@@ -31,8 +31,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafting_peagle import cache_kwarg, custom_attention_mask
 from .attention import packed_attention
-from .checks import check_decoding_inputs
+from .checks import check_continuation, check_decoding_inputs
 from .drafting import DraftingSession
+from .outputs import hidden_entries_upto, hidden_per_step, per_step
 from .processing import grouped_processing
 from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
 from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
@@ -41,7 +42,7 @@ from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
 from .stopping import LockstepStops, replayed_criteria
 from .tree import DraftCandidates, greedy_path
-from .windows import causal_block, layer_windows, positional_windows, slot_positions, windowed_masks
+from .windows import causal_block, positional_windows, slot_positions, windowed_masks
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -122,32 +123,6 @@ class _PathOutput:
         self.hidden_states = hidden_states
 
 
-def _check_continuation(model: Any, cache: Any, cached: int, input_ids: torch.LongTensor) -> None:
-    """Refuse a filled cache where continuing from it cannot give plain `generate()`'s answer, naming why."""
-    batch, length = input_ids.shape
-    if batch > 1:
-        raise ValueError(
-            f"a filled cache ({cached} tokens) with a batch of {batch} prompts: with a P-EAGLE assistant_model, "
-            "generate() continues from a cache one sequence at a time (each row's cache then holds exactly its own "
-            "tokens). Call generate() once per conversation, or pass the batch without the cache."
-        )
-    if length <= cached:
-        raise ValueError(
-            f"input_ids hold {length} tokens and the cache already holds {cached}: pass the whole sequence (the "
-            "cached tokens and at least one new token after them), as plain generate() expects."
-        )
-    try:
-        slides = layer_windows(model.config) is not None
-    except ValueError:
-        slides = True
-    if slides or any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
-        raise ValueError(
-            f"{type(model).__name__} has sliding-window layers: continuing from a filled cache is not supported "
-            "there with a P-EAGLE assistant_model yet (the window by position needs every slot the cache's "
-            "sliding layers dropped). Pass the whole conversation without the cache."
-        )
-
-
 def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
     reason = batch_refusal(cache) if batch > 1 else None
     if reason is not None:
@@ -197,7 +172,7 @@ class _Decoder:
         cache = model_kwargs.get("cache")
         self.cached = cache.get_seq_length() if cache is not None else 0  # tokens an earlier call left there
         if self.cached:
-            _check_continuation(model, cache, self.cached, input_ids)
+            check_continuation(model, cache, self.cached, input_ids)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         self.windows = positional_windows(
             model, self.cache
@@ -501,7 +476,7 @@ class _Decoder:
         if self.want["scores"]:
 
             def step_scores(length: int) -> tuple[torch.Tensor, ...]:
-                return _per_step(
+                return per_step(
                     [r[: length - prompt] for r in self.per_row["scores"]], self.pad_id, float("-inf")
                 )
 
@@ -511,7 +486,7 @@ class _Decoder:
                 if self.want[name]:
                     del self.per_row[name][b][n:]
             if self.want["hidden"]:
-                self.per_row["hidden"][b] = _hidden_entries_upto(self.per_row["hidden"][b], n)
+                self.per_row["hidden"][b] = hidden_entries_upto(self.per_row["hidden"][b], n)
             rows.cut(b, length, self.pad_id)
 
         if self.stops.advance(rows.tokens, rows.lengths, rows.done, cut, step_scores):
@@ -590,9 +565,9 @@ class _Decoder:
         fill = float("-inf")
         return PEagleGenerateOutput(
             sequences=sequences,
-            scores=_per_step(self.per_row["scores"], self.pad_id, fill) if self.want["scores"] else None,
-            logits=_per_step(self.per_row["logits"], self.pad_id, fill) if self.want["logits"] else None,
-            hidden_states=_hidden_per_step(self.per_row["hidden"]) if self.want["hidden"] else None,
+            scores=per_step(self.per_row["scores"], self.pad_id, fill) if self.want["scores"] else None,
+            logits=per_step(self.per_row["logits"], self.pad_id, fill) if self.want["logits"] else None,
+            hidden_states=hidden_per_step(self.per_row["hidden"]) if self.want["hidden"] else None,
             **cache_kwarg(self.cache if self.batch == 1 else None),
             peagle_stats=self.drafter.stats,
         )
@@ -654,64 +629,6 @@ def peagle_decoding(
             emitted = loop.drop_finished(loop.round(emitted))
         loop.drafter.finish()
         return loop.result()
-
-
-def _per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple[torch.Tensor, ...]:
-    """Per-row lists of `(V,)` tensors -> one `(B, V)` tensor per step; a row past its end reads `fill`
-    everywhere but 0 at `pad_token_id`."""
-    steps = max(len(r) for r in rows)
-    ref = next(t for r in rows for t in r)
-    out = []
-    for s in range(steps):
-        column = []
-        for r in rows:
-            if s < len(r):
-                column.append(r[s])
-            else:
-                ended = torch.full_like(ref, fill)
-                ended[pad_id] = 0.0
-                column.append(ended)
-        out.append(torch.stack(column))
-    return tuple(out)
-
-
-def _hidden_entries_upto(entries: list[Any], steps: int) -> list[Any]:
-    """A row's hidden-state records (`(states, row, kept, first)` per record) cut to its first `steps` tokens."""
-    out, total = [], 0
-    for states, j, kept, first in entries:
-        if total >= steps:
-            break
-        take = min(kept, steps - total)
-        out.append((states, j, take, first))
-        total += take
-    return out
-
-
-def _hidden_per_step(rows: list[list[Any]]) -> tuple[tuple[torch.Tensor, ...], ...]:
-    """Hidden states per emitted step, as plain `generate()` returns them: the prefill's states over the prompt,
-    then one `(B, 1, H)` per layer per new token (zeros for rows past their end)."""
-    per_row_steps: list[list[tuple[torch.Tensor, ...]]] = []
-    for entries in rows:
-        steps = []
-        for states, j, kept, first in entries:
-            if first:
-                steps.append(tuple(s[j : j + 1] for s in states))
-                rest = range(1, kept)
-            else:
-                rest = range(kept)
-            for i in rest:
-                steps.append(tuple(s[j : j + 1, i : i + 1] for s in states))
-        per_row_steps.append(steps)
-    count = max(len(s) for s in per_row_steps)
-    out = []
-    for step in range(count):
-        layers = []
-        ref = next(s[step] for s in per_row_steps if len(s) > step)
-        for layer in range(len(ref)):
-            parts = [s[step][layer] if len(s) > step else torch.zeros_like(ref[layer]) for s in per_row_steps]
-            layers.append(torch.cat(parts, dim=0))
-        out.append(tuple(layers))
-    return tuple(out)
 
 
 __all__ = ["PEagleGenerateOutput", "peagle_decoding"]

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from transformers import set_seed
+
 from .run_report import format_summary, warn_if_too_small
 
 if TYPE_CHECKING:
@@ -253,8 +255,6 @@ def train_head(
         `(head, summary)`: the trained head and a dict of what happened (also written to `train_summary.json`).
         Raises `ValueError` for no prompts or examples, or a prompt from MT-Bench or HumanEval.
     """
-    from transformers import set_seed
-
     from .arguments import DataArguments, HeadArguments, explicit_documents
 
     start = time.time()
@@ -264,7 +264,6 @@ def train_head(
     if training_args is None:
         training_args = training_arguments(os.path.join(output_dir, "checkpoints"))
     args, progress = training_args, not training_args.disable_tqdm
-    set_seed(args.seed)  # data generation, and below the new head's weights: run after run the same head
     generated = data_args.num_magpie_prompts or data_args.num_code_prompts
     if examples is None and explicit_documents(data_args.documents) and not (prompts or generated):
         examples = []  # long document examples alone
@@ -300,6 +299,7 @@ def gather_examples(
 ) -> list[dict[str, Any]]:
     """The training examples of a run: `examples` checked, or the target's answers to `prompts` (saved to
     `output_dir/examples.jsonl`), with the long examples of `data_args.documents` first."""
+    set_seed(args.seed)  # sampled answers, like the new head's weights, follow the run's seed
     if examples is None:
         examples = distill_examples(target, tokenizer, args, data_args, prompts)
         if args.should_save:
