@@ -319,3 +319,51 @@ def test_seeded_sampling_repeats_whatever_the_rule_chooses(target):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     torch.manual_seed(4)
     assert not torch.equal(target.generate(ids, **kw), outs[0])
+
+
+# ---------------------------------------------------------------------------------------------- the README's loops
+@pytest.mark.slow
+def test_agent_and_chat_loops_on_the_embedded_target_with_the_shipped_head():
+    """The README's two loops on SmolLM2-135M with the shipped head, each step against plain generate() doing the
+    same: an agent's call that stops on a string, and a chat that passes its cache back for three turns."""
+    import peagle
+
+    try:
+        target, tok = peagle.load_default_target()
+        head = peagle.load_default_drafter(target)
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        pytest.skip(f"embedded target or shipped heads unavailable: {err}")
+    ids = tok("Question: What is 17 * 23?\nThought:", return_tensors="pt")["input_ids"]
+    free = target.generate(ids, max_new_tokens=64, do_sample=False)
+    words = tok.decode(free[0, ids.shape[1] + 12 :]).split()
+    stop = next(w for w in words if len(w) > 3)  # a word the answer reaches after a dozen tokens
+    kw = dict(stop_strings=[stop], tokenizer=tok, max_new_tokens=64, do_sample=False)
+    plain = target.generate(ids, **kw)
+    out = target.generate(ids, assistant_model=head, **kw)
+    assert torch.equal(out, plain) and out.shape[1] < free.shape[1]
+    assert tok.decode(out[0, ids.shape[1] :]).endswith(stop)
+
+    sides = {}
+    for name, extra in (("plain", {}), ("peagle", dict(assistant_model=head))):
+        chat, cache = [{"role": "user", "content": "Name a green tea."}], DynamicCache(config=target.config)
+        ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+        turns = []
+        for follow_up in ("How do I brew it?", "For how long?", None):
+            out = target.generate(
+                ids, cache=cache, max_new_tokens=48, do_sample=False, return_dict_in_generate=True, **extra
+            )
+            turns.append(out.sequences)
+            if name == "peagle" and len(turns) > 1:
+                assert out.peagle_stats.cached_tokens > 0 and out.peagle_stats.catch_up_tokens == 0
+            if follow_up is None:
+                break
+            answer = tok.decode(out.sequences[0, ids.shape[1] :], skip_special_tokens=True)
+            chat.append({"role": "assistant", "content": answer})
+            done = len(tok.apply_chat_template(chat)["input_ids"])
+            chat.append({"role": "user", "content": follow_up})
+            whole = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")[
+                "input_ids"
+            ]
+            ids = torch.cat([out.sequences, whole[:, done:]], dim=1)
+        sides[name] = turns
+    assert all(torch.equal(a, b) for a, b in zip(sides["plain"], sides["peagle"]))

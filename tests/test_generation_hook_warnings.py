@@ -86,3 +86,23 @@ def test_transformers_past_key_values_warning_names_the_users_line():
         target.generate(ids, past_key_values=DynamicCache(config=target.config), **kw)
     named = [w for w in caught if "past_key_values" in str(w.message)]
     assert named and all((w.filename, w.lineno) == (__file__, here) for w in named)
+
+
+def test_the_same_warning_names_the_users_line_on_a_call_with_a_head():
+    from transformers import DynamicCache
+
+    from helpers import make_head
+
+    target = make_target()
+    head = make_head(target)
+    ids = torch.tensor([[5, 6, 7]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        here = _line() + 1
+        target.generate(
+            ids, past_key_values=DynamicCache(config=target.config), max_new_tokens=2, assistant_model=head
+        )
+    named = [w for w in caught if "past_key_values" in str(w.message)]
+    if not named:
+        pytest.skip("this transformers does not deprecate generate(past_key_values=)")
+    assert all((w.filename, w.lineno) == (__file__, here) for w in named)

@@ -117,13 +117,14 @@ def _wrap_generate(original: Callable) -> Callable:
         for name, value in options.items():
             if value is None:
                 options[name] = getattr(config, name, None)
-        return original(
-            self,
-            **arguments,
-            **extra,
-            custom_generate=peagle_decoding,
-            peagle=PEagleCall(head, streamer, given, DraftingOptions(**options)),
-        )
+        with _warnings_at_callers_line():
+            return original(
+                self,
+                **arguments,
+                **extra,
+                custom_generate=peagle_decoding,
+                peagle=PEagleCall(head, streamer, given, DraftingOptions(**options)),
+            )
 
     return generate
 

@@ -56,7 +56,8 @@ class PEagleGenerationStats:
         draft_tokens: draft tokens proposed over all rounds and rows.
         accepted_tokens: draft tokens kept (greedy: matched; sampling: accepted by the accept/resample rule).
         plain_steps: target steps without drafts, per row (the prefill included).
-        generated_tokens: new tokens emitted in total, over all rows (up to each row's end).
+        generated_tokens: new tokens emitted in total, over all rows (up to each row's end; tokens that a stopping
+            criterion other than length and EOS cut after their round was verified still count).
         accepted_per_depth: `[K]` rounds whose draft at depth d (0 = first draft) was kept.
         drafted_per_depth: `[K]` rounds that proposed a draft at depth d.
         drafter_forward_calls: drafter forward passes, each over the whole batch (parallel: one per round;
