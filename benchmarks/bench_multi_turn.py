@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +38,7 @@ from peagle.data.documents import read_documents
 from peagle.data.shards import load_examples
 from peagle.evaluation import multi_turn
 from peagle.evaluation.long_inputs import prompt_part
+from peagle.evaluation.timing import machine_description
 
 
 def user_question(tokenizer, example) -> str:
@@ -62,14 +61,6 @@ def document_chunks(tokenizer, source: str, count: int, tokens: int, seed: int) 
         if len(chunks) == count:
             return chunks
     raise ValueError(f"{source}: only {len(chunks)} documents hold {tokens} tokens; {count} needed.")
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        return next((line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line), "")
-    except OSError:
-        return platform.processor()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "benchmark": "multi_turn",
         "date": datetime.date.today().isoformat(),
-        "cpu": cpu_name(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        "machine": machine_description(),
         "head": "shipped P-EAGLE head (peagle-heads), default rule",
         "target": "HuggingFaceTB/SmolLM2-135M-Instruct, float32",
         "settings": vars(args),
