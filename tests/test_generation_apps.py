@@ -150,6 +150,37 @@ def test_streamer_gets_only_what_the_criteria_kept(target):
     assert torch.equal(torch.cat(streamer.chunks), out[0])
 
 
+def test_stopped_rows_return_what_plain_returns(target):
+    """Scores, logits and hidden states per step end where the criterion stopped the row, as plain decoding's do;
+    the criterion gets the scores plain decoding passes it."""
+    rows = _rows(2, seed=35)
+    free = _generate(target, rows)
+    seen = []
+
+    class ScoresSeen(CallRecorder):
+        def __call__(self, input_ids, scores, **kwargs):
+            seen.append(None if scores is None else len(scores))
+            return super().__call__(input_ids, scores)
+
+    kw = dict(return_dict_in_generate=True, output_scores=True, output_logits=True, output_hidden_states=True)
+    ref = _generate(
+        target, rows, stopping_criteria=StoppingCriteriaList([ScoresSeen(int(free[0, -14]))]), **kw
+    )
+    plain_seen, seen[:] = list(seen), []
+    out = _generate(
+        target, rows, _head(target), num_assistant_tokens=4,
+        stopping_criteria=StoppingCriteriaList([ScoresSeen(int(free[0, -14]))]), **kw,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, ref.sequences) and seen == plain_seen
+    assert len(out.scores) == len(ref.scores) == len(out.logits) == len(out.hidden_states)
+    assert (
+        not (torch.isfinite(out.scores[-1]).sum(dim=-1) > 1).all() or ref.sequences.shape[1] == free.shape[1]
+    )
+    for a, b in zip(out.scores, ref.scores):
+        live = torch.isfinite(a).sum(dim=-1) > 1  # peagle's rows past their end read -inf but at the pad id
+        torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=1e-4)
+
+
 def test_sampled_stop_cuts_the_seeded_continuation(target):
     """Sampling: a stop string cuts the very sequence the same seed gives without it, right after its first
     occurrence (keyed draws make the tokens before the stop independent of the rounds)."""
