@@ -67,7 +67,12 @@ class KeyedSampler:
         """One draw per row of `scores (N, V)` (processed logits; -inf excluded): row i's token at
         `positions[i]` of original row `rows[i]`.  Returns `(N,)`."""
         vocab = scores.shape[-1]
-        noise = torch.stack([self.noise(r, p, vocab) for r, p in zip(rows, positions)]).to(scores.device)
+        keys = list(zip(rows, positions))
+        distinct = list(dict.fromkeys(keys))  # a tree's slots at one depth share their position's noise
+        noise = torch.stack([self.noise(r, p, vocab) for r, p in distinct]).to(scores.device)
+        if len(distinct) < len(keys):
+            where = {key: i for i, key in enumerate(distinct)}
+            noise = noise[torch.tensor([where[key] for key in keys], device=noise.device)]
         return (scores.float() + noise).argmax(dim=-1)
 
     def forget_before(self, row: int, position: int) -> None:
