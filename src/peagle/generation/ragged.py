@@ -1,18 +1,21 @@
 """Caches with holes: the target's and the drafter's KV caches in a batched round keep the slots of rejected
 drafts (and the left padding of ragged blocks) as masked holes; once enough pile up, each row's valid slots are
-gathered to the right and the holes become left padding.  docs/DESIGN.md section 10."""
+gathered to the right and the holes become left padding.  A sliding-window target's sliding layers keep a slot
+axis of their own, trimmed to their window each round ([`KeptWindows`]).  docs/DESIGN.md sections 10 and 10.1."""
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .windows import MASKED_ATTENTION
+from .windows import MASKED_ATTENTION, WindowLayer, kept_positions
 
 COMPACT_MIN_SLOTS = 16
 """Compact a cache once compaction would free at least this many slots per row ..."""
 COMPACT_FRACTION = 0.125
 """... and at least this fraction of the cache's length."""
+_HOLED = (DynamicLayer, WindowLayer)
+"""Cache layers that can keep holes: transformers' dynamic full-attention layer and peagle's window layer."""
 
 
 def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTensor] | None:
@@ -33,8 +36,10 @@ def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTe
 
 def compact_cache(cache: Cache, index: torch.LongTensor) -> None:
     """Gather every layer's keys and values along the sequence axis: slot j of row b becomes old slot
-    `index[b, j]`.  Dynamic (full-attention) layers only."""
-    keep_tail(cache, index, None, "compact")
+    `index[b, j]`.  Dynamic (full-attention) layers only; a [`WindowLayer`] keeps its own slot axis and is left
+    alone ([`KeptWindows`] compacts it)."""
+    layers = [i for i, layer in enumerate(cache.layers) if not isinstance(layer, WindowLayer)]
+    keep_tail(cache, index, None, "compact", layers)
 
 
 def worth_compacting(mask: torch.Tensor) -> bool:
@@ -49,7 +54,7 @@ def batch_refusal(cache: Cache) -> str | None:
     layers = list(getattr(cache, "layers", []))
     if any(getattr(layer, "is_sliding", False) for layer in layers):
         return "sliding-window layers, where rejected drafts left as masked holes would shift the window"
-    others = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    others = sorted({type(layer).__name__ for layer in layers if type(layer) not in _HOLED})
     if others:
         return (
             f"cache layers of kind {others}; batched rounds need transformers' dynamic full-attention layers "
@@ -58,13 +63,22 @@ def batch_refusal(cache: Cache) -> str | None:
     return None
 
 
-def keep_tail(cache: Cache, index: torch.LongTensor, width: int | None, what: str = "keep a path in") -> None:
-    """Of the last `width` slots of every layer (None: all of them), keep `index (B, L)` per row (slot j of the
-    new tail is old tail slot `index[b, j]`) and drop the rest: a verified draft tree leaves only its accepted
-    path in the cache, and compaction gathers each row's valid slots.  Dynamic (full-attention) layers only."""
+def keep_tail(
+    cache: Cache,
+    index: torch.LongTensor,
+    width: int | None,
+    what: str = "keep a path in",
+    layers: list[int] | None = None,
+) -> None:
+    """Of the last `width` slots of every layer (None: all of them; `layers`: those layers only), keep
+    `index (B, L)` per row (slot j of the new tail is old tail slot `index[b, j]`) and drop the rest: a verified
+    draft tree leaves only its accepted path in the cache, and compaction gathers each row's valid slots.
+    Dynamic layers only (full-attention, or a [`WindowLayer`])."""
     keep = index.shape[1]
-    for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer) or type(layer) is not DynamicLayer:
+    for i, layer in enumerate(cache.layers):
+        if layers is not None and i not in layers:
+            continue
+        if type(layer) not in _HOLED:
             raise TypeError(f"cannot {what} a {type(layer).__name__} cache layer")
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue
@@ -104,7 +118,68 @@ def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
     return new_mask
 
 
+class KeptWindows:
+    """The slots a call's sliding layers ([`WindowLayer`]s) keep: their own validity mask, trimmed before every
+    verify pass to what the window still needs.
+
+    A row's query at position q sees keys at positions p with q - p < W; every later query of the row sits at its
+    next position or after, so a slot whose position is at most `next - W` is never seen again. Before each verify
+    pass [`trim`] drops them: leading slots that no row needs are cut off, and once at least
+    [`COMPACT_MIN_SLOTS`] slots of the layers are holes or out of the window, each row's needed slots are gathered
+    to the right (as [`compact`] does). The layers then hold at most `W - 1 + COMPACT_MIN_SLOTS - 1` slots before
+    a pass and the pass's own slots after it; plain decoding's sliding layers hold `W - 1`. Full-attention layers
+    keep the call's slot axis (the loop's `kv_mask`).
+
+    Attributes:
+        layers: the cache's [`WindowLayer`] indices.
+        window: their window in positions.
+        valid: `(B, S_w)` which of their slots hold a token (1) or a hole, padding or an expired slot (0); each
+            row's valid slots are its last tokens in order ([`windows.kept_positions`]).
+    """
+
+    def __init__(self, cache: Cache, call_valid: torch.Tensor):
+        """After the prefill: the window layers kept the last `W - 1` slots of the call's slot axis (validity
+        `call_valid (B, S)`)."""
+        self.layers = [i for i, layer in enumerate(cache.layers) if isinstance(layer, WindowLayer)]
+        first = cache.layers[self.layers[0]]
+        self.window = first.window
+        held = first.keys.shape[-2] if first.is_initialized else 0
+        self.valid = call_valid[:, call_valid.shape[1] - held :]
+
+    def extend(self, new_valid: torch.Tensor) -> None:
+        """The verify pass's kept slots `(B, L)` were appended to every layer (the rest cropped)."""
+        self.valid = torch.cat([self.valid, new_valid.to(self.valid)], dim=1)
+
+    def select_rows(self, index: torch.LongTensor) -> None:
+        self.valid = self.valid[index]
+
+    def trim(self, cache: Cache, next_positions: torch.LongTensor) -> None:
+        """Drop the slots no later query sees (`next_positions (B,)`: each row's first position not cached)."""
+        positions = kept_positions(self.valid, next_positions)
+        needed = self.valid.bool() & (positions > next_positions[:, None] - self.window)
+        used = needed.any(dim=0)
+        lead = int(used.int().argmax()) if bool(used.any()) else needed.shape[1]
+        most = int(needed.sum(dim=1).max()) if needed.numel() else 0
+        if needed.shape[1] - lead - most >= COMPACT_MIN_SLOTS:
+            index, self.valid = compaction_index(needed)
+            keep_tail(cache, index, None, "trim", self.layers)
+            return
+        self.valid = needed[:, lead:].long()
+        if lead:
+            for i in self.layers:
+                layer = cache.layers[i]
+                layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+
+    def restore(self, cache: Cache, slots: int) -> None:
+        """One sequence of `slots` slots at the end of a call: give back transformers' own sliding layers, holding
+        what plain decoding's hold ([`WindowLayer.as_sliding_layer`]), so the returned cache reads as plain
+        `generate()`'s."""
+        for i in self.layers:
+            cache.layers[i] = cache.layers[i].as_sliding_layer(slots)
+
+
 __all__ = [
+    "KeptWindows",
     "batch_refusal",
     "compact",
     "compact_cache",

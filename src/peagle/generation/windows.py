@@ -2,10 +2,12 @@
 
 transformers' sliding-window layers count cache slots: a key is in the window when its slot index is less than
 `W` before the query's. In a batched round, rejected drafts stay in the cache as masked holes, left padding
-differs per row and a tree's slots share depths, so slot distance and position distance part. Here every layer
-keeps its whole cache (`full_cache_layers`), and the window is a mask on positions: key slot k is in the window
-of query q when `position(q) - position(k) < W`, the rule transformers applies (`kv_idx > q_idx - W`) with
-positions for indices. Holes, padding and tree slots then never shift a window. docs/DESIGN.md section 10.1.
+differs per row and a tree's slots share depths, so slot distance and position distance part. Here the window is
+a mask on positions: key slot k is in the window of query q when `position(q) - position(k) < W`, the rule
+transformers applies (`kv_idx > q_idx - W`) with positions for indices. Holes, padding and tree slots then never
+shift a window. A decoding call's sliding layers become [`WindowLayer`]s, which keep the slots their window still
+needs on a slot axis of their own (`ragged.KeptWindows` trims them each round), so they hold about a window, as
+transformers' own do. docs/DESIGN.md section 10.1.
 
 A target with layers of several kinds (`config.layer_types`: Gemma 2/3, GPT-OSS, Qwen 2/3, Cohere 2) takes a
 dict of 4D masks keyed by layer kind, which its forward uses as is; one whose every layer slides
@@ -14,10 +16,11 @@ dict of 4D masks keyed by layer kind, which its forward uses as is; one whose ev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 from .attention import PACKED_SDPA
 
@@ -95,6 +98,49 @@ def windowed_masks(
     return masks if windows.keyed else masks[SLIDING]
 
 
+def kept_masks(
+    allowed: Callable[[torch.Tensor], torch.BoolTensor],
+    valid: dict[str, torch.Tensor],
+    query_positions: torch.LongTensor,
+    next_positions: torch.LongTensor,
+    windows: LayerWindows,
+) -> torch.BoolTensor | dict[str, torch.BoolTensor]:
+    """The masks of one verify pass when each layer kind keeps slots of its own: full-attention layers every slot
+    of the call (`valid[FULL]`), sliding layers the slots their window still needs (`valid[SLIDING]`).
+
+    Args:
+        allowed: `valid (B, S) -> (B, 1, Q, S + Q)`, what a layer keeping slots `valid` may attend to before
+            windows (validity, causality, tree ancestry).
+        valid: per kept slot axis, its validity `(B, S_axis)`; each row's valid slots hold its last tokens, in
+            order, ending at the position before `next_positions` ([`kept_positions`]).
+        query_positions: `(B, Q)` the position of every query.
+        next_positions: `(B,)` each row's first position not in the cache.
+        windows: from [`layer_windows`].
+
+    Returns:
+        One boolean 4D mask (`windows.keyed` False), or a dict of them keyed by layer kind.
+    """
+    masks = {}
+    for kind, window in windows.windows.items():
+        kept = valid[FULL if window is None else SLIDING]
+        keys = torch.cat([kept_positions(kept, next_positions), query_positions], dim=1)
+        one = LayerWindows({SLIDING: window}, False)
+        masks[kind] = windowed_masks(allowed(kept), keys, query_positions, one)
+    return masks if windows.keyed else masks[SLIDING]
+
+
+def kept_positions(valid: torch.Tensor, next_positions: torch.LongTensor) -> torch.LongTensor:
+    """`(B, S)` the position of every valid slot of a cache whose validity is `valid (B, S)` and whose valid slots
+    hold each row's last tokens in order, up to the position before `next_positions (B,)` (holes and padding get
+    some position; they are masked anyway).
+
+    >>> kept_positions(torch.tensor([[0, 1, 0, 1, 1]]), torch.tensor([9])).tolist()
+    [[6, 6, 7, 7, 8]]
+    """
+    after = valid.long().flip(-1).cumsum(-1).flip(-1)  # valid slots from each slot to the end
+    return next_positions[:, None] - after
+
+
 def slot_positions(valid: torch.Tensor) -> torch.LongTensor:
     """`(B, S)` the position of every valid slot of a cache whose validity is `valid (B, S)`: each row's valid slots
     hold its tokens in order from position 0 (holes and padding get 0; they are masked anyway)."""
@@ -114,9 +160,10 @@ MASKED_ATTENTION = ("eager", "sdpa", PACKED_SDPA)
 """Attention implementations that take a custom 4D mask (the packed SDPA of `attention.py` included)."""
 
 
-def positional_windows(model, cache: Cache) -> LayerWindows | None:
-    """The windows a `generate()` call masks by position, after its cache's sliding-window layers became plain
-    dynamic ones ([`full_cache_layers`]); None where transformers' own sliding layers stay, and with them the batch-1
+def positional_windows(model, cache: Cache, trim: bool = False) -> LayerWindows | None:
+    """The windows a `generate()` call masks by position, after its cache's sliding-window layers became
+    [`WindowLayer`]s (`trim`: what the decoding loop trims to the window) or plain dynamic layers that keep every
+    slot ([`full_cache_layers`]); None where transformers' own sliding layers stay, and with them the batch-1
     chains they allow: no layer slides, the attention takes no 4D mask (flash attention), a layer kind other than
     full and sliding, or a cache that already holds keys."""
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -126,15 +173,59 @@ def positional_windows(model, cache: Cache) -> LayerWindows | None:
         windows = layer_windows(model.config)
         if windows is None:
             return None
-        full_cache_layers(cache)
+        full_cache_layers(cache, windows.windows[SLIDING] if trim else None)
     except ValueError:
         return None
     return windows
 
 
-def full_cache_layers(cache: Cache) -> bool:
-    """Give every sliding-window layer of an empty `cache` a plain dynamic layer, which keeps all its slots: the
-    window is then applied by position in the masks. Returns whether any layer changed.
+class WindowLayer(DynamicLayer):
+    """A sliding-window layer of a decoding call's cache: a dynamic layer (crop, gather, row selection as usual)
+    that keeps only the slots its window by position still needs, on a slot axis of its own.
+
+    Its first update is the prefill, where each row's padding is on the left, so slots are positions within a row:
+    like transformers' `DynamicSlidingWindowLayer` it attends over all the new slots and keeps the last
+    `window - 1`. Later updates append, as a `DynamicLayer`'s do; the loop's [`ragged.KeptWindows`] tracks which
+    kept slots are valid and drops those no later query sees. `is_sliding` stays False: transformers never sees a
+    window it would count in slots, the masks come from the loop ([`kept_masks`])."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window = int(window)
+        self.filled = False
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states)
+        if not self.filled:
+            self.filled = True
+            keep = max(keys.shape[-2] - (self.window - 1), 0)
+            self.keys, self.values = keys[:, :, keep:], values[:, :, keep:]
+        return keys, values
+
+    def as_sliding_layer(self, slots: int) -> DynamicSlidingWindowLayer:
+        """transformers' own sliding layer for a cache of `slots` slots of one row (no holes) that this layer ends:
+        its last `window - 1` slots, with zeros on the left for slots it dropped as padding (masked anyway)."""
+        layer = DynamicSlidingWindowLayer(sliding_window=self.window)
+        if not self.is_initialized:
+            return layer
+        layer.lazy_initialization(self.keys, self.values)
+        want, have = min(slots, self.window - 1), self.keys.shape[-2]
+        for name in ("keys", "values"):
+            kept = getattr(self, name)[:, :, max(have - want, 0) :]
+            if want > have:
+                pad = kept.new_zeros(kept.shape[0], kept.shape[1], want - have, kept.shape[-1])
+                kept = torch.cat([pad, kept], dim=-2)
+            setattr(layer, name, kept)
+        layer.cumulative_length = slots
+        return layer
+
+
+def full_cache_layers(cache: Cache, window: int | None = None) -> bool:
+    """Give every sliding-window layer of an empty `cache` a plain dynamic layer, which keeps all its slots (or, with
+    `window`, a [`WindowLayer`] that keeps what the window needs): the window is then applied by position in the
+    masks. Returns whether any layer changed.
 
     Raises:
         ValueError: the cache already holds keys (its sliding layers have dropped what a window by position
@@ -151,9 +242,10 @@ def full_cache_layers(cache: Cache) -> bool:
             raise ValueError(
                 "the cache's sliding-window layers already hold keys; replace them before the prefill."
             )
-        if type(layer) is DynamicLayer:
+        new = DynamicLayer() if window is None else WindowLayer(window)
+        if type(layer) is type(new):
             continue
-        layers[i] = DynamicLayer()
+        layers[i] = new
         changed = True
     return changed
 
@@ -162,8 +254,12 @@ __all__ = [
     "FULL",
     "SLIDING",
     "LayerWindows",
+    "WindowLayer",
     "full_cache_layers",
+    "kept_masks",
+    "kept_positions",
     "layer_windows",
+    "positional_windows",
     "slot_positions",
     "windowed_masks",
 ]
