@@ -79,9 +79,9 @@ def test_flat_curve_drafts_k_every_round(target):
 
 @pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
 def test_dear_verification_falls_back_to_plain_steps(target, mode):
-    """When verifying extra tokens costs far more than their chance of acceptance, rounds verify no draft and the
-    drafter itself is skipped more and more often; the output is plain greedy's."""
-    curve = VerifyCostModel([1.0] + [50.0] * 7, drafter_seconds=0.2, drafter_step_seconds=0.2)
+    """When verifying extra tokens costs more than their chance of acceptance (the head's drafts are random), rounds
+    verify no draft and the drafter itself is skipped more and more often; the output is plain greedy's."""
+    curve = VerifyCostModel([1.0] + [3.0] * 7, drafter_seconds=0.2, drafter_step_seconds=0.2)
     head = _cost_head(target, mode, model=curve)
     ids = prompt_ids(4, 6)
     out = greedy(target, ids, max_new_tokens=40, assistant_model=head, num_assistant_tokens=4)
@@ -89,6 +89,37 @@ def test_dear_verification_falls_back_to_plain_steps(target, mode):
     st = head.last_generation_stats
     assert st.rounds == 0 and st.declined_rounds > 0 and st.skipped_drafter_rounds > st.declined_rounds
     assert st.plain_steps == 40 and st.drafter_forward_calls < 40
+
+
+@pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_drafting_that_cannot_pay_even_at_best_never_runs_the_drafter(target, mode, rows):
+    """Where verifying 2 tokens already costs 50 plain steps, even drafts that are always right (the oracle's)
+    cannot pay: the call never runs the drafter, takes no probe, and every step is a plain one."""
+    curve = VerifyCostModel([1.0] + [50.0] * 7, drafter_seconds=0.2, drafter_step_seconds=0.2)
+    head = _cost_head(target, mode, model=curve)
+    ids = torch.cat([prompt_ids(4 + b, 6) for b in range(rows)])
+    ref = greedy(target, ids, max_new_tokens=30)
+    oracle = Oracle(head, list(ref), p=1.0)
+    try:
+        out = greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=4)
+    finally:
+        oracle.handle.remove()
+    assert torch.equal(out, ref)
+    st = head.last_generation_stats
+    assert (
+        st.drafter_forward_calls == 0 and st.rounds == 0 and st.declined_rounds == 0 and st.probe_steps == 0
+    )
+    # every step skipped the drafter but the prefill and the last (no room left for a draft)
+    assert st.skipped_drafter_rounds == 28 and st.plain_steps == 30 * rows
+    # where the best case pays (verifying 5 tokens costs 2 plain steps), the same drafts are verified
+    head.cost_model = VerifyCostModel([1.0] + [2.0] * 7, drafter_seconds=0.2, drafter_step_seconds=0.2)
+    oracle = Oracle(head, list(ref), p=1.0)
+    try:
+        out = greedy(target, ids, max_new_tokens=30, assistant_model=head, num_assistant_tokens=4)
+    finally:
+        oracle.handle.remove()
+    assert torch.equal(out, ref) and head.last_generation_stats.rounds > 0
 
 
 def test_autoregressive_unroll_stops_when_a_pass_does_not_pay(target):
@@ -483,13 +514,14 @@ def test_a_cost_that_grows_with_the_batch_changes_the_choice(target, monkeypatch
     def truth(n, context, rows):
         return 1.0 if rows == 1 or n == 1 else 20.0
 
-    def measured(target, head=None, max_tokens=11, batch_size=1, **kw):
+    def measured(target, head=None, max_tokens=11, batch_size=1, budget=None, **kw):
         curve = [truth(n, 256, batch_size) for n in range(1, max_tokens + 1)]
         return VerifyCostModel(
             curve, key=cost_mod.cost_model_key(target, head, batch_size), source="calibrated", context=256
         )
 
     monkeypatch.setattr(cost_mod, "measure_cost_model", measured)
+    monkeypatch.setattr(cost_mod, "measure_quick_cost_model", measured)
     head = _cost_head(target)
     machine = FakeMachine(target, head, truth, drafter=0.0)
     monkeypatch.setattr(policy_mod, "_clock", machine.clock)
@@ -637,9 +669,10 @@ def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
     """The drafter's first round catches up on the whole prompt.  Where drafting did not pay after this context in
     an earlier call, a call with few tokens left to win it back skips the drafter altogether; with many tokens
     left it drafts (and so would learn if drafting pays after all)."""
-    model = VerifyCostModel([1.0 + n for n in range(9)], drafter_seconds=0.1, source="cache", context=256)
+    # verifying n tokens costs (n + 1) / 2 plain steps: always-right drafts would pay, never-right ones do not
+    model = VerifyCostModel([1.0 + n / 2 for n in range(9)], drafter_seconds=0.1, source="cache", context=256)
     head = _cost_head(target, model=model)
-    machine = FakeMachine(target, head, lambda n, context, rows: 1.0 + n - 1, drafter=0.0)
+    machine = FakeMachine(target, head, lambda n, context, rows: 1.0 + (n - 1) / 2, drafter=0.0)
     slot_cost = head.register_forward_pre_hook(
         lambda m, a, k: setattr(machine, "now", machine.now + 0.01 * k["input_ids"].shape[1]),
         with_kwargs=True,
@@ -702,3 +735,87 @@ def test_set_cost_model_refuses_what_is_not_a_cost_model(target, bad):
     head.cost_model = bad  # set directly: refused by name when generate() reads it
     with pytest.raises(TypeError, match="head.cost_model must be a VerifyCostModel"):
         greedy(target, prompt_ids(80, 6), max_new_tokens=4, assistant_model=head)
+
+
+# ---------------------------------------------------------------------------------------------- no hidden cost
+class PassCounter:
+    """Wraps the cost timing's one target-pass timer and its drafter timers: counts the passes they run."""
+
+    def __init__(self, monkeypatch):
+        from peagle.generation import cost_timing
+
+        self.target = self.drafter = 0
+        time_pass, time_drafter, time_at = (
+            cost_timing._time_pass,
+            cost_timing._time_drafter,
+            cost_timing._time_drafter_at,
+        )
+
+        def counted_pass(target, cache, ids, mask, repeats, *a, **k):
+            self.target += repeats + 1
+            return time_pass(target, cache, ids, mask, repeats, *a, **k)
+
+        def counted_drafter(head, target, k, repeats, *a, **kw):
+            self.drafter += repeats + 1
+            return time_drafter(head, target, k, repeats, *a, **kw)
+
+        def counted_at(head, target, k, repeats, *a, **kw):
+            self.drafter += repeats + 1
+            return time_at(head, target, k, repeats, *a, **kw)
+
+        monkeypatch.setattr(cost_timing, "_time_pass", counted_pass)
+        monkeypatch.setattr(cost_timing, "_time_drafter", counted_drafter)
+        monkeypatch.setattr(cost_timing, "_time_drafter_at", counted_at)
+
+
+def test_a_first_call_times_a_few_passes_counts_them_and_says_so_once(target, monkeypatch, tmp_path):
+    """On a fresh cost cache, a call's first use of a batch size times a quick curve: at most 4 n per row count,
+    each two passes, and one drafter round (two), and a context point the same way, all of it in
+    `cost_timing_seconds` and in `total_seconds`; a warning says once per process what is timed and how to time
+    it ahead; the same call again times nothing.  The output is plain greedy's."""
+    monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
+    monkeypatch.setattr(cost_mod, "_WARNED_TIMING", False)
+    cost_mod.forget_cost_models()
+    counter = PassCounter(monkeypatch)
+    head = _cost_head(target)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for rows, length in [(1, 12), (2, 12), (1, 12), (1, 420)]:
+                ids = torch.cat([prompt_ids(80 + b, length) for b in range(rows)])
+                before = counter.target, counter.drafter
+                out = greedy(target, ids, max_new_tokens=8, assistant_model=head, num_assistant_tokens=4)
+                assert torch.equal(out, greedy(target, ids, max_new_tokens=8))
+                st = head.last_generation_stats
+                passes, drafter = counter.target - before[0], counter.drafter - before[1]
+                fresh = (rows, length) != (1, 12) or before == (0, 0)  # a new curve or a new context point
+                assert passes <= (8 if fresh else 0) and drafter <= (2 if fresh else 0), (
+                    rows,
+                    length,
+                    passes,
+                )
+                assert (passes > 0) == fresh and (st.cost_timing_seconds > 0) == fresh
+                assert st.cost_timing_seconds <= st.total_seconds
+        said = [w for w in caught if "timing this machine's verify costs" in str(w.message)]
+        assert len(said) == 1 and "peagle calibrate HEAD --costs" in str(said[0].message)
+        models = [VerifyCostModel.from_dict(json.loads(p.read_text())) for p in tmp_path.glob("*.json")]
+        assert len(models) == 2 and all(m.timing == "quick" for m in models)
+        assert any(m.context_points for m in models)
+    finally:
+        cost_mod.forget_cost_models()
+
+
+def test_a_quick_curve_stops_at_its_budget_and_fills_in_the_rest(target, monkeypatch):
+    """With its budget spent, a quick curve times only the plain step and one more n (two passes each), and still
+    covers every n up to the longest, never decreasing; `peagle calibrate --costs` (no budget) times them all."""
+    from peagle.generation import cost_timing
+
+    counter = PassCounter(monkeypatch)
+    head = _cost_head(target)
+    budget = cost_timing.TimingBudget(seconds=0.0)
+    model = cost_timing.measure_quick_cost_model(target, head, 17, 1, budget)
+    assert counter.target == 4 and budget.passes == 4 and budget.spent > 0
+    assert len(model.verify_seconds) == 17 and model.verify_seconds == sorted(model.verify_seconds)
+    assert model.timing == "quick" and model.refined_online and model.drafter_seconds > 0
+    full = cost_timing.measure_cost_model(target, head, max_tokens=17, repeats=1)
+    assert counter.target == 4 + 2 * len(cost_timing.measured_points(17)) and full.timing == "full"

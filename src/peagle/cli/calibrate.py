@@ -39,9 +39,10 @@ class CalibrateArguments:
         default=False,
         metadata={
             "switch": True,
-            "help": "instead: time the cost rule's verify-cost curves of this target, head, dtype and thread count "
-            "anew (the reference curve and --contexts, at each of --batch_sizes) and replace the cached ones with "
-            "their online corrections; run it on an otherwise idle machine",
+            "help": "instead: time the cost rule's full verify-cost curves of this target, head, dtype and thread "
+            "count anew (the reference curve and --contexts, at each of --batch_sizes) and replace the cached ones "
+            "with their online corrections (without it, a generate() call times a quick curve of a few passes at "
+            "each new batch size, within about half a second); run it on an otherwise idle machine",
         },
     )
     batch_sizes: str = field(

@@ -58,6 +58,8 @@ class VerifyCostModel:
             rows than for 8).
         drafter_slot_seconds: seconds per slot of a drafter pass over a long block (the first round of a call
             catches up on the whole prompt), learned online; 0.0 until observed.
+        timing: `"full"` (every n of the reference curve timed: `peagle calibrate --costs`, benchmarks' warm-up)
+            or `"quick"` (a few n timed inside a call, the rest filled in and learnt online).
     """
 
     verify_seconds: list[float]
@@ -74,6 +76,7 @@ class VerifyCostModel:
     drafter_observations: int = 0
     row_seconds: dict[str, float] = field(default_factory=dict)
     drafter_slot_seconds: float = 0.0
+    timing: str = "full"
 
     def __post_init__(self):
         # every field is checked, not coerced: a cache file may hold `true` as seconds or a smoothing of 5, which
@@ -95,6 +98,8 @@ class VerifyCostModel:
             raise ValueError(
                 f"smoothing must be a weight in (0, 1] (of a new observation), got {self.smoothing!r}."
             )
+        if self.timing not in ("full", "quick"):
+            raise ValueError(f"timing must be 'full' or 'quick', got {self.timing!r}.")
         if not isinstance(self.key, dict) or not isinstance(self.source, str):
             raise ValueError(f"key must be a dict and source a string, got {self.key!r} and {self.source!r}.")
         if not _counts(self.observations):
@@ -319,6 +324,7 @@ class VerifyCostModel:
             "drafter_observations": self.drafter_observations,
             "row_seconds": dict(self.row_seconds),
             "drafter_slot_seconds": self.drafter_slot_seconds,
+            "timing": self.timing,
         }
 
     @classmethod

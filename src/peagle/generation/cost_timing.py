@@ -8,6 +8,7 @@ import bisect
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,60 @@ from .windows import positional_windows
 
 CALIBRATION_CONTEXT = 256
 """Context length (tokens) the calibration times its verify passes at (the reference context)."""
+
+CALL_TIMING_SECONDS = 0.5
+"""At most about this many seconds of timing inside one `generate()` call that did not ask for it (a pass under
+way is finished; a piece of timing that finds the budget spent waits for a later call)."""
+
+
+@dataclass
+class TimingBudget:
+    """The timing one `generate()` call may do: `seconds` in all (None: no limit, timing asked for), of which
+    `spent` so far, in `passes` timed target passes and `drafter_passes` timed drafter rounds."""
+
+    seconds: float | None = CALL_TIMING_SECONDS
+    spent: float = 0.0
+    passes: int = 0
+    drafter_passes: int = 0
+
+    @property
+    def left(self) -> bool:
+        """Whether more timing fits."""
+        return self.seconds is None or self.spent < self.seconds
+
+    def over(self, since: float) -> bool:
+        """Whether the timing that started at `since` (not in `spent` yet) has used up what was left."""
+        return self.seconds is not None and self.spent + time.perf_counter() - since >= self.seconds
+
+
+def quick_points(max_tokens: int) -> list[int]:
+    """The n a quick curve times, most needed first: a plain step, a chain's round of 8, the longest pass and 2
+    (the rest interpolated, and the whole curve corrected online by the passes generation runs).
+
+    >>> quick_points(33), quick_points(5)
+    ([1, 8, 33, 2], [1, 5, 2])
+    """
+    out: list[int] = []
+    for n in (1, 8, max_tokens, 2):
+        if n <= max_tokens and n not in out:
+            out.append(n)
+    return out
+
+
+def fill_curve(points: list[int], seconds: list[float], max_tokens: int) -> list[float]:
+    """`[max_tokens]` seconds for n = 1..max_tokens from timed `points` (any order, 1 among them): linear between
+    them and, beyond the largest, along the last segment (flat with one point).
+
+    >>> fill_curve([1, 4], [1.0, 2.5], 6)
+    [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    """
+    pairs = sorted(zip(points, seconds))
+    xs, ys = [p for p, _ in pairs], [s for _, s in pairs]
+    if xs[-1] < max_tokens:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        xs.append(max_tokens)
+        ys.append(ys[-1] + max(slope, 0.0) * (max_tokens - xs[-2]))
+    return interpolate(xs, ys, max_tokens)
 
 
 def measured_points(max_tokens: int) -> list[int]:
@@ -106,6 +161,68 @@ def measure_cost_model(
     return model
 
 
+@torch.no_grad()
+def measure_quick_cost_model(
+    target: Any,
+    head: Any = None,
+    max_tokens: int = 11,
+    batch_size: int = 1,
+    budget: TimingBudget | None = None,
+) -> VerifyCostModel:
+    """A curve from a few short passes (`timing = "quick"`), for a call that did not ask for timing: target passes
+    over the n of [`quick_points`] per row (each the second of two passes: the first of a shape allocates) after
+    the reference context, in that order while `budget` lasts (always the plain step and the next), the rest
+    filled in ([`fill_curve`]), and one drafter round.  The reference context is a short prefill with its keys and
+    values repeated (as for a context point), so no long prefill runs.  The online factors then correct the curve
+    from the passes generation runs; `peagle calibrate --costs` times the full one ([`measure_cost_model`])."""
+    budget = budget if budget is not None else TimingBudget()
+    tic = time.perf_counter()
+    try:
+        device = next(target.parameters()).device
+        text = target.config.get_text_config()
+        vocab = int(text.vocab_size)
+        context = CALIBRATION_CONTEXT
+        positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+        if positions:
+            context = max(1, min(context, int(positions) - max_tokens))
+        rows = max(1, int(batch_size))
+        gen = torch.Generator().manual_seed(0)
+        try:
+            cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+        except NotImplementedError:  # a cache kind that cannot be lengthened: a real prefill
+            from transformers.cache_utils import DynamicCache
+
+            cache = DynamicCache(config=target.config)
+            positional_windows(target, cache)
+            target(input_ids=torch.randint(0, vocab, (rows, context), generator=gen).to(device), use_cache=True,
+                   **cache_kwarg(cache))  # fmt: skip
+            if hasattr(cache, "activate_past_recording"):
+                cache.activate_past_recording()
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+        points, seconds = [], []
+        for i, n in enumerate(quick_points(max_tokens)):
+            if i >= 2 and budget.over(tic):
+                break
+            ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
+            seconds.append(_time_pass(target, cache, ids, None, 1, sync, budget))
+            points.append(n)
+        del cache
+        model = VerifyCostModel(
+            monotone(fill_curve(points, seconds, max_tokens)),
+            key=cost_model_key(target, head, rows),
+            source="calibrated",
+            context=context,
+            timing="quick",
+        )
+        if head is not None:
+            model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
+                head, target, max_tokens - 1, 1, rows, budget
+            )
+        return model
+    finally:
+        budget.spent += time.perf_counter() - tic
+
+
 def context_point_tokens(max_tokens: int) -> list[int]:
     """The n a longer context times: 1 (a plain step), 2, 8 (a chain's round) and the longest, the rest
     interpolated (the growth with the context is smooth in n beyond the plain step).
@@ -132,45 +249,72 @@ def measure_context_point(
     max_tokens: int,
     repeats: int = 2,
     batch_size: int = 1,
+    budget: TimingBudget | None = None,
 ) -> dict[str, Any]:
     """Time target passes over n tokens per row ([`context_point_tokens`]) and one drafter round after
     `context` tokens: a context point of [`VerifyCostModel`].
 
     No prefill of `context` tokens runs: a short real prefix is prefilled, and the cache's keys and values are
     repeated to `context` slots (a pass costs the same whatever the cached values are), so the point takes a
-    few passes.  Raises `NotImplementedError` for caches whose layers are not plain or sliding-window key/value
-    tensors (the curve then follows the context through its online factors only)."""
-    device = next(target.parameters()).device
-    text = target.config.get_text_config()
-    vocab = int(text.vocab_size)
-    rows = max(1, int(batch_size))
-    gen = torch.Generator().manual_seed(2)
-    cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
-    ns, seconds = context_point_tokens(max_tokens), []
-    for n in ns:
-        ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
-        mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
-        seconds.append(_time_pass(target, cache, ids, mask, repeats, sync))
-    del cache
-    drafter = 0.0
-    if head is not None:
-        drafter = _time_drafter_at(head, target, max_tokens - 1, repeats, rows, context)
-    return {"context": int(context), "n": ns, "seconds": seconds, "drafter_seconds": drafter}
+    few passes.  With a `budget` (inside a call that did not ask for timing) each n is the second of two passes
+    and the n go plain step, longest, 8, 2 while the budget lasts (always the first two).  Raises
+    `NotImplementedError` for caches whose layers are not plain or sliding-window key/value tensors (the curve
+    then follows the context through its online factors only)."""
+    tic = time.perf_counter()
+    try:
+        device = next(target.parameters()).device
+        text = target.config.get_text_config()
+        vocab = int(text.vocab_size)
+        rows = max(1, int(batch_size))
+        gen = torch.Generator().manual_seed(2)
+        cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+        order = context_point_tokens(max_tokens)
+        if budget is not None:
+            order = list(dict.fromkeys(n for n in (1, max_tokens, 8, 2) if n in order))
+            repeats = 1
+        timed: dict[int, float] = {}
+        for i, n in enumerate(order):
+            if budget is not None and i >= 2 and budget.over(tic):
+                break
+            ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
+            mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
+            timed[n] = _time_pass(target, cache, ids, mask, repeats, sync, budget)
+        del cache
+        drafter = 0.0
+        if head is not None:
+            drafter = _time_drafter_at(head, target, max_tokens - 1, repeats, rows, context, budget)
+        ns = sorted(timed)
+        return {
+            "context": int(context),
+            "n": ns,
+            "seconds": [timed[n] for n in ns],
+            "drafter_seconds": drafter,
+        }
+    finally:
+        if budget is not None:
+            budget.spent += time.perf_counter() - tic
 
 
 @torch.no_grad()
-def measure_plain_step(target: Any, rows: int, context: int, repeats: int = 3) -> float:
+def measure_plain_step(
+    target: Any, rows: int, context: int, repeats: int = 3, budget: TimingBudget | None = None
+) -> float:
     """Seconds of one plain step (one new token per row, a 2D attention mask from 2 rows on) for `rows` rows
-    after `context` cached tokens (median of `repeats` after a warm-up)."""
-    device = next(target.parameters()).device
-    vocab = int(target.config.get_text_config().vocab_size)
-    gen = torch.Generator().manual_seed(4)
-    cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
-    ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
-    mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
-    return _time_pass(target, cache, ids, mask, repeats, sync)
+    after `context` cached tokens (median of `repeats` after a warm-up; with a `budget`, the second of two)."""
+    tic = time.perf_counter()
+    try:
+        device = next(target.parameters()).device
+        vocab = int(target.config.get_text_config().vocab_size)
+        gen = torch.Generator().manual_seed(4)
+        cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+        ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
+        mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
+        return _time_pass(target, cache, ids, mask, 1 if budget is not None else repeats, sync, budget)
+    finally:
+        if budget is not None:
+            budget.spent += time.perf_counter() - tic
 
 
 def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: int, gen, device) -> Any:
@@ -216,7 +360,9 @@ def _drafter_inputs(
     return ctx, feats
 
 
-def _time_drafter_at(head: Any, target: Any, k: int, repeats: int, rows: int, context: int) -> float:
+def _time_drafter_at(
+    head: Any, target: Any, k: int, repeats: int, rows: int, context: int, budget: TimingBudget | None = None
+) -> float:
     """Seconds of one drafting round (3 real slots + K-1 parallel ones, or one autoregressive pass) after
     `context` slots in the drafter's cache."""
     from transformers.cache_utils import DynamicCache
@@ -237,10 +383,14 @@ def _time_drafter_at(head: Any, target: Any, k: int, repeats: int, rows: int, co
         head.draft_round(ctx[:, 32:], feats[:, 32:], max(k, 1), cache, context, select=select)
         times.append(time.perf_counter() - t0)
         cache.crop(-(cache.get_seq_length() - context))
+    if budget is not None:
+        budget.drafter_passes += len(times)
     return statistics.median(times[1:])
 
 
-def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -> tuple[float, float]:
+def _time_drafter(
+    head: Any, target: Any, k: int, repeats: int, rows: int = 1, budget: TimingBudget | None = None
+) -> tuple[float, float]:
     """Seconds of one drafting round (real slots of a typical round + K-1 parallel slots, or one autoregressive
     pass) after a short context, and of one more autoregressive pass."""
     from transformers.cache_utils import DynamicCache
@@ -258,6 +408,8 @@ def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -
             t0 = time.perf_counter()
             head.draft_round(ctx[:, 61:62], feats[:, 61:62], 1, cache, 64, select=select)
             steps.append(time.perf_counter() - t0)
+    if budget is not None:
+        budget.drafter_passes += len(times) + len(steps)
     first = statistics.median(times[1:])
     if head.config.drafting_mode == "autoregressive" and k > 1:
         step = statistics.median(steps[1:])
@@ -267,10 +419,16 @@ def _time_drafter(head: Any, target: Any, k: int, repeats: int, rows: int = 1) -
 
 
 def _time_pass(
-    target: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor | None, repeats: int, sync
+    target: Any,
+    cache: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    repeats: int,
+    sync,
+    budget: TimingBudget | None = None,
 ) -> float:
     """Median seconds of `repeats` target passes over `ids` on `cache` after one warm-up pass (the first pass of a
-    shape allocates, and is slower); each pass is cropped off the cache again."""
+    shape allocates, and is slower); each pass is cropped off the cache again (counted in `budget.passes`)."""
     times = []
     with packed_attention(target):  # the attention verify passes run with (peagle_decoding)
         for _ in range(repeats + 1):
@@ -286,6 +444,8 @@ def _time_pass(
             sync()
             times.append(time.perf_counter() - t0)
             cache.crop(-ids.shape[1])
+    if budget is not None:
+        budget.passes += len(times)
     return statistics.median(times[1:])
 
 
@@ -314,6 +474,11 @@ def context_fits_in_memory(target: Any, rows: int, context: int) -> bool:
 
 __all__ = [
     "CALIBRATION_CONTEXT",
+    "CALL_TIMING_SECONDS",
+    "TimingBudget",
+    "fill_curve",
+    "measure_quick_cost_model",
+    "quick_points",
     "context_fits_in_memory",
     "context_point_tokens",
     "interpolate",

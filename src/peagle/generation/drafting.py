@@ -98,13 +98,13 @@ class DraftingSession:
         self.resumed = resume is not None and resume.window == s.window and resume.rows == s.batch_size
         self.cache = resume if self.resumed else DrafterCache(head, s.batch_size, s.window)
         self.correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
+        self._start = _policy._clock()  # total_seconds includes any cost timing the policy does first
         self.policy = make_policy(s, self.stats, target, head, self.cache, self.correction)
         self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
         self._last_num_drafts = 0
         # [depth][row] the head's confidence in the last round's drafts
         self._confidences: list[list[float]] = []
         self._trees: list[DraftTree] | None = None  # the trees under verification
-        self._start = _policy._clock()
         head.last_generation_stats = self.stats
 
     # ------------------------------------------------------------------ rows and slots

@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from ..modeling_peagle import PEagleDrafter
-from .cost import VerifyCostModel, cost_model_for, ensure_row_seconds, extend_to_context, persist_cost_model
+from .cost import (
+    TimingBudget,
+    VerifyCostModel,
+    cost_model_for,
+    ensure_row_seconds,
+    extend_to_context,
+    persist_cost_model,
+)
 from .drafter_cache import DrafterCache
 from .rule import (
     AcceptanceCorrection,
@@ -28,7 +35,7 @@ from .rule import (
     choose_batch_tree_size,
 )
 from .settings import DraftingSettings
-from .stats import PEagleGenerationStats
+from .stats import PEagleGenerationStats, context_bucket
 from .tree import DraftTree
 
 _clock = time.perf_counter
@@ -192,7 +199,10 @@ class CostPolicy(DraftPolicy):
         super().__init__(settings, stats)
         self.target, self.head, self.drafter_cache, self.correction = target, head, drafter_cache, correction
         tokens = max(settings.num_speculative_tokens, settings.tree_nodes) + 1
-        self.cost = cost_model_for(target, head, tokens, batch_size=settings.batch_size)
+        self.budget = TimingBudget()  # all the timing this call may do (none was asked for)
+        self.cost = cost_model_for(target, head, tokens, batch_size=settings.batch_size, budget=self.budget)
+        stats.cost_timing_seconds = self.budget.spent
+        self._hopeless: tuple[int, bool] | None = None  # (context bucket, whether drafting cannot pay there)
         self._skip_left = 0  # plain steps to take before the drafter runs again
         self._skip_len = 1  # the next skip's length (doubles while drafting keeps losing)
         self._returned_at: float | None = None  # when the last candidates went to verification
@@ -214,9 +224,11 @@ class CostPolicy(DraftPolicy):
             self._context,
             len(self.cost.verify_seconds),
             self.settings.batch_size,
+            self.budget,
         )
         if spent:
-            self.stats.cost_timing_seconds += spent
+            self.stats.cost_timing_seconds = self.budget.spent
+            self._hopeless = None  # the context's costs are known better now
             return _clock()
         return now
 
@@ -257,8 +269,12 @@ class CostPolicy(DraftPolicy):
 
     # ------------------------------------------------------------------ whether the drafter runs
     def skips(self, max_drafts: int) -> bool:
-        """A plain step while a skip lasts, to probe a plain step's cost, or for the whole call when drafting did
-        not pay at this context before and the catch-up over the prompt would not pay either."""
+        """A plain step while drafting cannot pay at this context even at best ([`cannot_pay`]), while a skip
+        lasts, to probe a plain step's cost, or for the whole call when drafting did not pay at this context
+        before and the catch-up over the prompt would not pay either."""
+        if self.cannot_pay():
+            self.stats.skipped_drafter_rounds += 1
+            return True
         if self._skip_left > 0:
             self._skip_left -= 1
             self.stats.skipped_drafter_rounds += 1
@@ -270,6 +286,26 @@ class CostPolicy(DraftPolicy):
             self.stats.skipped_drafter_rounds += 1
             return True
         return False
+
+    def cannot_pay(self) -> bool:
+        """Whether even the head's best case cannot pay at this context: a round verifying n drafts (or nodes), all
+        accepted, emits n + 1 tokens per row for the verify pass over n + 1 plus the drafter's round (an
+        autoregressive head's: one more pass per draft), and for no n does that beat a plain step's token by
+        `PAYS_MARGIN`.  Then the call takes plain steps without the drafter and without probes until the context
+        reaches another bucket (decided once per bucket, from the curve at hand)."""
+        bucket = context_bucket(self._context)
+        if self._hopeless is None or self._hopeless[0] != bucket:
+            s, cost = self.settings, self.cost
+            most = max(s.num_speculative_tokens, s.tree_nodes)
+            curve = cost.curve(most + 1, self._context)
+            drafter = cost.drafter_cost(self.drafter_cache.length)
+            step = cost.drafter_step_seconds if s.drafting_mode == "autoregressive" else 0.0
+            best = max(
+                (n + 1) / (curve[n] + drafter + step * (min(n, s.num_speculative_tokens) - 1))
+                for n in range(1, most + 1)
+            )
+            self._hopeless = (bucket, best * curve[0] < 1.0 + PAYS_MARGIN)
+        return self._hopeless[1]
 
     def _start_from_memory(self, remaining: int) -> bool:
         """Before a call's first drafting round: where drafting did not pay at this context in an earlier call,
@@ -416,17 +452,18 @@ class CostPolicy(DraftPolicy):
         if not self.cost.refined_online or most <= live:
             return live
         spent, seconds = 0.0, {}
-        for count in range(live, most + 1):
-            value, took = ensure_row_seconds(self.cost, self.target, count)
-            spent += took
-            if value is None:
-                return live
-            seconds[count] = value
-        best = min(seconds, key=lambda c: (seconds[c], c))
-        self.stats.cost_timing_seconds += spent
-        if self._returned_at is not None:  # the timing is not part of the pass being timed
-            self._returned_at += spent
-        return best
+        try:
+            for count in range(live, most + 1):
+                value, took = ensure_row_seconds(self.cost, self.target, count, self.budget)
+                spent += took
+                if value is None:  # not timeable, or not within this call's timing budget
+                    return live
+                seconds[count] = value
+        finally:
+            self.stats.cost_timing_seconds = self.budget.spent
+            if self._returned_at is not None:  # the timing is not part of the pass being timed
+                self._returned_at += spent
+        return min(seconds, key=lambda c: (seconds[c], c))
 
     def finish(self) -> None:
         """The cost curve's online figures go to its cache file, and whether drafting paid at this context is
