@@ -107,11 +107,15 @@ def run_benchmark(
             plan = [("greedy", 1)] + [(m, k) for k in ks for m in others] + autos
             reference: list[int] | None = None
             for method, k in plan:
-                runs = [
+                runs = [  # the first run also counts its host reads (the median of the others hides the wrapper)
                     timed_generate(
-                        target, ids, max_new_tokens, **method_kwargs(method, k, heads, confidence_threshold)
+                        target,
+                        ids,
+                        max_new_tokens,
+                        count_syncs=i == 0,
+                        **method_kwargs(method, k, heads, confidence_threshold),
                     )
-                    for _ in range(max(1, repeats))
+                    for i in range(max(1, repeats))
                 ]
                 first = runs[0]
                 if method == "greedy":
@@ -129,6 +133,7 @@ def run_benchmark(
                         "target_seconds": statistics.median(r.target_seconds for r in runs),
                         "drafter_seconds": statistics.median(r.drafter_seconds for r in runs),
                         "drafter_calls": first.drafter_calls,
+                        "host_syncs": first.host_syncs,
                         "lossless": all(r.output == reference for r in runs),
                         "stats": first.stats.to_dict() if first.stats is not None else None,
                         **({"output": first.output} if method == "greedy" else {}),  # vLLM rows compare
@@ -189,6 +194,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if (per_prompt := _prompt_speedups(rs, prompt_tps))
                 else None,
                 **_time_split(rs, rounds),
+                "host_syncs_per_round": _per_round(rs, "host_syncs", rounds),
                 "lossless": all(r["lossless"] for r in rs),
             }
         )
@@ -204,6 +210,13 @@ def _time_split(rows: list[dict[str, Any]], rounds: int) -> dict[str, float | No
     drafter = sum(r["drafter_seconds"] for r in rows)
     total = sum(r["seconds"] for r in rows)
     return dict(zip(keys, (1e3 * v / max(1, rounds) for v in (target, drafter, total - target - drafter))))
+
+
+def _per_round(rows: list[dict[str, Any]], name: str, rounds: int) -> float | None:
+    """`name` summed over the rows, per target pass; None where a row did not count it (vLLM rows)."""
+    if not rounds or any(r.get(name) is None for r in rows):
+        return None
+    return sum(r[name] for r in rows) / rounds
 
 
 def _prompt_speedups(rows: list[dict[str, Any]], greedy: dict[tuple[str, int], float]) -> list[float]:

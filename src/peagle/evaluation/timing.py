@@ -3,6 +3,7 @@ counted and their time summed by hooks ([`timed_generate`]), and the machine a m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 from ..generation.stats import PEagleGenerationStats
+from .host_syncs import count_host_syncs
 
 
 @dataclass
@@ -29,6 +31,8 @@ class RunResult:
     """The head's statistics of this call (None for methods without a P-EAGLE head)."""
     prefill_seconds: float = 0.0
     """The target's first forward call (the prompt's prefill): what no drafting rule changes."""
+    host_syncs: int | None = None
+    """Host reads of tensors during the call ([`host_syncs.count_host_syncs`]), when counted."""
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -68,9 +72,10 @@ class _ForwardTimer:
 
 
 def timed_generate(
-    target, input_ids: torch.Tensor, max_new_tokens: int, assistant=None, **kwargs
+    target, input_ids: torch.Tensor, max_new_tokens: int, assistant=None, count_syncs: bool = False, **kwargs
 ) -> RunResult:
-    """Greedy `target.generate` with timing and call counts of the target and of `assistant`."""
+    """Greedy `target.generate` with timing and call counts of the target and of `assistant`; with `count_syncs`,
+    its host reads of tensors too (a wrapper of about a microsecond per read)."""
     target_timer = _ForwardTimer(target)
     drafter_timer = _ForwardTimer(assistant if isinstance(assistant, torch.nn.Module) else None)
     gen_kwargs = dict(
@@ -80,10 +85,11 @@ def timed_generate(
         gen_kwargs["assistant_model"] = assistant
     gen_kwargs.update(kwargs)
     try:
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = target.generate(input_ids, **gen_kwargs)
-        seconds = time.perf_counter() - t0
+        with count_host_syncs() if count_syncs else contextlib.nullcontext() as syncs:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = target.generate(input_ids, **gen_kwargs)
+            seconds = time.perf_counter() - t0
     finally:
         target_timer.close()
         drafter_timer.close()
@@ -99,6 +105,7 @@ def timed_generate(
         output=new,
         stats=stats if isinstance(stats, PEagleGenerationStats) else None,
         prefill_seconds=target_timer.first_seconds,
+        host_syncs=syncs.count if syncs is not None else None,
     )
 
 
