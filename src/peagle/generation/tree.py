@@ -156,13 +156,13 @@ class DraftCandidates:
             slot = parent + 1 if parent >= 0 else 0
         return out[::-1]
 
-    def attention_mask(self, past: torch.Tensor) -> torch.Tensor | None:
+    def attention_mask(self, past: torch.Tensor, gaps: bool | None = None) -> torch.Tensor | None:
         """What the verify pass attends to, given the rows' valid past `past (B, S)` (0 at left padding and
-        holes): a chain's 2D mask (None without any 0 in it), a tree's 4D `(B, 1, n + 1, S + n + 1)`
-        [`tree_attention_mask`]."""
+        holes): a chain's 2D mask (None without any 0 in it; `gaps`: whether there is one, when the caller knows
+        it without reading `past`), a tree's 4D `(B, 1, n + 1, S + n + 1)` [`tree_attention_mask`]."""
         width = len(self) + 1
         if self.parents is None:
-            if not bool((past == 0).any()):
+            if not (bool((past == 0).any()) if gaps is None else gaps):
                 return None
             return torch.cat([past, past.new_ones(past.shape[0], width)], dim=1)
         return tree_attention_mask([TreeRow([], p) for p in self.parents], past)
