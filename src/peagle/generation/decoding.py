@@ -35,14 +35,14 @@ from .checks import check_continuation, check_decoding_inputs
 from .drafting import DraftingSession
 from .outputs import hidden_entries_upto, hidden_per_step, per_step
 from .processing import grouped_processing
-from .ragged import batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .ragged import KeptWindows, batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
 from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
 from .stopping import LockstepStops, replayed_criteria
 from .tree import DraftCandidates, greedy_path
-from .windows import causal_block, positional_windows, slot_positions, windowed_masks
+from .windows import FULL, SLIDING, causal_block, kept_masks, positional_windows
 
 _MANAGED_KWARGS = {
     "attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "return_dict", "output_hidden_states",
@@ -98,16 +98,18 @@ class _Rows:
         return [b not in self.idle for b in self.active]
 
 
-def _cut(tokens: torch.LongTensor, budget: int, eos: torch.Tensor | None) -> tuple[torch.LongTensor, bool]:
-    """A row's emitted tokens cut at `max_length` and after its first EOS; whether the row ended."""
-    ended = tokens.shape[0] >= budget
-    tokens = tokens[:budget]
-    if eos is not None and tokens.numel():
-        hits = torch.isin(tokens, eos.to(tokens.device)).nonzero()
-        if hits.numel():
-            tokens = tokens[: int(hits[0]) + 1]
-            ended = True
-    return tokens, ended
+def _cut(
+    tokens: torch.LongTensor, host: list[int], budget: int, eos: set[int]
+) -> tuple[torch.LongTensor, bool]:
+    """A row's emitted tokens (`host`: the same ids, read once for the batch) cut at `max_length` and after its
+    first EOS; whether the row ended.  Decided on the host: no read of the tensor."""
+    n = min(len(host), budget)
+    ended = len(host) >= budget
+    for i in range(n):
+        if host[i] in eos:
+            n, ended = i + 1, True
+            break
+    return tokens[:n], ended
 
 
 def _gather_slots(x: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
@@ -157,6 +159,7 @@ class _Decoder:
         pad = generation_config._pad_token_tensor
         self.pad_id = int(pad) if pad is not None else 0
         self.eos = generation_config._eos_token_tensor
+        self.eos_ids = set(self.eos.reshape(-1).tolist()) if self.eos is not None else set()
         self.do_sample = bool(generation_config.do_sample)
         want_dict = bool(generation_config.return_dict_in_generate)
         self.want_dict = want_dict
@@ -174,9 +177,9 @@ class _Decoder:
         if self.cached:
             check_continuation(model, cache, self.cached, input_ids)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
-        self.windows = positional_windows(
-            model, self.cache
-        )  # sliding layers: the window by position (DESIGN 10.1)
+        # sliding layers: the window by position, each keeping its window's slots (DESIGN 10.1)
+        self.windows = positional_windows(model, self.cache, trim=True)
+        self.kept: KeptWindows | None = None  # the sliding layers' own slots, from the prefill on
         _refuse_batch(model, self.cache, self.batch)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
@@ -184,6 +187,11 @@ class _Decoder:
         ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
+        self.pos_host = self.next_pos.tolist()  # the same on the host (no read per round)
+        # whether the cache has left padding or holes (host-side, so that rounds need not read the mask), and
+        # whether they changed since compaction was last considered
+        self.gaps = mask is not None and not bool(mask.all())
+        self.gaps_changed = self.gaps
         # sampling draws keyed by (row, position): the seed fixes the tokens whatever the rule chooses
         self.sampler = KeyedSampler.from_global_generator(self.device) if self.do_sample else None
         self.drafter = DraftingSession(
@@ -266,6 +274,8 @@ class _Decoder:
         if first and not self.drafter.resumed:
             self._catch_up(positions, mask)
         out, feats = self._forward(self.input_ids[:, first:], positions[:, first:], mask, 1)
+        if self.windows is not None:
+            self.kept = KeptWindows(self.cache, self.kv_mask)
         _refuse_batch(self.model, self.cache, self.batch)  # layers a cache creates lazily exist now
         self._check_trees()
         raw = out.logits[:, -1:].float()
@@ -276,7 +286,9 @@ class _Decoder:
             ]
         else:
             token = scores[:, 0].argmax(dim=-1, keepdim=True)
-        emitted = self.record([token[b] for b in range(self.batch)], raw, scores, out)
+        emitted = self.record(
+            [token[b] for b in range(self.batch)], raw, scores, out, host=[[t] for t in token[:, 0].tolist()]
+        )
         for j, b in enumerate(self.rows.active):  # every real prompt position with the real token after it
             if emitted[j].numel() == 0:
                 continue
@@ -331,7 +343,11 @@ class _Decoder:
         inputs = torch.cat([last, candidates.tokens.to(device)], dim=1)
         depths = torch.cat([torch.zeros_like(last), candidates.depths.to(device)], dim=1)
         positions = self.next_pos[:, None] + depths
-        out, feats = self._forward(inputs, positions, self._verify_mask(candidates, positions), width)
+        if self.windows is None and candidates.parents is None:  # a chain: whether the cache has padding or
+            mask = candidates.attention_mask(self.kv_mask, self.gaps)  # holes is known on the host
+        else:
+            mask = self._verify_mask(candidates, positions)
+        out, feats = self._forward(inputs, positions, mask, width)
         raw = out.logits[:, -width:].float()
         scores = raw.clone()
         if len(self.processors) > 0:  # each slot sees the row's history plus the drafts on its own path
@@ -344,18 +360,20 @@ class _Decoder:
                     for j, b in enumerate(rows.active)
                 ]
                 scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
-        paths, accepted = self._accept(inputs, scores, candidates)
+        paths, accepted, host = self._accept(inputs, scores, candidates)
         # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes
         lengths = [min(len(p), self.max_length - rows.lengths[b]) for p, b in zip(paths, rows.active)]
         starts = self._keep_paths(paths, lengths, width)
-        slots = torch.tensor([(p + [0] * width)[:width] for p in paths], device=device)
+        if width == 1:  # a plain step: every row's path is its one slot
+            gather = lambda x: x  # noqa: E731
+        else:
+            slots = torch.tensor([(p + [0] * width)[:width] for p in paths], device=device)
+            gather = lambda x: _gather_slots(x, slots)  # noqa: E731
         hidden = None
         if self.want["hidden"]:
-            hidden = tuple(_gather_slots(h[:, -width:], slots) for h in out.hidden_states)
-        emitted = self.record(
-            accepted, _gather_slots(raw, slots), _gather_slots(scores, slots), _PathOutput(hidden), paths
-        )
-        path_feats = _gather_slots(feats, slots)
+            hidden = tuple(gather(h[:, -width:]) for h in out.hidden_states)
+        emitted = self.record(accepted, gather(raw), gather(scores), _PathOutput(hidden), paths, host)
+        path_feats = gather(feats)
         for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
             verified = accepted[j][: lengths[j]]
             if rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
@@ -368,18 +386,21 @@ class _Decoder:
     ) -> torch.Tensor | dict[str, torch.Tensor] | None:
         """The verify pass's attention mask in the form the target's attention takes it: a chain's 2D mask, a
         tree's 4D one; on sliding-window layers, 4D masks with each layer kind's window applied by position."""
-        mask = candidates.attention_mask(self.kv_mask)
         if self.windows is not None:
-            allowed = (
-                mask
-                if mask is not None and mask.dim() == 4
-                else causal_block(self.kv_mask, len(candidates) + 1)
-            )
-            keys = torch.cat([slot_positions(self.kv_mask), positions], dim=1)
-            masks = windowed_masks(allowed, keys, positions, self.windows)
+            self.kept.trim(self.cache, self.next_pos)  # sliding layers drop what no later query sees
+
+            def allowed(valid: torch.Tensor) -> torch.BoolTensor:
+                tree = candidates.attention_mask(valid)
+                return (
+                    tree if tree is not None and tree.dim() == 4 else causal_block(valid, len(candidates) + 1)
+                )
+
+            kept = {FULL: self.kv_mask, SLIDING: self.kept.valid}
+            masks = kept_masks(allowed, kept, positions, self.next_pos, self.windows)
             if isinstance(masks, dict):
                 return {kind: self._as_model_mask(m) for kind, m in masks.items()}
             return self._as_model_mask(masks)
+        mask = candidates.attention_mask(self.kv_mask)
         if mask is None or mask.dim() == 2:
             return mask
         return self._as_model_mask(mask)
@@ -390,26 +411,38 @@ class _Decoder:
 
     def _accept(
         self, inputs: torch.LongTensor, scores: torch.Tensor, candidates: DraftCandidates
-    ) -> tuple[list[list[int]], list[torch.LongTensor]]:
-        """Each row's accepted path (slots, root first) and emitted tokens: the path of the target's own choices
-        ([`greedy_path`]) and its choice after the path.  Greedy, a choice is the argmax; sampling, the keyed draw
-        for the position the slot decides ([`sampling.KeyedSampler`]: an exact draw from the target's distribution
-        that does not depend on the drafts, so a draft is kept iff it equals the target's draw)."""
-        paths, accepted = [], []
+    ) -> tuple[list[list[int]], list[torch.LongTensor], list[list[int]]]:
+        """Each row's accepted path (slots, root first) and emitted tokens, as a tensor and as host ids: the path
+        of the target's own choices ([`greedy_path`]) and its choice after the path.  Greedy, a choice is the
+        argmax; sampling, the keyed draw for the position the slot decides ([`sampling.KeyedSampler`]: an exact
+        draw from the target's distribution that does not depend on the drafts, so a draft is kept iff it equals
+        the target's draw).  Greedy chains (plain steps included) read the whole batch's outcome in one go."""
+        paths, accepted, host = [], [], []
+        picks = scores.argmax(dim=-1) if self.sampler is None else None
+        if picks is not None and candidates.parents is None:
+            # a chain's path is its drafts' leading agreement with the target's choices, which it then emits
+            agree = (inputs[:, 1:] == picks[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+            for j, row in enumerate(torch.cat([picks, agree[:, None]], dim=1).tolist()):
+                m = row[-1]
+                paths.append(list(range(m + 1)))
+                accepted.append(picks[j, : m + 1])
+                host.append(row[: m + 1])
+            return paths, accepted, host
+        read = picks.tolist() if picks is not None else None
         for j, b in enumerate(self.rows.active):
-            if self.sampler is None:
-                choices = scores[j].argmax(dim=-1).tolist()
+            if read is not None:
+                choices = read[j]
             else:  # each slot's keyed draw at the position its output decides
                 at = self.rows.lengths[b]
                 depths = [0] + candidates.depths[j].tolist()
                 choices = self.sampler.sample(scores[j], [b] * len(depths), [at + d for d in depths]).tolist()
                 self.sampler.forget_before(b, at)
             path = greedy_path(candidates.row(j), choices)
-            final = choices[path[-1]]
             paths.append(path)
+            host.append([choices[slot] for slot in path])  # a kept node is its parent slot's choice
             nodes = inputs[j, path[1:]]
-            accepted.append(torch.cat([nodes, nodes.new_tensor([final])]))
-        return paths, accepted
+            accepted.append(torch.cat([nodes, nodes.new_tensor([host[-1][-1]])]))
+        return paths, accepted, host
 
     def _keep_paths(self, paths: list[list[int]], lengths: list[int], width: int) -> list[int]:
         """The target's cache after a verify pass: each row keeps the first `lengths[j]` slots of its path at the
@@ -424,17 +457,31 @@ class _Decoder:
             keep_tail(
                 self.cache, torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device), width
             )
-        kept = torch.tensor(lengths, device=device)
-        self.kv_mask = torch.cat(
-            [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
-        )
-        starts = self.next_pos.tolist()
-        self.next_pos = self.next_pos + kept
+        if min(lengths) == longest:  # every row kept as many: no new holes
+            self.kv_mask = torch.cat([self.kv_mask, self.kv_mask.new_ones(len(lengths), longest)], 1)
+            self.next_pos = self.next_pos + longest
+        else:
+            kept = torch.tensor(lengths, device=device)
+            self.kv_mask = torch.cat(
+                [self.kv_mask, (torch.arange(longest, device=device)[None] < kept[:, None]).long()], 1
+            )
+            self.next_pos = self.next_pos + kept
+            self.gaps = self.gaps_changed = True
+        if self.kept is not None:
+            self.kept.extend(self.kv_mask[:, -longest:])
+        starts = self.pos_host
+        self.pos_host = [p + n for p, n in zip(starts, lengths)]
         return starts
 
     # ------------------------------------------------------------------ rows
     def record(
-        self, emitted, raw, scores, out, paths: list[list[int]] | None = None
+        self,
+        emitted,
+        raw,
+        scores,
+        out,
+        paths: list[list[int]] | None = None,
+        host: list[list[int]] | None = None,
     ) -> list[torch.LongTensor]:
         """Cut each row's new tokens at `max_length` and its first EOS, append them, keep what the call returns,
         and tell the drafting side how many drafts each row kept (and, after a verify pass, the slots of each
@@ -447,7 +494,8 @@ class _Decoder:
             ):  # an idle row's tokens are never output (its place in the batch is what counts)
                 cut.append(emitted[j][:0])
                 continue
-            tokens, done = _cut(emitted[j], self.max_length - rows.lengths[b], self.eos)
+            ids = host[j] if host is not None else emitted[j].tolist()
+            tokens, done = _cut(emitted[j], ids, self.max_length - rows.lengths[b], self.eos_ids)
             n = tokens.shape[0]
             if self.want["scores"]:
                 self.per_row["scores"][b].extend(scores[j, :n])
@@ -509,10 +557,16 @@ class _Decoder:
                 index = torch.tensor(keep, device=self.device)
                 self.cache.batch_select_indices(index)
                 self.kv_mask, self.next_pos = self.kv_mask[index], self.next_pos[index]
+                if self.kept is not None:
+                    self.kept.select_rows(index)
+                self.pos_host = [self.pos_host[j] for j in keep]
+                self.gaps_changed = self.gaps
                 self.drafter.select_rows(torch.tensor(keep))
             emitted = [emitted[j] for j in keep]
-        if rows.active and worth_compacting(self.kv_mask) and batch_refusal(self.cache) is None:
-            self.kv_mask = compact(self.cache, self.kv_mask)
+        if self.gaps_changed and rows.active:  # holes pile up only in rounds that add some (or drop rows)
+            self.gaps_changed = False
+            if worth_compacting(self.kv_mask) and batch_refusal(self.cache) is None:
+                self.kv_mask = compact(self.cache, self.kv_mask)
         return emitted
 
     def _idle_rows(self, live: list[int]) -> list[int]:
@@ -532,7 +586,7 @@ class _Decoder:
             j
             for j in ended
             if rows.lengths[rows.active[j]] < self.max_length
-            and (positions is None or int(self.next_pos[j]) + room < int(positions))
+            and (positions is None or self.pos_host[j] + room < int(positions))
         ]
         eligible.sort(key=lambda j: rows.active[j] not in rows.idle)  # rows already idle first
         count = self.drafter.rows_to_keep(len(live), len(live) + len(eligible))
@@ -545,12 +599,13 @@ class _Decoder:
         if self.batch != 1 or self.cache is None:
             return
         length = self.rows.lengths[0] - 1
-        extra = self.cache.get_seq_length() - length
+        extra = self.kv_mask.shape[1] - length  # the call's slot axis (sliding layers keep fewer slots)
         if extra > 0:
             self.cache.crop(-extra)
             self.kv_mask = self.kv_mask[:, :length]
-        if self.windows is not None:
-            return  # continuing from a cache is refused on sliding-window targets
+        if self.kept is not None:  # plain decoding's sliding layers (no continuing with the head there)
+            self.kept.restore(self.cache, self.kv_mask.shape[1])
+            return
         end = int(self.kv_mask[0, :length].sum())
         if self.drafter.cache.drop_slots_from(end):
             leave_state(self.cache, self.drafter.cache, self.drafter.head, int(self.rows.tokens[0, length]))

@@ -1,0 +1,59 @@
+"""Host synchronisations: the counter itself, and the loop's plain steps reading the host at most ~2 times each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import greedy, make_head, make_target, prompt_ids
+from peagle.evaluation.host_syncs import count_host_syncs
+from peagle.generation import policy as policy_mod
+from peagle.generation.cost import VerifyCostModel
+
+
+def test_the_counter_counts_each_read_once_and_restores_torch():
+    x = torch.arange(6)
+    with count_host_syncs() as syncs:
+        x.tolist()
+        bool(x.any())
+        int(x.sum())
+        x[x > 2].nonzero()
+        x.sum().item()
+        x + 1  # no read
+    assert syncs.count == 5 and syncs.by_name["nonzero"] == 1 and syncs.by_name["__bool__"] == 1
+    with count_host_syncs() as again:
+        pass
+    assert again.count == 0
+    assert torch.Tensor.tolist is torch._C.TensorBase.tolist  # the wrappers are gone
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, num_hidden_layers=2)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_skipped_steps_read_the_host_at_most_twice(target, monkeypatch, rows):
+    """With the cost rule skipping the drafter every step, a step makes at most 2 host reads, counted as the
+    difference between a 40- and a 16-token call (so the one-time setup does not count), with left padding and an
+    EOS token in play: one for the step's tokens and, with padding, transformers' own mask check, which plain
+    greedy `generate()` makes too (plain: about 1 per step without padding, 2 with).  The output is plain's."""
+    head = make_head(target, confidence_threshold=None)
+    head.cost_model = VerifyCostModel.flat(max_tokens=40)  # no timing in the counted calls
+    monkeypatch.setattr(policy_mod.CostPolicy, "skips", lambda self, max_drafts: True)
+    ids = torch.cat([prompt_ids(90 + b, 10) for b in range(rows)])
+    mask = torch.ones_like(ids)
+    mask[1:, :3] = 0  # rows after the first are left-padded
+    counts = []
+    for new in (16, 40):
+        kw = dict(max_new_tokens=new, attention_mask=mask, pad_token_id=0, eos_token_id=2)
+        ref = greedy(target, ids, **kw)
+        with count_host_syncs() as syncs:
+            out = greedy(target, ids, assistant_model=head, **kw)
+        assert torch.equal(out, ref)
+        st = head.last_generation_stats
+        assert st.drafter_forward_calls == 0
+        counts.append((syncs.count, st.target_batch_passes))
+    (short, short_steps), (long, long_steps) = counts
+    assert long_steps - short_steps >= 20
+    assert (long - short) <= 2 * (long_steps - short_steps), (counts, dict(syncs.by_name))
