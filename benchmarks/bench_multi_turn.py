@@ -5,9 +5,10 @@ Each conversation has `--turns` user turns.  Turns 1, 3, 5, ... open with `--doc
 and every turn asks a held-out question (the user turns of `--examples`, by default the repository's held-out set
 after `--skip` 48; never MT-Bench or HumanEval).  Both sides run each turn with the cache the previous turn
 filled (`target.generate(ids, cache=cache, ...)`), greedy, `--max-new-tokens` per answer, interleaved turn by
-turn; every peagle output is compared with plain's.  peagle runs with the shipped head's default rule; one
-untimed warm-up call on a long input first times the cost curve's context points (what a user's first call at
-that length does once per machine; its seconds are reported), so no timed turn includes that timing.
+turn; every peagle output is compared with plain's.  peagle runs with the shipped head's default rule; an untimed
+warm-up first times the cost curve and its context point at the conversations' longest length (what
+`peagle calibrate --costs` does ahead of time; its seconds are reported), so no timed turn includes that timing
+(each turn's own `cost_timing_seconds` says so).
 
 Writes `<out>/multi_turn.json` (every turn: input and cached tokens, new tokens, seconds, speedup, tokens per
 target pass, the head's catch-up seconds) and `<out>/multi_turn.png` (seconds per turn).  Exit status 1 when an
@@ -39,6 +40,8 @@ from peagle.data.shards import load_examples
 from peagle.evaluation import multi_turn
 from peagle.evaluation.long_inputs import prompt_part
 from peagle.evaluation.timing import machine_description
+from peagle.generation.cost import prepare_cost_model
+from peagle.generation.settings import AUTO_TREE_NODES
 
 
 def user_question(tokenizer, example) -> str:
@@ -50,17 +53,19 @@ def user_question(tokenizer, example) -> str:
 
 
 def document_chunks(tokenizer, source: str, count: int, tokens: int, seed: int) -> list[str]:
-    """`count` chunks of `tokens` tokens, each from another document of `source` (taken in a seeded order)."""
+    """`count` chunks of `tokens` tokens from the documents of `source`, taken in a seeded order of documents, one
+    chunk from each before a second from any (a long licence gives several)."""
     docs = [text for _, text in read_documents(source)]
     order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+    ids = [tokenizer(docs[i], add_special_tokens=False)["input_ids"] for i in order]
     chunks = []
-    for i in order:
-        ids = tokenizer(docs[i], add_special_tokens=False)["input_ids"]
-        if len(ids) >= tokens:
-            chunks.append(tokenizer.decode(ids[:tokens]))
-        if len(chunks) == count:
-            return chunks
-    raise ValueError(f"{source}: only {len(chunks)} documents hold {tokens} tokens; {count} needed.")
+    for part in range(max(len(d) for d in ids) // tokens):
+        for doc in ids:
+            if len(doc) >= (part + 1) * tokens:
+                chunks.append(tokenizer.decode(doc[part * tokens : (part + 1) * tokens]))
+            if len(chunks) == count:
+                return chunks
+    raise ValueError(f"{source}: {len(chunks)} chunks of {tokens} tokens in all; {count} needed.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     per_conv_docs = (args.turns + 1) // 2
     docs = document_chunks(tok, args.documents, args.conversations * per_conv_docs, args.doc_tokens, seed=7)
 
-    # warm-up (untimed): the cost curve's context points up to the longest conversation
+    # warm-up (untimed): one call with the head, then everything the cost rule times at these lengths, ahead
     longest = args.turns * (args.max_new_tokens + 60) + per_conv_docs * args.doc_tokens
-    warm = torch.randint(100, 40000, (1, min(longest, 7000)), generator=torch.Generator().manual_seed(0))
     tic = time.perf_counter()
-    target.generate(warm, assistant_model=head, max_new_tokens=8, do_sample=False)
+    target.generate(torch.tensor([[1, 2, 3, 4]]), assistant_model=head, max_new_tokens=8, do_sample=False)
+    prepare_cost_model(target, head, AUTO_TREE_NODES + 1, contexts=[longest])
     warm_seconds = time.perf_counter() - tic
 
     conversations = []
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "machine": machine_description(),
         "head": "shipped P-EAGLE head (peagle-heads), default rule",
+        "head_dtype": str(head.dtype).removeprefix("torch."),
         "target": "HuggingFaceTB/SmolLM2-135M-Instruct, float32",
         "settings": vars(args),
         "warm_up_seconds": warm_seconds,

@@ -86,7 +86,7 @@ def run_conversation(
         Per turn: `input_tokens`, `cached_tokens` (what the cache held before the turn), `new_tokens`,
         `plain_seconds`, `peagle_seconds`, `speedup` (plain / peagle), `identical` (outputs equal),
         `tokens_per_target_pass`, `catch_up_tokens`, `catch_up_seconds` (the head's catch-up, 0 when the cache
-        carried its state).
+        carried its state), `cost_timing_seconds` (the cost rule's timing inside the turn), `drafter_seconds`.
     """
     kwargs = dict(do_sample=False, max_new_tokens=max_new_tokens, **(generate_kwargs or {}))
     device = target.device
@@ -116,6 +116,8 @@ def run_conversation(
             tokens_per_target_pass=stats.tokens_per_target_pass,
             catch_up_tokens=stats.catch_up_tokens,
             catch_up_seconds=stats.catch_up_seconds,
+            cost_timing_seconds=stats.cost_timing_seconds,
+            drafter_seconds=stats.drafter_seconds,
         )
         records.append(record)
         if not record["identical"]:  # the sides' next inputs would differ: stop this conversation here
