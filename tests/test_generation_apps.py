@@ -126,6 +126,24 @@ def test_stop_strings_stop_where_plain_decoding_stops(target, batch):
     )
 
 
+def test_stop_strings_in_a_generation_config(target):
+    """Stop strings given in a `GenerationConfig` (as a model's own config may carry them) work like the keyword."""
+    from transformers import GenerationConfig
+
+    tok = stop_tokenizer()
+    rows = _rows(1, seed=27)
+    free = _generate(target, rows)
+    config = GenerationConfig(
+        stop_strings=[tok.convert_ids_to_tokens(int(free[0, -12]))], max_new_tokens=24, do_sample=False,
+        eos_token_id=target.config.eos_token_id, pad_token_id=0,
+    )  # fmt: skip
+    ids = rows[0][None]
+    ref = target.generate(ids, generation_config=config, tokenizer=tok)
+    out = target.generate(ids, generation_config=config, tokenizer=tok, assistant_model=_head(target))
+    assert torch.equal(out, ref) and ref.shape[1] < free.shape[1]
+    assert config.stop_strings is not None  # the caller's config is left as it was
+
+
 def test_streamer_gets_only_what_the_criteria_kept(target):
     class Collect:
         def __init__(self):
