@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import peagle
 from peagle.data.shards import load_examples
 from peagle.evaluation.bench_batch import left_pad
 from peagle.evaluation.long_inputs import checked_long_inputs
+from peagle.evaluation.results import write_json_and_plot
 from peagle.evaluation.timing import machine_description
 from peagle.generation.cost import prepare_cost_model
 from peagle.generation.settings import AUTO_TREE_NODES
@@ -124,17 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results = {
         "benchmark": "long_batch",
         "date": datetime.date.today().isoformat(),
         "machine": machine_description(),
         "settings": vars(args),
-        "rows": rows,
+        "summary": rows,
     }
-    (out / "long_batch.json").write_text(json.dumps(results, indent=2))
-    plot(rows, out / "long_batch.png")
+    write_json_and_plot(results, args.out, "long_batch", plot)
     return 0 if lossless else 1
 
 
