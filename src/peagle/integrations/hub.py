@@ -33,6 +33,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from .._version import __version__
 from ..formats.vllm import speculative_config
 from ..modeling_peagle import PEagleDrafter
+from ..sizing.target_config import recorded_target_name
 
 TEMPLATES = Path(__file__).parent.parent / "model_card_templates"
 REMOTE_CODE_FILES = ("configuration_peagle.py", "modeling_peagle.py", "drafting_peagle.py")
@@ -64,7 +65,6 @@ _BENCH_COLUMNS = (
 
 FAMILY_LICENSES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma"}
 """Licenses a whole target family is published under (Hub license ids), by transformers `model_type`."""
-_HF_CACHE_FOLDER = re.compile(r"models--([\w.-]+)--([\w.-]+)")
 
 
 def check_repo_id(repo_id: Any) -> str:
@@ -104,31 +104,14 @@ def _local_target_folders(names: list[str | None]) -> list[Path]:
 
 
 def target_hub_id(name: str | None, target_model: Any = None) -> str | None:
-    """The Hub id of a head's target: `name` when it is one; for a local folder, the Hub id it records (a Hub
-    cache folder `models--org--name`, its card's `base_model`, its config's `_name_or_path`), or the loaded
-    target's `name_or_path`; None when none is known."""
+    """The Hub id of a head's target: `name` when it is one; for a local folder, the Hub id it records
+    ([`sizing.recorded_target_name`], the one rule); else the loaded target's `_name_or_path` or `name_or_path`
+    read the same way; None when none is known."""
     names = [name]
     if target_model is not None:
         config = getattr(target_model, "config", None)
         names += [getattr(config, "_name_or_path", None), getattr(target_model, "name_or_path", None)]
-    for candidate in names:
-        if _is_repo_id(candidate):
-            return candidate
-    for folder in _local_target_folders(names):
-        cached = _HF_CACHE_FOLDER.search(str(folder.resolve()))
-        if cached:
-            return f"{cached.group(1)}/{cached.group(2)}"
-        base = _front_matter(folder / "README.md").get("base_model")
-        base = base[0] if isinstance(base, list) and base else base
-        if isinstance(base, str) and _REPO_ID.match(base):
-            return base
-        try:
-            recorded = json.loads((folder / "config.json").read_text()).get("_name_or_path")
-        except (OSError, ValueError, AttributeError):
-            recorded = None
-        if isinstance(recorded, str) and _is_repo_id(recorded):
-            return recorded
-    return None
+    return next((found for found in map(recorded_target_name, names) if found is not None), None)
 
 
 def target_license(head: PEagleDrafter, target_model: Any = None) -> str:
