@@ -468,20 +468,28 @@ def _sampling_processors() -> LogitsProcessorList:
 
 @pytest.mark.parametrize("mode", ["parallel", "autoregressive"])
 def test_sampled_drafts_come_with_their_distribution(monkeypatch, mode):
-    """The draft logits handed to transformers are exactly the (processed, target-vocabulary) distribution
-    each draft was sampled from, given the drafts before it."""
+    """The scores a drafting round returns with its drafts are exactly the (processed, target-vocabulary)
+    distribution each draft was sampled from, given the drafts before it (what a tree's candidates are read from)."""
     target, head = _sampling_models()
     head.config.drafting_mode = mode
-    returned = []
-    original = DraftingSession.propose
+    returned, rounds_scores = [], []
+    original, original_round = DraftingSession.propose, head.draft_round
+
+    def spy_round(*args, **kwargs):
+        draft = original_round(*args, **kwargs)
+        rounds_scores.append(draft.scores)
+        return draft
 
     def spy(self, histories, max_drafts, **kwargs):
+        rounds_scores.clear()
         candidates = original(self, histories, max_drafts, **kwargs)
-        drafts, logits = candidates.tokens, candidates.draft_scores
+        drafts = candidates.tokens
+        logits = rounds_scores[0][:, : drafts.shape[1]] if rounds_scores and drafts.shape[1] else None
         if histories:  # one row: its history, then the round's drafts after it
             returned.append((histories[0], torch.cat([histories[0], drafts], dim=1), logits))
         return candidates
 
+    head.draft_round = spy_round
     monkeypatch.setattr(DraftingSession, "propose", spy)
     rec = Recorder(head)
     torch.manual_seed(0)

@@ -166,7 +166,6 @@ class DraftingSession:
         Returns:
             [`DraftCandidates`]: a chain of k drafts or a tree of k nodes per row, the same k for every row; k = 0
             at the length limit and, under the cost rule, in rounds where verifying drafts is not expected to pay.
-            A sampled chain carries the processed target-vocabulary scores each draft was drawn from.
         """
         tic = self.policy.begin(histories, _policy._clock(), self._last_num_drafts)
         k = min(self.settings.num_speculative_tokens, max_drafts)
@@ -193,14 +192,13 @@ class DraftingSession:
         self.cache.appended(block, draft.speculative_slots)
         drafter_seconds = self._drafter_ran(block, draft.forward_calls, tic)
         self._confidences = confidences
-        drafts, scores = draft.tokens, draft.scores
+        drafts = draft.tokens
         if self.settings.tree_nodes and drafts.shape[1] > 0:
             trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
             return self._tree_candidates(trees, confidences, drafter_seconds, draft.forward_calls)
         if drafts.shape[1] > 0:
             keep = self.policy.chain_size(confidences, drafter_seconds, draft.forward_calls - 1)
             drafts = drafts[:, :keep]
-            scores = scores[:, :keep] if scores is not None else None
         num = drafts.shape[1]
         if num == 0:
             return self._plain_step()
@@ -211,7 +209,7 @@ class DraftingSession:
         for d in range(num):
             self.stats.drafted_per_depth[d] += self.rows
         self.policy.returned()
-        return DraftCandidates.chain(drafts, scores)
+        return DraftCandidates.chain(drafts)
 
     def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
         """Count the round's drafter passes and time them (since `tic`); returns the drafter's seconds."""

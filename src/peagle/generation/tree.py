@@ -109,20 +109,17 @@ class DraftCandidates:
         depths: `(B, n)` 1 for the first draft after the bonus token.
         parents: per row `[n]` each node's parent (-1: the root), or None for a chain, which needs no tree mask:
             plain causal attention over the row's valid past is exactly each node's view.
-        draft_scores: `(B, n, V)` for a sampled chain, the processed target-vocabulary scores each draft was drawn
-            from (transformers' accept/resample rule needs them); None otherwise.
     """
 
     tokens: torch.LongTensor
     depths: torch.LongTensor
     parents: list[list[int]] | None = None
-    draft_scores: torch.Tensor | None = None
 
     @classmethod
-    def chain(cls, tokens: torch.LongTensor, draft_scores: torch.Tensor | None = None) -> DraftCandidates:
-        """`tokens (B, k)` as one path per row (`draft_scores`: what sampled drafts were drawn from)."""
+    def chain(cls, tokens: torch.LongTensor) -> DraftCandidates:
+        """`tokens (B, k)` as one path per row."""
         depths = torch.arange(1, tokens.shape[1] + 1, device=tokens.device).expand(tokens.shape[0], -1)
-        return cls(tokens, depths, None, draft_scores)
+        return cls(tokens, depths, None)
 
     @classmethod
     def of_trees(cls, trees: Sequence[DraftTree], device: torch.device | str) -> DraftCandidates:
