@@ -185,8 +185,8 @@ def _check_token_ids(target: Any, generation_config: GenerationConfig) -> None:
 # ---------------------------------------------------------------------------------------------- generate() arguments
 def check_user_request(kwargs: dict[str, Any]) -> frozenset[str]:
     """Refuse the generate() arguments outside the generation config that a speculative round cannot honour
-    exactly (another custom_generate, embeddings instead of ids, empty prompts), naming them; return which of K and the confidence cut the user gave (so a value equal to transformers' default
-    still counts as given)."""
+    exactly (another custom_generate, embeddings instead of ids, empty prompts), naming them; return which of K
+    and the confidence cut the user gave (so a value equal to transformers' default still counts as given)."""
     if kwargs.get("custom_generate") is not None:
         raise ValueError(
             "custom_generate cannot be combined with a P-EAGLE assistant_model: the head runs peagle's own decoding "

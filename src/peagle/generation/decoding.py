@@ -215,6 +215,7 @@ class _Decoder:
             name: [[] for _ in range(self.batch)] for name in self.want
         }
         self._streamed = prompt_len  # row 0's tokens handed to the streamer
+        self._stop_scores: list[torch.Tensor] = []  # the `scores` replayed criteria were passed, per step
         if streamer is not None:
             streamer.put(input_ids.cpu())
 
@@ -522,11 +523,15 @@ class _Decoder:
         prompt = self.input_ids.shape[1]
         step_scores = None
         if self.want["scores"]:
+            built = self._stop_scores  # steps already replayed never change: build each step's (B, V) once
 
             def step_scores(length: int) -> tuple[torch.Tensor, ...]:
-                return per_step(
-                    [r[: length - prompt] for r in self.per_row["scores"]], self.pad_id, float("-inf")
-                )
+                done, n = len(built), length - prompt
+                if n > done:
+                    built.extend(
+                        per_step([r[done:n] for r in self.per_row["scores"]], self.pad_id, float("-inf"))
+                    )
+                return tuple(built[:n])
 
         def cut(b: int, length: int) -> None:
             n = length - prompt
@@ -638,7 +643,6 @@ def peagle_decoding(
     synced_gpus: bool = False,
     streamer: Any = None,
     peagle: PEagleCall | None = None,
-    tokenizer: Any = None,
     **model_kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of B >= 1 left-padded prompts, drafted by `peagle.head` (transformers'
@@ -648,11 +652,7 @@ def peagle_decoding(
     target's own distribution under sampling), rows that end early padded with `pad_token_id`, and a
     `GenerateDecoderOnlyOutput` when `return_dict_in_generate` (scores, logits and hidden states per step;
     a row's entries after its end read -inf except 0 at `pad_token_id`, and zeros for hidden states).
-
-    `tokenizer` is a parameter so that generate() keeps it for `stop_strings` (it hands a `custom_generate` only
-    the generation-mode arguments its signature names); the stop strings arrive in `stopping_criteria`.
     """
-    del tokenizer
     call = peagle if peagle is not None else PEagleCall(head=None)
     streamer = call.streamer if call.streamer is not None else streamer
     check_decoding_inputs(
