@@ -40,7 +40,7 @@ def test_skipped_steps_read_the_host_at_most_twice(target, monkeypatch, rows):
     greedy `generate()` makes too (plain: about 1 per step without padding, 2 with).  The output is plain's."""
     head = make_head(target, confidence_threshold=None)
     head.cost_model = VerifyCostModel.flat(max_tokens=40)  # no timing in the counted calls
-    monkeypatch.setattr(policy_mod.CostPolicy, "skips", lambda self, max_drafts: True)
+    monkeypatch.setattr(policy_mod.CostPolicy, "_skips", lambda self, state: True)
     ids = torch.cat([prompt_ids(90 + b, 10) for b in range(rows)])
     mask = torch.ones_like(ids)
     mask[1:, :3] = 0  # rows after the first are left-padded

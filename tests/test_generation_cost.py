@@ -13,6 +13,7 @@ import torch
 from helpers import LAYERS, Oracle, greedy, make_head, make_target, prompt_ids
 from peagle.generation import cost as cost_mod
 from peagle.generation import cost_cache
+from peagle.generation import decoding as decoding_mod
 from peagle.generation import policy as policy_mod
 from peagle.generation.calibration import collect_rounds, expected_calibration_error, fit_from_rounds
 from peagle.generation.cost import VerifyCostModel
@@ -143,9 +144,11 @@ def test_lossless_under_any_k_and_skips(target, monkeypatch, mode, seed, tree):
     rng = random.Random(seed)
     calls = []
 
-    def random_choice(self, gains, chains, drafter_seconds, steps, histogram, chain_nodes=None):
+    def random_choice(self, plan, drafts, drafter):
         calls.append(1)
-        k = 0 if len(calls) % 4 == 1 else rng.randint(1, min(len(g) for g in gains))
+        width = min(len(t.values) for t in drafts.trees) if drafts.trees else len(drafts.confidences)
+        k = 0 if len(calls) % 4 == 1 else rng.randint(1, width)
+        histogram = self.stats.tree_size_histogram if drafts.trees else self.stats.chosen_k_histogram
         histogram[k] += 1
         if rng.random() < 0.3:
             self._skip_left = rng.randint(1, 3)
@@ -450,7 +453,7 @@ def test_correction_learns_the_acceptance_the_rounds_show():
 class FakeMachine:
     """A machine where a target pass over n tokens per row after L cached tokens, for B rows, costs
     `verify(n, L, B)` seconds and a drafter forward `drafter` seconds: forward hooks advance the clock the
-    generator reads (`policy._clock`), so the cost rule sees these costs whatever the CPU does."""
+    decoding loop times its passes with (`_Decoder.clock`), so the cost rule sees these costs whatever the CPU does."""
 
     def __init__(self, target, head, verify, drafter=0.01, on_pass=None):
         self.now, self.verify, self.drafter, self.on_pass = 0.0, verify, drafter, on_pass
@@ -524,7 +527,7 @@ def test_a_cost_that_grows_with_the_batch_changes_the_choice(target, monkeypatch
     monkeypatch.setattr(cost_mod, "measure_quick_cost_model", measured)
     head = _cost_head(target)
     machine = FakeMachine(target, head, truth, drafter=0.0)
-    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
+    monkeypatch.setattr(decoding_mod._Decoder, "clock", staticmethod(machine.clock))
     try:
         ids = torch.cat([prompt_ids(30 + b, 8) for b in range(4)])
         for rows, drafts in [(1, True), (4, False)]:
@@ -551,7 +554,7 @@ def test_a_curve_timed_under_load_is_corrected_within_one_call(target, monkeypat
     model = VerifyCostModel([3.0] * 9, drafter_seconds=0.2, source="cache", context=256)
     head = _cost_head(target, model=model)
     machine = FakeMachine(target, head, truth, drafter=0.2)
-    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
+    monkeypatch.setattr(decoding_mod._Decoder, "clock", staticmethod(machine.clock))
     try:
         ids = prompt_ids(40, 8)
         start = machine.now
@@ -578,7 +581,7 @@ def test_plain_steps_are_probed_when_the_rule_always_drafts(target, monkeypatch)
     model = VerifyCostModel([1.0] * 9, source="cache", context=256)
     head = _cost_head(target, model=model)
     machine = FakeMachine(target, head, lambda n, context, rows: 1.0, drafter=0.0)
-    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
+    monkeypatch.setattr(decoding_mod._Decoder, "clock", staticmethod(machine.clock))
     try:
         ids = prompt_ids(42, 8)
         ref = greedy(target, ids, max_new_tokens=40)
@@ -610,7 +613,7 @@ def test_drafting_that_stops_paying_stops_and_comes_back(target, monkeypatch):
             oracle.p = [1.0]
 
     machine = FakeMachine(target, head, truth, drafter=0.1, on_pass=switch)
-    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
+    monkeypatch.setattr(decoding_mod._Decoder, "clock", staticmethod(machine.clock))
     try:
         out = greedy(
             target, ids, max_new_tokens=160, assistant_model=head, num_assistant_tokens=8, draft_tree_size=0
@@ -677,7 +680,7 @@ def test_a_catch_up_that_cannot_pay_is_not_run(target, monkeypatch):
         lambda m, a, k: setattr(machine, "now", machine.now + 0.01 * k["input_ids"].shape[1]),
         with_kwargs=True,
     )
-    monkeypatch.setattr(policy_mod, "_clock", machine.clock)
+    monkeypatch.setattr(decoding_mod._Decoder, "clock", staticmethod(machine.clock))
     ids = prompt_ids(60, 300)
     try:
         ref = greedy(target, ids, max_new_tokens=40)

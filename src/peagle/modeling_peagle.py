@@ -573,15 +573,16 @@ class PEagleDrafter(PEagleDrafting, PEaglePreTrainedModel):
                 "forward needs target_hidden_states (or projected_hidden_states) for non-parallel slots."
             )
         inputs_embeds = self.embed_tokens(input_ids)
-        if parallel_mask.any():
-            dtype = inputs_embeds.dtype
-            mask_feat = self.fc(self.mask_hidden).to(dtype).expand(*input_ids.shape, -1)
-            hidden = (
-                mask_feat
-                if hidden is None
-                else torch.where(parallel_mask[..., None], mask_feat, hidden.to(dtype))
-            )
-            inputs_embeds = torch.where(parallel_mask[..., None], self.mask_vector.to(dtype), inputs_embeds)
+        # no host read of the mask (a stall per drafting round on an accelerator): where it selects nothing,
+        # `torch.where` leaves every slot as it is
+        dtype = inputs_embeds.dtype
+        mask_feat = self.fc(self.mask_hidden).to(dtype).expand(*input_ids.shape, -1)
+        hidden = (
+            mask_feat
+            if hidden is None
+            else torch.where(parallel_mask[..., None], mask_feat, hidden.to(dtype))
+        )
+        inputs_embeds = torch.where(parallel_mask[..., None], self.mask_vector.to(dtype), inputs_embeds)
 
         if use_cache is None:
             use_cache = cache is not None

@@ -37,6 +37,7 @@ from .outputs import hidden_entries_upto, hidden_per_step, per_step
 from .processing import grouped_processing
 from .ragged import KeptWindows, batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
 from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
+from .rows import Rows, cut_at_end
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
@@ -61,57 +62,6 @@ class PEagleGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-class _Rows:
-    """Per-row bookkeeping of one `generate()` call: the output buffer, each row's length and end, and which rows
-    are still in the batch."""
-
-    def __init__(self, input_ids: torch.LongTensor, max_length: int, pad: int):
-        batch, prompt = input_ids.shape
-        self.tokens = input_ids.new_full((batch, max_length), pad)
-        self.tokens[:, :prompt] = input_ids
-        self.lengths = [prompt] * batch  # tokens of each row, prompt padding included (what processors see)
-        self.active = list(range(batch))  # original index of each row still in the batch
-        self.done: set[int] = set()  # rows that ended (EOS, max_length, max_time)
-        self.idle: set[int] = set()  # ended rows kept in the batch because a pass is cheaper with them
-
-    def history(self, row: int) -> torch.LongTensor:
-        return self.tokens[row : row + 1, : self.lengths[row]]
-
-    def append(self, row: int, new: torch.LongTensor, ended: bool = False) -> None:
-        n = new.shape[0]
-        self.tokens[row, self.lengths[row] : self.lengths[row] + n] = new
-        self.lengths[row] += n
-        if ended:
-            self.done.add(row)
-
-    def ended(self, row: int) -> bool:
-        return row in self.done
-
-    def cut(self, row: int, length: int, pad: int) -> None:
-        """End row `row` at `length` tokens (a stopping criterion stopped it there): later tokens become padding."""
-        self.tokens[row, length:] = pad
-        self.lengths[row] = length
-        self.done.add(row)
-
-    def live(self) -> list[bool]:
-        """Per row in the batch: whether it is still decoding (not an idle row kept for speed)."""
-        return [b not in self.idle for b in self.active]
-
-
-def _cut(
-    tokens: torch.LongTensor, host: list[int], budget: int, eos: set[int]
-) -> tuple[torch.LongTensor, bool]:
-    """A row's emitted tokens (`host`: the same ids, read once for the batch) cut at `max_length` and after its
-    first EOS; whether the row ended.  Decided on the host: no read of the tensor."""
-    n = min(len(host), budget)
-    ended = len(host) >= budget
-    for i in range(n):
-        if host[i] in eos:
-            n, ended = i + 1, True
-            break
-    return tokens[:n], ended
-
-
 def _gather_slots(x: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
     """`x (B, S, ...)` at `index (B, L)` along the slot axis."""
     shape = index.shape + x.shape[2:]
@@ -125,6 +75,16 @@ class _PathOutput:
         self.hidden_states = hidden_states
 
 
+def _wanted_outputs(generation_config: Any) -> dict[str, bool]:
+    """Which per-step outputs the call returns (scores, logits, hidden states)."""
+    want_dict = bool(generation_config.return_dict_in_generate)
+    return {
+        "scores": want_dict and bool(generation_config.output_scores),
+        "logits": want_dict and bool(generation_config.output_logits),
+        "hidden": want_dict and bool(generation_config.output_hidden_states),
+    }
+
+
 def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
     reason = batch_refusal(cache) if batch > 1 else None
     if reason is not None:
@@ -136,7 +96,12 @@ def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
 
 class _Decoder:
     """One `generate()` call's state: the target's cache with its validity mask and each row's next position,
-    the drafting side, the output buffer and what the call asked to return.  [`peagle_decoding`] runs it."""
+    the drafting side, the output buffer and what the call asked to return.  [`peagle_decoding`] runs it.
+
+    The loop times its own passes with `clock`: each target pass here and the drafter's round on the drafting side,
+    and hands those seconds to the drafting policy after every round (docs/DESIGN.md section 7)."""
+
+    clock = staticmethod(time.perf_counter)
 
     def __init__(
         self,
@@ -161,13 +126,8 @@ class _Decoder:
         self.eos = generation_config._eos_token_tensor
         self.eos_ids = set(self.eos.reshape(-1).tolist()) if self.eos is not None else set()
         self.do_sample = bool(generation_config.do_sample)
-        want_dict = bool(generation_config.return_dict_in_generate)
-        self.want_dict = want_dict
-        self.want = {
-            "scores": want_dict and bool(generation_config.output_scores),
-            "logits": want_dict and bool(generation_config.output_logits),
-            "hidden": want_dict and bool(generation_config.output_hidden_states),
-        }
+        self.want_dict = bool(generation_config.return_dict_in_generate)
+        self.want = _wanted_outputs(generation_config)
         self.timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
         replayed = replayed_criteria(stopping_criteria)
         pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria)  # as plain decoding decides it
@@ -203,14 +163,16 @@ class _Decoder:
             options,
             sampler=self.sampler,
             resume=take_state(self.cache, head, input_ids) if self.cached else None,
+            clock=self.clock,
         )
+        self._target_seconds = 0.0  # the last target pass's measured seconds
         self.drafter.stats.cached_tokens = self.cached
         tree_size = options.draft_tree_size
         self.trees_asked = (isinstance(tree_size, int) and tree_size > 0) or bool(
             options.prompt_lookup_num_tokens
         )
         self._check_trees()
-        self.rows = _Rows(input_ids, self.max_length, self.pad_id)
+        self.rows = Rows(input_ids, self.max_length, self.pad_id)
         self.per_row: dict[str, list[list[Any]]] = {
             name: [[] for _ in range(self.batch)] for name in self.want
         }
@@ -244,6 +206,7 @@ class _Decoder:
         keep: int,
         cache: Any = None,
     ):
+        tic = self.clock()
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -253,6 +216,9 @@ class _Decoder:
             **cache_kwarg(self.cache if cache is None else cache),
             **self.drafter.model_kwargs_overrides,
         )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._target_seconds = self.clock() - tic
         aux, layers = list(self.drafter.settings.aux_layer_ids), self.drafter.settings.num_target_layers
         states = out.hidden_states
         if states is None or len(states) != layers + 1 or any(states[i] is None for i in aux):
@@ -308,7 +274,7 @@ class _Decoder:
         view = prefix_view(self.cache, first - span) if self.windows is None else None
         if view is None:
             return
-        tic = time.perf_counter()
+        tic = self.clock()
         lo = first - span
         _, feats = self._forward(
             self.input_ids[:, lo:first],
@@ -323,14 +289,19 @@ class _Decoder:
             self.drafter.add_real_slots(0, nxt, feats[0, cols - lo], int(positions[0, cols[0]]))
         stats = self.drafter.stats
         stats.catch_up_tokens += span
-        stats.catch_up_seconds += time.perf_counter() - tic
+        stats.catch_up_seconds += self.clock() - tic
 
     def round(self, emitted: list[torch.LongTensor]) -> list[torch.LongTensor]:
         """Drafts for every row, then [`verify`]: one target pass over all rows and each row's accepted
         tokens."""
         rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
-        candidates = self.drafter.propose([rows.history(b) for b in rows.active], budget, rows=rows.active)
+        candidates = self.drafter.propose(
+            [rows.history(b) for b in rows.active],
+            budget,
+            rows=rows.active,
+            host_histories=[rows.host[b] for b in rows.active],
+        )
         return self.verify(emitted, candidates)
 
     def verify(self, emitted: list[torch.LongTensor], candidates: DraftCandidates) -> list[torch.LongTensor]:
@@ -496,7 +467,7 @@ class _Decoder:
                 cut.append(emitted[j][:0])
                 continue
             ids = host[j] if host is not None else emitted[j].tolist()
-            tokens, done = _cut(emitted[j], ids, self.max_length - rows.lengths[b], self.eos_ids)
+            tokens, done = cut_at_end(emitted[j], ids, self.max_length - rows.lengths[b], self.eos_ids)
             n = tokens.shape[0]
             if self.want["scores"]:
                 self.per_row["scores"][b].extend(scores[j, :n])
@@ -504,7 +475,7 @@ class _Decoder:
                 self.per_row["logits"][b].extend(raw[j, :n])
             if self.want["hidden"]:
                 self.per_row["hidden"][b].append((out.hidden_states, j, n, not self.per_row["hidden"][b]))
-            rows.append(b, tokens, done)
+            rows.append(b, tokens, ids, done)
             cut.append(tokens)
         if self.stops is not None:
             self._replay_stops()
@@ -513,7 +484,7 @@ class _Decoder:
             if end > self._streamed:
                 self.streamer.put(rows.tokens[0, self._streamed : end].cpu())
                 self._streamed = end
-        self.drafter.verified([t.shape[0] - 1 for t in cut], rows.live(), paths)
+        self.drafter.verified([t.shape[0] - 1 for t in cut], rows.live(), paths, self._target_seconds)
         return cut
 
     def _replay_stops(self) -> None:
@@ -566,11 +537,12 @@ class _Decoder:
                     self.kept.select_rows(index)
                 self.pos_host = [self.pos_host[j] for j in keep]
                 self.gaps_changed = self.gaps
-                self.drafter.select_rows(torch.tensor(keep))
+                self.drafter.select_rows(keep)
             emitted = [emitted[j] for j in keep]
         if self.gaps_changed and rows.active:  # holes pile up only in rounds that add some (or drop rows)
             self.gaps_changed = False
-            if worth_compacting(self.kv_mask) and batch_refusal(self.cache) is None:
+            valid = max(self.pos_host)  # a row's valid slots are its positions: no read of the mask
+            if worth_compacting(self.kv_mask, valid) and batch_refusal(self.cache) is None:
                 self.kv_mask = compact(self.cache, self.kv_mask)
         return emitted
 

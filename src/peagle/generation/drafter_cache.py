@@ -28,7 +28,7 @@ class SlotBlock:
     Args:
         tokens: `(B, R)` each slot's token.
         features: `(B, R, F)` the target features paired with them.
-        starts: `(B,)` the position of the block's first column in each row (padding columns get positions before
+        starts: per row, the position of the block's first column in each row (padding columns get positions before
             the row's first real slot).
         new_mask: `(B, R)` 0 at the padding columns.
         attention_mask: `(B, cached + R)` the validity of the cache and the block, or None when nothing is
@@ -37,14 +37,16 @@ class SlotBlock:
 
     tokens: torch.LongTensor
     features: torch.Tensor
-    starts: torch.LongTensor
+    starts: list[int]
     new_mask: torch.LongTensor
     attention_mask: torch.LongTensor | None
 
     @property
     def start(self) -> int | torch.LongTensor:
         """The round's start position for [`PEagleDrafter.draft_round`]: an int for one row, else `(B,)`."""
-        return int(self.starts[0]) if self.tokens.shape[0] == 1 else self.starts
+        if self.tokens.shape[0] == 1:
+            return self.starts[0]
+        return torch.tensor(self.starts, device=self.tokens.device)
 
 
 class DrafterCache:
@@ -62,6 +64,8 @@ class DrafterCache:
         self.cache = DynamicCache(config=head.config)
         self.mask = torch.ones(batch_size, 0, dtype=torch.long, device=self.device)
         self.has_holes = False  # whether mask holds a 0 (masked slots must then be passed on)
+        # per row, the real slots in the cache, counted on the host (None with a window, whose cut is not counted)
+        self.valid: list[int] | None = [0] * batch_size if window is None else None
         # per row: (chunks of tokens (r,), chunks of features (r, F), position of the first) real slots not yet in
         # the cache: concatenated once per drafting round, not per step (a long prompt's features, held through
         # skipped rounds, would be copied every step)
@@ -118,12 +122,14 @@ class DrafterCache:
         queued = max((sum(t.shape[0] for t in p[0]) for p in self.pending if p is not None), default=0)
         return queued if self.window is None else min(queued, self.window)
 
-    def select_rows(self, keep: torch.LongTensor) -> None:
+    def select_rows(self, keep: list[int]) -> None:
         """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
-        self.pending = [self.pending[i] for i in keep.tolist()]
-        index = keep.to(self.device)
+        self.pending = [self.pending[i] for i in keep]
+        index = torch.tensor(keep, device=self.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
+        if self.valid is not None:
+            self.valid = [self.valid[i] for i in keep]
 
     def next_block(self) -> SlotBlock:
         """Start a round: drop the last round's speculative slots, compact the holes when worth it, and take every
@@ -132,9 +138,12 @@ class DrafterCache:
             self.cache.crop(-self.speculative_slots)
             self.mask = self.mask[:, : -self.speculative_slots]
             self.speculative_slots = 0
-        if self.has_holes and worth_compacting(self.mask):
+        most = max(self.valid, default=0) if self.valid is not None else None
+        if self.has_holes and worth_compacting(self.mask, most):
             self.mask = compact(self.cache, self.mask)
         tokens, feats, starts, block_mask = self._ragged_block()
+        if self.valid is not None:
+            self.valid = [v + sum(t.shape[0] for t in p[0]) for v, p in zip(self.valid, self.pending)]
         self.pending = [None] * self.rows
         if self.window is not None:
             tokens, feats, starts, block_mask = self._windowed(tokens, feats, starts, block_mask)
@@ -153,7 +162,7 @@ class DrafterCache:
 
     def _ragged_block(
         self,
-    ) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor, torch.LongTensor | None]:
+    ) -> tuple[torch.LongTensor, torch.Tensor, list[int], torch.LongTensor | None]:
         """The queued real slots of every row as one block, each row right-aligned: `(tokens (B, R), features
         (B, R, F), start (B,), mask (B, R) | None)`."""
         assert all(p is not None for p in self.pending), "every row needs its new real slots before a round"
@@ -163,8 +172,7 @@ class DrafterCache:
         if all(n == width for n in lengths):
             tokens = torch.stack([p[0] for p in pending])
             feats = torch.stack([p[1] for p in pending])
-            starts = torch.tensor([p[2] for p in pending], device=self.device)
-            return tokens, feats, starts, None
+            return tokens, feats, [p[2] for p in pending], None
         first = pending[0]
         tokens = first[0].new_full((self.rows, width), self.head.config.mask_token_id)
         feats = first[1].new_zeros(self.rows, width, first[1].shape[-1])
@@ -176,22 +184,22 @@ class DrafterCache:
             feats[b, width - n :] = f
             mask[b, width - n :] = 1
             starts.append(start - (width - n))
-        return tokens, feats, torch.tensor(starts, device=self.device), mask
+        return tokens, feats, starts, mask
 
     def _windowed(
         self,
         tokens: torch.LongTensor,
         feats: torch.Tensor,
-        starts: torch.LongTensor,
+        starts: list[int],
         block_mask: torch.LongTensor | None,
-    ) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor, torch.LongTensor | None]:
+    ) -> tuple[torch.LongTensor, torch.Tensor, list[int], torch.LongTensor | None]:
         """The round's block and the cache cut to the window: at most the last W new real slots (a long prompt's
         older ones are never drafted from), and the cached slots before them dropped so the first new slot sees W
         slots in all."""
         window = self.window
         cut = tokens.shape[1] - window
         if cut > 0:
-            tokens, feats, starts = tokens[:, cut:], feats[:, cut:], starts + cut
+            tokens, feats, starts = tokens[:, cut:], feats[:, cut:], [start + cut for start in starts]
             block_mask = None if block_mask is None else block_mask[:, cut:]
         drop = self.length - max(0, window - tokens.shape[1])
         if drop > 0:

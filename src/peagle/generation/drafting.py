@@ -10,7 +10,9 @@ or a draft tree per row (docs/DESIGN.md sections 3, 10 and 11).
 
 from __future__ import annotations
 
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,16 +20,15 @@ from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 
 from ..modeling_peagle import PEagleDrafter
-from . import policy as _policy
 from .drafter_cache import DrafterCache, SlotBlock
-from .policy import make_policy
-from .processing import draft_selector
+from .policy import RoundDrafts, RoundOutcome, RoundPlan, RoundState, make_policy
+from .processing import draft_selector, read_together
 from .rule import AcceptanceCorrection
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, DraftingSettings
 from .stats import PEagleGenerationStats
-from .tree import DraftCandidates, DraftTree, LookupEstimate, grow_tree, grow_tree_from_pool, prompt_lookup
-from .tree_drafting import LevelSelector, parallel_candidates
+from .tree import DraftCandidates, DraftTree, LookupEstimate, NgramIndex, grow_tree, grow_tree_from_pool
+from .tree_drafting import LevelSelector, candidate_tensors, parallel_candidates
 
 _ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -38,7 +39,9 @@ class DraftingSession:
 
     The loop asks the target's verify passes for the hidden states in `model_kwargs_overrides`, hands each row's
     new real slots to [`add_real_slots`], calls [`propose`] for the round's candidates and reports the verified
-    outcome to [`verified`].  Finished rows leave through [`select_rows`].
+    outcome, with the seconds its target pass took, to [`verified`].  Finished rows leave through [`select_rows`].
+    Each round asks the call's policy twice: [`policy.DraftPolicy.plan`] before it and
+    [`policy.DraftPolicy.observe`] after it (docs/DESIGN.md section 7).
 
     Args:
         target: the target model running `generate()`.
@@ -52,6 +55,7 @@ class DraftingSession:
         sampler: the call's keyed sampler when sampling ([`sampling.KeyedSampler`]): drafts use the noise the
             target's draw at their position will use.
         resume: the drafter cache an earlier call left on the target's cache ([`resume`]); a new one when None.
+        clock: the clock the drafter's passes are timed with (the decoding loop's own).
     """
 
     def __init__(
@@ -64,9 +68,11 @@ class DraftingSession:
         options: DraftingOptions | None = None,
         sampler: KeyedSampler | None = None,
         resume: DrafterCache | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         options = options or DraftingOptions()
-        self.sampler = sampler
+        self.sampler, self.clock = sampler, clock
+        self._start = clock()  # total_seconds includes any cost timing the policy does first
         self.processors = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.settings = s = DraftingSettings.resolve(
             target, head, generation_config, options, batch_size, len(self.processors)
@@ -98,11 +104,19 @@ class DraftingSession:
         self.resumed = resume is not None and resume.window == s.window and resume.rows == s.batch_size
         self.cache = resume if self.resumed else DrafterCache(head, s.batch_size, s.window)
         self.correction = AcceptanceCorrection()  # the calibration as this generation's rounds bear it out
-        self._start = _policy._clock()  # total_seconds includes any cost timing the policy does first
-        self.policy = make_policy(s, self.stats, target, head, self.cache, self.correction)
+        self.policy = make_policy(s, self.stats, target, head, self.correction)
         self._lookup = LookupEstimate()  # prompt-lookup tokens' acceptance as this generation bears it out
+        self._indexes: dict[int, NgramIndex] = {}  # per original row: its tokens for prompt lookup
         self._last_num_drafts = 0
-        # [depth][row] the head's confidence in the last round's drafts
+        # the round under verification: its plan, the drafter's measured run, and [depth][row] the head's
+        # confidence in its chain drafts
+        self._plan: RoundPlan | None = None
+        self._drafter_run = (
+            0.0,
+            0,
+            0,
+            0,
+        )  # seconds, passes, new real slots, drafter context before the round
         self._confidences: list[list[float]] = []
         self._trees: list[DraftTree] | None = None  # the trees under verification
         head.last_generation_stats = self.stats
@@ -122,7 +136,7 @@ class DraftingSession:
         """Queue row `row`'s new real slots ([`DrafterCache.add_real_slots`])."""
         self.cache.add_real_slots(row, tokens, features, start)
 
-    def select_rows(self, keep: torch.LongTensor) -> None:
+    def select_rows(self, keep: list[int]) -> None:
         """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
         self.cache.select_rows(keep)
 
@@ -145,14 +159,18 @@ class DraftingSession:
 
     # ------------------------------------------------------------------ one round
     def prefill_next(self) -> DraftCandidates:
-        """The prefill runs next: a plain step for every row, with nothing to draft from yet."""
-        out = self._plain_step()
-        self.policy.prefill_next()
-        return out
+        """The prefill runs next: a plain step for every row, with nothing to draft from yet (no round to plan or
+        observe)."""
+        self._plan = None
+        return self._plain_step()
 
     @torch.no_grad()
     def propose(
-        self, histories: list[torch.LongTensor], max_drafts: int, rows: list[int] | None = None
+        self,
+        histories: list[torch.LongTensor],
+        max_drafts: int,
+        rows: list[int] | None = None,
+        host_histories: list[list[int]] | None = None,
     ) -> DraftCandidates:
         """Draft up to `max_drafts` (<= K) tokens after each row's history.
 
@@ -162,42 +180,40 @@ class DraftingSession:
             max_drafts: the most drafts the longest-running row can still use before `max_length`.
             rows: each row's index in the call's original batch (rows leave the batch when they end); default
                 0..B-1.
+            host_histories: the same tokens on the host, per row (prompt lookup reads them; read from
+                `histories` when None).
 
         Returns:
             [`DraftCandidates`]: a chain of k drafts or a tree of k nodes per row, the same k for every row; k = 0
             at the length limit and, under the cost rule, in rounds where verifying drafts is not expected to pay.
         """
-        tic = self.policy.begin(histories, _policy._clock(), self._last_num_drafts)
+        rows = list(range(len(histories))) if rows is None else rows
+        state = RoundState(
+            context=max(h.shape[1] for h in histories),
+            max_drafts=max_drafts,
+            drafter_context=self.cache.length,
+            pending_slots=self.cache.pending_slots(),
+        )
+        self._drafter_run = (0.0, 0, 0, state.drafter_context)
         k = min(self.settings.num_speculative_tokens, max_drafts)
-        if k < 1 or self.policy.skips(max_drafts):
+        if k < 1:  # no room for a draft: a plain step, nothing to decide
+            self._plan = RoundPlan(state.context, skip=True)
             return self._plain_step()
+        self._plan = plan = self.policy.plan(state)
+        if plan.skip:
+            return self._plain_step()
+        if host_histories is None:
+            host_histories = [h[0].tolist() for h in histories] if self.settings.lookup_tokens else []
         block = self.cache.next_block()
         if self.settings.tree_nodes and self.settings.drafting_mode == "autoregressive":
-            return self._expand_tree(block, histories, k, tic)
-        confidences: list[list[float]] = []
-        select = draft_selector(
-            self.head,
-            self.processors,
-            self.settings.do_sample,
-            [h.to(self.device) for h in histories],
-            rows,
-            self.settings.batch_size,
-            confidences,
-            self.policy.stop,
-            self.sampler,
+            return self._expand_tree(block, rows, host_histories, k)
+        drafts, confidences, trees, drafter_seconds = self._draft_chains(
+            block, histories, rows, host_histories, k, max_drafts
         )
-        draft = self.head.draft_round(
-            block.tokens, block.features, k, self.cache.cache, block.start, select, block.attention_mask
-        )
-        self.cache.appended(block, draft.speculative_slots)
-        drafter_seconds = self._drafter_ran(block, draft.forward_calls, tic)
-        self._confidences = confidences
-        drafts = draft.tokens
-        if self.settings.tree_nodes and drafts.shape[1] > 0:
-            trees = self._grow_trees(draft, confidences, [h[0] for h in histories], max_drafts)
-            return self._tree_candidates(trees, confidences, drafter_seconds, draft.forward_calls)
+        if trees is not None:
+            return self._tree_candidates(trees, confidences, drafter_seconds)
         if drafts.shape[1] > 0:
-            keep = self.policy.chain_size(confidences, drafter_seconds, draft.forward_calls - 1)
+            keep = plan.choose(RoundDrafts(self._confidences, None, drafter_seconds))
             drafts = drafts[:, :keep]
         num = drafts.shape[1]
         if num == 0:
@@ -208,22 +224,71 @@ class DraftingSession:
             self.stats.truncated_rounds += self.rows
         for d in range(num):
             self.stats.drafted_per_depth[d] += self.rows
-        self.policy.returned()
         return DraftCandidates.chain(drafts)
+
+    def _draft_chains(
+        self,
+        block: SlotBlock,
+        histories: list[torch.LongTensor],
+        rows: list[int],
+        host_histories: list[list[int]],
+        k: int,
+        max_drafts: int,
+    ) -> tuple[torch.LongTensor, list[list[float]], list[DraftTree] | None, float]:
+        """The drafter's round through [`processing.draft_selector`]: `(drafts (B, k'), confidences[depth][row],
+        each row's tree or None, the drafter's seconds)`.  The round's figures (the drafts' probabilities, and for
+        trees the head's top tokens per depth) are read on the host in one read; a parallel head's cut is applied
+        after its one pass."""
+        plan = self._plan
+        self._confidences = []
+        probabilities: list[torch.Tensor] = []
+        parallel = self.settings.drafting_mode != "autoregressive"
+        select = draft_selector(
+            self.head,
+            self.processors,
+            self.settings.do_sample,
+            [h.to(self.device) for h in histories],
+            rows,
+            self.settings.batch_size,
+            probabilities,
+            None if parallel else plan.cut,
+            self.sampler,
+        )
+        tic = self.clock()
+        draft = self.head.draft_round(
+            block.tokens, block.features, k, self.cache.cache, block.start, select, block.attention_mask
+        )
+        drafter_seconds = self._drafter_ran(block, draft.forward_calls, tic)
+        self.cache.appended(block, draft.speculative_slots)
+        drafts = draft.tokens
+        trees = None
+        if drafts.shape[1] > 0:  # the round's figures, read on the host at once
+            wanted = [torch.stack(probabilities)]
+            if self.settings.tree_nodes:
+                wanted += [drafts, *candidate_tensors(draft, self.head)]
+            read = read_together(wanted)
+            self._confidences = confidences = read[0]
+            if parallel and plan.cut is not None:  # the cut, applied after the round's one pass
+                depth = next((d + 1 for d in range(len(confidences)) if plan.cut(confidences[: d + 1])), None)
+                if depth is not None:
+                    self._confidences = confidences = confidences[:depth]
+                    drafts, read[1:] = drafts[:, :depth], [_upto(r, depth) for r in read[1:]]
+            if self.settings.tree_nodes:
+                trees = self._grow_trees(read[1:], confidences, rows, host_histories, max_drafts)
+        return drafts, self._confidences, trees, drafter_seconds
 
     def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
         """Count the round's drafter passes and time them (since `tic`); returns the drafter's seconds."""
         self.stats.drafter_forward_calls += passes
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        seconds = _policy._clock() - tic
+        seconds = self.clock() - tic
         self.stats.drafter_seconds += seconds
-        self.policy.drafter_ran(seconds, block.tokens.shape[1])
+        self._drafter_run = (seconds, passes, block.tokens.shape[1], self._drafter_run[3])
         return seconds
 
     def _plain_step(self) -> DraftCandidates:
         self._last_num_drafts = 0
-        self.policy.plain_step()
         return DraftCandidates.chain(torch.zeros(self.rows, 0, dtype=torch.long, device=self.device))
 
     def finish(self) -> None:
@@ -232,15 +297,22 @@ class DraftingSession:
 
     # ------------------------------------------------------------------ trees
     def _grow_trees(
-        self, draft: Any, confidences: list[list[float]], histories: list[torch.LongTensor], max_drafts: int
+        self,
+        candidates: list[Any],
+        confidences: list[list[float]],
+        rows: list[int],
+        histories: list[list[int]],
+        max_drafts: int,
     ) -> list[DraftTree]:
-        """One tree per row from the round's per-depth candidates plus its prompt-lookup branch."""
+        """One tree per row from the round's per-depth candidates (`[drafted, top ids, top probabilities]` read on
+        the host) plus its prompt-lookup branch."""
         trees = []
+        drafted, ids, head_p = candidates
         per_row = parallel_candidates(
-            draft, confidences, self.head, self.settings.calibration, self.correction
+            ids, head_p, drafted, confidences, self.settings.calibration, self.correction
         )
         for b, cands in enumerate(per_row):
-            lookup = self._lookup_branch(histories[b], max_drafts)
+            lookup = self._lookup_branch(rows[b], histories, b, max_drafts)
             trees.append(
                 grow_tree(
                     cands,
@@ -253,7 +325,7 @@ class DraftingSession:
         return trees
 
     def _expand_tree(
-        self, block: SlotBlock, histories: list[torch.LongTensor], depth_limit: int, tic: float
+        self, block: SlotBlock, rows: list[int], histories: list[list[int]], depth_limit: int
     ) -> DraftCandidates:
         """An autoregressive head's round with trees: EAGLE-2's level-by-level expansion through the head's own
         round ([`tree_drafting.LevelSelector`]), then each row's tree picked best-first from its candidates plus
@@ -261,8 +333,9 @@ class DraftingSession:
         s = self.settings
         real = torch.cat([self.cache.mask, block.new_mask], dim=1)
         select = LevelSelector(
-            self.head, real, depth_limit, s.calibration, self.correction, self.policy.keep_expanding()
+            self.head, real, depth_limit, s.calibration, self.correction, self._plan.expand
         )
+        tic = self.clock()
         draft = self.head.draft_round(
             block.tokens,
             block.features,
@@ -272,13 +345,12 @@ class DraftingSession:
             select,
             block.attention_mask,
         )
+        drafter_seconds = self._drafter_ran(block, draft.forward_calls, tic)
         self.cache.appended(block, draft.speculative_slots)
-        passes = draft.forward_calls
-        drafter_seconds = self._drafter_ran(block, passes, tic)
         self._confidences = confidences = select.confidences
         trees = []
         for b, pool in enumerate(select.pools):
-            lookup = self._lookup_branch(histories[b][0], depth_limit)
+            lookup = self._lookup_branch(rows[b], histories, b, depth_limit)
             trees.append(
                 grow_tree_from_pool(
                     pool.tokens,
@@ -290,17 +362,22 @@ class DraftingSession:
                     self._lookup.probabilities(len(lookup)),
                 )
             )
-        return self._tree_candidates(trees, confidences, drafter_seconds, passes)
+        return self._tree_candidates(trees, confidences, drafter_seconds)
 
-    def _lookup_branch(self, history: torch.LongTensor, max_drafts: int) -> list[int]:
+    def _lookup_branch(self, row: int, histories: list[list[int]], b: int, max_drafts: int) -> list[int]:
+        """Row `b`'s prompt-lookup branch (`row`: its index in the call's batch, whose n-gram index is kept)."""
         n = self.settings.lookup_tokens
-        return prompt_lookup(history, min(n, max_drafts)) if n else []
+        if not n:
+            return []
+        index = self._indexes.setdefault(row, NgramIndex())
+        index.sync(histories[b])
+        return index.lookup(min(n, max_drafts))
 
     def _tree_candidates(
-        self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float, passes: int
+        self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float
     ) -> DraftCandidates:
-        """The round's trees, all of one size (padded), or a plain step when the policy verifies no node."""
-        n = self.policy.tree_size(trees, confidences, drafter_seconds, passes - 1)
+        """The round's trees, all of one size (padded), or a plain step when the plan verifies no node."""
+        n = self._plan.choose(RoundDrafts(confidences, trees, drafter_seconds))
         if n == 0:
             return self._plain_step()
         trees = [t.truncated(n) for t in trees]
@@ -311,23 +388,28 @@ class DraftingSession:
         for t in trees:
             for d in sorted({d for d, p in zip(t.depths, t.parents) if p != -2}):
                 _bump(self.stats.drafted_per_depth, d - 1)
-        self.policy.returned()
         return DraftCandidates.of_trees(trees, self.device)
 
     # ------------------------------------------------------------------ after the verify pass
     def verified(
-        self, accepted: list[int], live: list[bool] | None = None, paths: list[list[int]] | None = None
+        self,
+        accepted: list[int],
+        live: list[bool] | None = None,
+        paths: list[list[int]] | None = None,
+        target_seconds: float = 0.0,
     ) -> None:
         """Record the round just verified: per row, the drafts kept (after EOS and `max_length` cut the row); each
         row also emitted one token of the target's own.  `paths`: the slots of each row's accepted path (root
-        first).  Rows marked not `live` (ended rows kept idle in the batch) count nowhere."""
+        first).  Rows marked not `live` (ended rows kept idle in the batch) count nowhere.  `target_seconds`: what
+        the loop measured for the round's target pass.  The round's outcome goes to the policy."""
         stats = self.stats
         trees, self._trees = self._trees, None
         counted = [b for b in range(len(accepted)) if live is None or live[b]]
         kept = sum(accepted[b] for b in counted)
         rows = len(counted)
+        plan = self._plan
         if self._last_num_drafts > 0:
-            prediction = self.policy.prediction
+            prediction = plan.prediction if plan is not None else None
             for b in counted:
                 matches = chain_matches = accepted[b]
                 if trees is not None:  # the chain's and the lookup branch's share of the accepted path
@@ -345,12 +427,32 @@ class DraftingSession:
                     self.correction.observe(prediction.calibrated[b], chain_matches)
             stats.rounds += rows
             stats.accepted_tokens += kept
-            self.policy.verified(accepted, counted)
         else:
             stats.plain_steps += rows
+        if plan is not None:
+            seconds, passes, slots, context = self._drafter_run
+            self.policy.observe(
+                RoundOutcome(
+                    plan,
+                    self._last_num_drafts,
+                    accepted,
+                    counted,
+                    target_seconds,
+                    seconds,
+                    passes,
+                    slots,
+                    context,
+                )
+            )
+            self._plan = None
         stats.target_batch_passes += 1
         stats.generated_tokens += kept + rows
-        stats.total_seconds = _policy._clock() - self._start
+        stats.total_seconds = self.clock() - self._start
+
+
+def _upto(values: list[list[Any]], depth: int) -> list[list[Any]]:
+    """Per row, the first `depth` entries."""
+    return [row[:depth] for row in values]
 
 
 def _leading(flags: list[bool], nodes: list[int]) -> int:

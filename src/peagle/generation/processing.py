@@ -5,6 +5,7 @@ each row's draft through them ([`draft_selector`]; docs/DESIGN.md sections 3.3 a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers.generation.logits_process import LogitsProcessorList
@@ -56,8 +57,8 @@ def draft_selector(
     histories: list[torch.LongTensor],
     rows: list[int] | None,
     batch_size: int,
-    confidences: list[list[float]],
-    stop: Callable[[list[list[float]]], bool],
+    probabilities: list[torch.Tensor],
+    cut: Callable[[list[list[float]]], bool] | None,
     sampler: KeyedSampler | None = None,
 ) -> DraftSelector:
     """The round's `select(logits, depth)` for [`PEagleDrafter.draft_round`].
@@ -66,22 +67,35 @@ def draft_selector(
     through `processors` with each row's history plus its drafts so far (`rows`: each row's index in the call's
     `batch_size` rows), and give one token per row (argmax, or when `do_sample` the `sampler`'s keyed draw for the
     row's position, the noise the target's own draw there will use: [`sampling.KeyedSampler`]).  The scores returned
-    are exactly those the token was drawn from.  Nothing is proposed when the
-    processors leave some row no admissible token (e.g. a forced token outside the draft vocabulary).  The head's
-    probability of each draft goes to `confidences[depth][row]`; `stop(confidences)` ends the round (the drafting
-    policy's cut).  Greedy without processors skips the target vocabulary: no scores go back to the loop.
+    are exactly those the token was drawn from.  Nothing is proposed when the processors leave some row no
+    admissible token (e.g. a forced token outside the draft vocabulary).  Greedy without processors skips the
+    target vocabulary: no scores go back to the loop.
+
+    The head's probability of each row's draft goes to `probabilities[depth]` as a `(B,)` tensor, read on the host
+    by the caller once the round is over.  `cut` (None: never), for a head that runs one pass per depth: whether
+    the round ends after the drafts picked so far, given their probabilities `[depth][row]`; it reads each depth's
+    probabilities as it goes, since the next pass depends on it.  A parallel head's drafts all come from one
+    pass, so its caller applies any cut after the round (one host read for the whole round).
     """
     contexts = list(histories)
     keys = list(range(len(histories))) if rows is None else list(rows)
     starts = [h.shape[1] for h in histories]  # each row's next position: its first draft's
     if do_sample and sampler is None:
         raise ValueError("sampled drafts need the call's KeyedSampler")
+    read: list[list[float]] = []
+
+    def stop(prob: torch.Tensor) -> bool:
+        probabilities.append(prob)
+        if cut is None:
+            return False
+        read.append(prob.tolist())
+        return cut(read)
+
     if not do_sample and len(processors) == 0:
 
         def select_greedy(logits: torch.Tensor, depth: int):
             prob, index = logits.softmax(dim=-1).max(dim=-1)
-            confidences.append(prob.tolist())
-            return head.draft_to_target(index), None, stop(confidences)
+            return head.draft_to_target(index), None, stop(prob)
 
         return select_greedy
 
@@ -96,13 +110,37 @@ def draft_selector(
         else:
             token = scores.argmax(dim=-1)
         prob = scores.softmax(dim=-1).gather(-1, token[:, None])[:, 0]
-        confidences.append(prob.tolist())
         if len(processors) > 0:
             for b in range(len(contexts)):
                 contexts[b] = torch.cat([contexts[b], token[b : b + 1, None].to(contexts[b].device)], dim=-1)
-        return token, scores, stop(confidences)
+        return token, scores, stop(prob)
 
     return select
 
 
-__all__ = ["draft_selector", "grouped_processing"]
+def read_together(tensors: list[torch.Tensor]) -> list[list[Any]]:
+    """Several small tensors read on the host in ONE read (one synchronisation on an accelerator): each comes back
+    as the nested lists `tolist()` gives, integer tensors as ints.  Values travel as float64, exact for token ids
+    and for float32 probabilities."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).tolist()
+    out, at = [], 0
+    for t in tensors:
+        n = t.numel()
+        part = flat[at : at + n]
+        at += n
+        if not t.is_floating_point():
+            part = [int(v) for v in part]
+        out.append(_nest(part, list(t.shape)))
+    return out
+
+
+def _nest(values: list[Any], shape: list[int]) -> Any:
+    if len(shape) <= 1:
+        return values if shape else values[0]
+    step = len(values) // shape[0] if shape[0] else 0
+    return [_nest(values[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+__all__ = ["draft_selector", "grouped_processing", "read_together"]

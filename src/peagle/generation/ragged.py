@@ -42,8 +42,10 @@ def compact_cache(cache: Cache, index: torch.LongTensor) -> None:
     keep_tail(cache, index, None, "compact", layers)
 
 
-def worth_compacting(mask: torch.Tensor) -> bool:
-    free = mask.shape[1] - int(mask.sum(dim=1).max())
+def worth_compacting(mask: torch.Tensor, valid: int | None = None) -> bool:
+    """Whether compacting `mask (B, S)` frees enough slots; `valid`: the most valid slots of a row, when the caller
+    knows it without reading the mask."""
+    free = mask.shape[1] - (int(mask.sum(dim=1).max()) if valid is None else valid)
     return free >= COMPACT_MIN_SLOTS and free >= COMPACT_FRACTION * mask.shape[1]
 
 

@@ -114,6 +114,8 @@ class DraftCandidates:
     tokens: torch.LongTensor
     depths: torch.LongTensor
     parents: list[list[int]] | None = None
+    host_tokens: list[list[int]] | None = field(default=None, repr=False)
+    """The same tokens on the host, where the drafting side has them (trees): reading a row reads no tensor."""
 
     @classmethod
     def chain(cls, tokens: torch.LongTensor) -> DraftCandidates:
@@ -126,7 +128,7 @@ class DraftCandidates:
         """Every row's tree, all of one size."""
         tokens = torch.tensor([t.tokens for t in trees], dtype=torch.long, device=device)
         depths = torch.tensor([t.depths for t in trees], dtype=torch.long, device=device)
-        return cls(tokens, depths, [list(t.parents) for t in trees])
+        return cls(tokens, depths, [list(t.parents) for t in trees], [list(t.tokens) for t in trees])
 
     def __len__(self) -> int:
         return self.tokens.shape[1]
@@ -137,7 +139,7 @@ class DraftCandidates:
 
     def row(self, b: int) -> TreeRow:
         """Row b's tokens and parents (a chain's parents are 0..n-1 shifted by one)."""
-        tokens = self.tokens[b].tolist()
+        tokens = self.host_tokens[b] if self.host_tokens is not None else self.tokens[b].tolist()
         parents = list(range(-1, len(tokens) - 1)) if self.parents is None else self.parents[b]
         return TreeRow(tokens, parents)
 
@@ -300,22 +302,59 @@ def _best_first(
 
 def prompt_lookup(history: torch.LongTensor, num_tokens: int, max_ngram: int = LOOKUP_MAX_NGRAM) -> list[int]:
     """The continuation (up to `num_tokens` tokens) of the latest earlier occurrence of the context's last
-    `max_ngram`, then `max_ngram - 1`, ... 1 tokens, or `[]` when none recurs.
+    `max_ngram`, then `max_ngram - 1`, ... 1 tokens, or `[]` when none recurs ([`NgramIndex`] over `history`; the
+    decoding loop keeps one index per row instead).
 
     >>> prompt_lookup(torch.tensor([1, 2, 3, 9, 1, 2]), 3)
     [3, 9, 1]
     """
-    ids = history.reshape(-1)
-    length = ids.shape[0]
-    if num_tokens <= 0 or length < 2:
+    index = NgramIndex(max_ngram)
+    index.sync(history.reshape(-1).tolist())
+    return index.lookup(num_tokens)
+
+
+class NgramIndex:
+    """One row's tokens on the host with the latest earlier occurrence of each of their n-grams (n <= `max_ngram`),
+    kept as tokens arrive: [`lookup`] gives what [`prompt_lookup`] gives for the same tokens without reading a
+    tensor or scanning the history each round.
+
+    >>> index = NgramIndex()
+    >>> index.sync([1, 2, 3, 9, 1, 2])
+    >>> index.lookup(3)
+    [3, 9, 1]
+    """
+
+    def __init__(self, max_ngram: int = LOOKUP_MAX_NGRAM):
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self._ends: dict[
+            tuple[int, ...], int
+        ] = {}  # n-gram -> end of its latest occurrence with a token after it
+
+    def sync(self, tokens: list[int]) -> None:
+        """Catch up with the row's `tokens` (a row only grows while it drafts; anything else starts over)."""
+        have = len(self.tokens)
+        if have > len(tokens) or (have and tokens[have - 1] != self.tokens[-1]):
+            self.tokens, self._ends, have = [], {}, 0
+        for token in tokens[have:]:
+            end = len(self.tokens)
+            for n in range(
+                1, min(self.max_ngram, end) + 1
+            ):  # the n-grams ending here now have a continuation
+                self._ends[tuple(self.tokens[end - n : end])] = end
+            self.tokens.append(token)
+
+    def lookup(self, num_tokens: int) -> list[int]:
+        """The continuation (up to `num_tokens` tokens) of the latest earlier occurrence of the row's last
+        `max_ngram`, then `max_ngram - 1`, ... 1 tokens, or `[]`."""
+        ids, length = self.tokens, len(self.tokens)
+        if num_tokens <= 0 or length < 2:
+            return []
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            end = self._ends.get(tuple(ids[length - n :]))
+            if end is not None:
+                return ids[end : end + num_tokens]
         return []
-    for n in range(min(max_ngram, length - 1), 0, -1):
-        windows = ids.unfold(0, n, 1)[:-1]  # every n-gram but the suffix itself
-        hits = (windows == ids[-n:]).all(dim=1).nonzero()
-        if hits.numel():
-            start = int(hits[-1]) + n
-            return ids[start : start + num_tokens].tolist()
-    return []
 
 
 @dataclass
@@ -410,6 +449,7 @@ __all__ = [
     "DraftCandidates",
     "DraftTree",
     "LookupEstimate",
+    "NgramIndex",
     "VOID",
     "ancestor_mask",
     "children",

@@ -16,25 +16,31 @@ FRONTIER_WIDTH = 8
 """Nodes an autoregressive head's tree expands per level (one drafter pass over all of them, EAGLE-2's top-k)."""
 
 
-def parallel_candidates(
-    draft: Any,
-    confidences: list[list[float]],
-    head: Any,
-    calibration: dict[str, Any] | None,
-    correction: AcceptanceCorrection,
-) -> list[list[list[tuple[int, float]]]]:
-    """Per row and depth, a tree's candidates `[(token, acceptance probability), ...]` from one drafting round
-    ([`PEagleDrafter.draft_round`]'s result `draft`, `confidences[depth][row]` of its drafted tokens): the
-    drafted token first with its calibrated, corrected probability, then the head's other top tokens (from the
-    processed scores when there are any) sharing the rest ([`tree.sibling_probabilities`])."""
+def candidate_tensors(draft: Any, head: Any) -> tuple[torch.LongTensor, torch.Tensor]:
+    """A drafting round's top tokens per row and depth, `(ids (B, k, C), head probabilities (B, k, C))` in the target
+    vocabulary, from the processed scores when there are any (read on the host with the round's other figures)."""
     if draft.scores is not None:
         probs = draft.scores.float().softmax(dim=-1)
         head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
-    else:
-        probs = draft.logits.float().softmax(dim=-1)
-        head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
-        ids = head.draft_to_target(ids)
-    ids, head_p, drafted = ids.tolist(), head_p.tolist(), draft.tokens.tolist()
+        return ids, head_p
+    probs = draft.logits.float().softmax(dim=-1)
+    head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+    return head.draft_to_target(ids), head_p
+
+
+def parallel_candidates(
+    ids: list[list[list[int]]],
+    head_p: list[list[list[float]]],
+    drafted: list[list[int]],
+    confidences: list[list[float]],
+    calibration: dict[str, Any] | None,
+    correction: AcceptanceCorrection,
+) -> list[list[list[tuple[int, float]]]]:
+    """Per row and depth, a tree's candidates `[(token, acceptance probability), ...]` from one drafting round of a
+    P-EAGLE head, on the host: `ids[b][d]` and `head_p[b][d]` its top tokens and their probabilities
+    ([`candidate_tensors`]), `drafted[b][d]` the drafted tokens and `confidences[d][b]` their probabilities.  The
+    drafted token comes first with its calibrated, corrected probability, then the head's other top tokens sharing
+    the rest ([`tree.sibling_probabilities`])."""
     out = []
     for b, column in enumerate(zip(*confidences, strict=True)):
         corrected = correction.apply(calibrated_probabilities(calibration, list(column)))
@@ -210,4 +216,11 @@ class LevelSelector:
         return tokens, None, False, lambda last_hidden_state: self.levels.feed(last_hidden_state, parents)
 
 
-__all__ = ["CandidatePool", "FRONTIER_WIDTH", "LevelSelector", "TreeLevels", "parallel_candidates"]
+__all__ = [
+    "CandidatePool",
+    "FRONTIER_WIDTH",
+    "LevelSelector",
+    "TreeLevels",
+    "candidate_tensors",
+    "parallel_candidates",
+]
