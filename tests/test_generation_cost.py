@@ -755,7 +755,8 @@ class PassCounter:
         )
 
         def counted_pass(target, cache, ids, mask, repeats, *a, **k):
-            self.target += repeats + 1
+            warm = a[2] if len(a) > 2 else k.get("warm_up", True)
+            self.target += repeats + 1 if warm else 1
             return time_pass(target, cache, ids, mask, repeats, *a, **k)
 
         def counted_drafter(head, target, k, repeats, *a, **kw):
@@ -810,15 +811,55 @@ def test_a_first_call_times_a_few_passes_counts_them_and_says_so_once(target, mo
 
 def test_a_quick_curve_stops_at_its_budget_and_fills_in_the_rest(target, monkeypatch):
     """With its budget spent, a quick curve times only the plain step and one more n (two passes each), and still
-    covers every n up to the longest, never decreasing; `peagle calibrate --costs` (no budget) times them all."""
+    covers every n up to the longest, never decreasing; the drafter is left to the call's first drafting round
+    (with budget left it is timed); `peagle calibrate --costs` (no budget) times them all."""
     from peagle.generation import cost_timing
 
     counter = PassCounter(monkeypatch)
     head = _cost_head(target)
     budget = cost_timing.TimingBudget(seconds=0.0)
     model = cost_timing.measure_quick_cost_model(target, head, 17, 1, budget)
-    assert counter.target == 4 and budget.passes == 4 and budget.spent > 0
+    assert counter.target == 3 and budget.passes == 3 and budget.spent > 0  # n = 2 in one pass
     assert len(model.verify_seconds) == 17 and model.verify_seconds == sorted(model.verify_seconds)
-    assert model.timing == "quick" and model.refined_online and model.drafter_seconds > 0
+    assert model.timing == "quick" and model.refined_online and model.drafter_seconds == 0.0
+    assert budget.drafter_passes == 0
+    model.observe_drafter(0.25)  # what the first drafting round measures becomes the drafter's seconds
+    assert model.drafter_seconds == 0.25
     full = cost_timing.measure_cost_model(target, head, max_tokens=17, repeats=1)
-    assert counter.target == 4 + 2 * len(cost_timing.measured_points(17)) and full.timing == "full"
+    assert counter.target == 3 + 2 * len(cost_timing.measured_points(17)) and full.timing == "full"
+    timed = cost_timing.measure_quick_cost_model(target, head, 17, 1, cost_timing.TimingBudget(seconds=60.0))
+    assert timed.drafter_seconds > 0
+
+
+def test_ended_rows_are_never_timed_in_a_call_and_each_count_is_learnt(target, monkeypatch):
+    """Whether ended rows stay idle is decided from known plain-step seconds per row count; a call times none of
+    them (each count was one more timing inside the user's call): with counts unknown the rows leave, and the
+    plain steps the call runs teach the curve each count's seconds, at the reference context.  Every row is
+    plain batched greedy's."""
+    ids = torch.cat([prompt_ids(50 + b, 8) for b in range(4)])
+    free = greedy(target, ids, max_new_tokens=30)[:, 8:]
+    eos = next(
+        t
+        for t in range(3, 127)
+        if len({row.tolist().index(t) for row in free if t in row.tolist()}) >= 2
+        and sum(t in row.tolist()[:24] for row in free) in (2, 3)
+    )
+    kw = dict(max_new_tokens=30, eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    ref = greedy(target, ids, **kw)
+    model = VerifyCostModel([1.0] * 6, source="cache", context=256)  # no row count's seconds known
+    head = _cost_head(target, model=model)
+    head.config.confidence_threshold = None
+    counter = PassCounter(monkeypatch)
+    shapes = []
+    hook = target.register_forward_pre_hook(
+        lambda m, a, k: shapes.append(k["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        out = greedy(target, ids, assistant_model=head, num_assistant_tokens=4, **kw)
+    finally:
+        hook.remove()
+    assert torch.equal(out, ref)
+    assert counter.target == 0 and head.last_generation_stats.cost_timing_seconds == 0.0
+    assert 4 in shapes and min(shapes) < 4  # ended rows left the batch
+    learnt = {int(c) for c in model.row_seconds}
+    assert learnt and learnt <= set(shapes) and all(v > 0 for v in model.row_seconds.values())

@@ -259,6 +259,16 @@ class VerifyCostModel:
         else:
             self.drafter_slot_seconds += 0.5 * (per_slot - self.drafter_slot_seconds)
 
+    def observe_rows(self, rows: int, seconds: float, context: int | None = None) -> None:
+        """Fold in a measured plain step of `rows` rows after `context` tokens: `row_seconds[rows]`, a plain step's
+        seconds at the reference context (scaled as the curve scales a plain step), moves towards it.  What
+        decides how many ended rows a batch keeps, learnt from the passes generation runs anyway."""
+        if not self.refined_online or not (seconds > 0 and math.isfinite(seconds)) or rows < 1:
+            return
+        value = seconds * self.modelled(1, self.context) / self.modelled(1, context)
+        old = self.row_seconds.get(str(rows))
+        self.row_seconds[str(rows)] = value if old is None else old + self.smoothing * (value - old)
+
     def remember_pays(self, context: int, ratio: float) -> None:
         """What a call ended with: drafting's realised rate against a plain step's at `context` (in memory only:
         it is about the head at hand, which the curve's key does not identify)."""

@@ -171,8 +171,9 @@ def measure_quick_cost_model(
 ) -> VerifyCostModel:
     """A curve from a few short passes (`timing = "quick"`), for a call that did not ask for timing: target passes
     over the n of [`quick_points`] per row (each the second of two passes: the first of a shape allocates) after
-    the reference context, in that order while `budget` lasts (always the plain step and the next), the rest
-    filled in ([`fill_curve`]), and one drafter round.  The reference context is a short prefill with its keys and
+    the reference context, in that order while `budget` lasts (always the plain step and the next, that one in a
+    single pass once the budget is spent), the rest filled in ([`fill_curve`]), and one drafter round while the
+    budget lasts (else the call's first drafting round measures it).  The reference context is a short prefill with its keys and
     values repeated (as for a context point), so no long prefill runs.  The online factors then correct the curve
     from the passes generation runs; `peagle calibrate --costs` times the full one ([`measure_cost_model`])."""
     budget = budget if budget is not None else TimingBudget()
@@ -204,7 +205,10 @@ def measure_quick_cost_model(
             if i >= 2 and budget.over(tic):
                 break
             ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
-            seconds.append(_time_pass(target, cache, ids, None, 1, sync, budget))
+            # past the budget, the second point is one pass without its warm-up (the online factors refine it)
+            seconds.append(
+                _time_pass(target, cache, ids, None, 1, sync, budget, i == 0 or not budget.over(tic))
+            )
             points.append(n)
         del cache
         model = VerifyCostModel(
@@ -214,7 +218,7 @@ def measure_quick_cost_model(
             context=context,
             timing="quick",
         )
-        if head is not None:
+        if head is not None and not budget.over(tic):  # else the first drafting round measures it
             model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
                 head, target, max_tokens - 1, 1, rows, budget
             )
@@ -318,14 +322,15 @@ def measure_plain_step(
 
 
 def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: int, gen, device) -> Any:
-    """A DynamicCache that reads as `context` tokens long: a short prefix prefilled, then each layer's keys and
-    values repeated along the sequence (sliding-window layers: up to their window)."""
+    """A DynamicCache that reads as `context` tokens long for `rows` rows: a short prefix prefilled for one row, then
+    each layer's keys and values repeated along the sequence (sliding-window layers: up to their window) and the
+    batch (a batch of 8 costs no more prefill than one row)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
     prefix = min(32, context)
     cache = DynamicCache(config=config)
     positional_windows(model, cache)  # sliding layers keep every slot, as in peagle_decoding
-    ids = torch.randint(0, vocab, (rows, prefix), generator=gen).to(device)
+    ids = torch.randint(0, vocab, (1, prefix), generator=gen).to(device)
     model(input_ids=ids, use_cache=True, **cache_kwarg(cache))
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or layer.keys is None:
@@ -334,15 +339,15 @@ def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: in
         if isinstance(layer, DynamicSlidingWindowLayer):
             slots = min(context, layer.sliding_window - 1)
             layer.cumulative_length = context
-        _lengthen(layer, slots)
+        _lengthen(layer, slots, rows)
     return cache
 
 
-def _lengthen(layer: Any, slots: int) -> None:
-    """A cache layer's keys and values repeated along the sequence to `slots` entries."""
+def _lengthen(layer: Any, slots: int, rows: int = 1) -> None:
+    """A one-row cache layer's keys and values repeated along the sequence to `slots` entries and to `rows` rows."""
     reps = -(-slots // layer.keys.shape[-2])
-    layer.keys = layer.keys.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
-    layer.values = layer.values.repeat(1, 1, reps, 1)[:, :, :slots].contiguous()
+    layer.keys = layer.keys.repeat(rows, 1, reps, 1)[:, :, :slots].contiguous()
+    layer.values = layer.values.repeat(rows, 1, reps, 1)[:, :, :slots].contiguous()
 
 
 def _drafter_inputs(
@@ -426,12 +431,14 @@ def _time_pass(
     repeats: int,
     sync,
     budget: TimingBudget | None = None,
+    warm_up: bool = True,
 ) -> float:
     """Median seconds of `repeats` target passes over `ids` on `cache` after one warm-up pass (the first pass of a
-    shape allocates, and is slower); each pass is cropped off the cache again (counted in `budget.passes`)."""
+    shape allocates, and is slower; without `warm_up`, the one pass as it is); each pass is cropped off the cache
+    again (counted in `budget.passes`)."""
     times = []
     with packed_attention(target):  # the attention verify passes run with (peagle_decoding)
-        for _ in range(repeats + 1):
+        for _ in range(repeats + 1 if warm_up else 1):
             sync()
             t0 = time.perf_counter()
             target(
@@ -446,7 +453,7 @@ def _time_pass(
             cache.crop(-ids.shape[1])
     if budget is not None:
         budget.passes += len(times)
-    return statistics.median(times[1:])
+    return statistics.median(times[1:] if warm_up else times)
 
 
 def context_fits_in_memory(target: Any, rows: int, context: int) -> bool:

@@ -25,7 +25,6 @@ from .cost import (
     TimingBudget,
     VerifyCostModel,
     cost_model_for,
-    ensure_row_seconds,
     extend_to_context,
     persist_cost_model,
 )
@@ -48,8 +47,10 @@ gain is within the cost model's error (its predicted seconds come within a few p
 and where verifying costs nearly what it returns (a batch of 8 on a CPU) drafting would lose as often as win."""
 MAX_SKIP = 32
 """Most plain steps in a row without running the drafter (cost rule); each losing probe doubles the skip."""
-CATCH_UP_SLOTS = 256
-"""A drafter round over at least this many new slots is a catch-up (the prompt, or a long skip's slots)."""
+CATCH_UP_SLOTS = 64
+"""A drafter round over at least this many new slots is a catch-up (the prompt, or a long skip's slots): it times
+the drafter's cost per slot, which decides whether a call whose drafting did not pay before drafts at all.  Short
+prompts count: a batch of 8 catching up on 120-token prompts takes several plain steps on a CPU."""
 PROBE_FIRST, PROBE_EVERY, PROBE_MIN = 4, 64, 3
 """Cost rule: a plain step is taken after `PROBE_FIRST` target passes without one while the curve has fewer
 than `PROBE_MIN` observed plain steps, and after `PROBE_EVERY` passes later on, so the plain step's cost (what
@@ -412,6 +413,7 @@ class CostPolicy(DraftPolicy):
             self.stats.measured_seconds += measured
         self.stats.observe_pass(plan.context, self.settings.batch_size, predicted, measured)
         if outcome.verified == 0:
+            cost.observe_rows(len(outcome.accepted), outcome.target_seconds, plan.context)
             self._since_plain = 0
             if (
                 outcome.drafter_passes
@@ -441,19 +443,14 @@ class CostPolicy(DraftPolicy):
             self._skip_len = 1
 
     def rows_to_keep(self, live: int, most: int) -> int:
-        """The count whose plain step the cost model measures cheapest (ties: fewer), timed once per machine and
-        count within the call's timing budget; `live` without measured curves."""
+        """The count whose plain step the cost model knows to be cheapest (ties: fewer): the row counts' plain-step
+        seconds from `peagle calibrate --costs` or learnt from the plain steps calls ran at each count
+        ([`VerifyCostModel.observe_rows`]); nothing is timed for it in a call.  `live` while a count is unknown."""
         if not self.cost.refined_online or most <= live:
             return live
-        seconds = {}
-        try:
-            for count in range(live, most + 1):
-                value, _ = ensure_row_seconds(self.cost, self.target, count, self.budget)
-                if value is None:  # not timeable, or not within this call's timing budget
-                    return live
-                seconds[count] = value
-        finally:
-            self.stats.cost_timing_seconds = self.budget.spent
+        seconds = {count: self.cost.row_seconds.get(str(count)) for count in range(live, most + 1)}
+        if any(value is None for value in seconds.values()):
+            return live
         return min(seconds, key=lambda c: (seconds[c], c))
 
     def finish(self) -> None:
