@@ -42,9 +42,10 @@ class TimingBudget:
         """Whether more timing fits."""
         return self.seconds is None or self.spent < self.seconds
 
-    def over(self, since: float) -> bool:
-        """Whether the timing that started at `since` (not in `spent` yet) has used up what was left."""
-        return self.seconds is not None and self.spent + time.perf_counter() - since >= self.seconds
+    def over(self, since: float, part: float = 1.0) -> bool:
+        """Whether the timing that started at `since` (not in `spent` yet) has used up what was left (`part`: that
+        fraction of the budget)."""
+        return self.seconds is not None and self.spent + time.perf_counter() - since >= part * self.seconds
 
 
 def quick_points(max_tokens: int) -> list[int]:
@@ -172,7 +173,7 @@ def measure_quick_cost_model(
     """A curve from a few short passes (`timing = "quick"`), for a call that did not ask for timing: target passes
     over the n of [`quick_points`] per row (each the second of two passes: the first of a shape allocates) after
     the reference context, in that order while `budget` lasts (always the plain step and the next, that one in a
-    single pass once the budget is spent), the rest filled in ([`fill_curve`]), and one drafter round while the
+    single pass once half the budget is spent), the rest filled in ([`fill_curve`]), and one drafter round while the
     budget lasts (else the call's first drafting round measures it).  The reference context is a short prefill with its keys and
     values repeated (as for a context point), so no long prefill runs.  The online factors then correct the curve
     from the passes generation runs; `peagle calibrate --costs` times the full one ([`measure_cost_model`])."""
@@ -205,10 +206,9 @@ def measure_quick_cost_model(
             if i >= 2 and budget.over(tic):
                 break
             ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
-            # past the budget, the second point is one pass without its warm-up (the online factors refine it)
-            seconds.append(
-                _time_pass(target, cache, ids, None, 1, sync, budget, i == 0 or not budget.over(tic))
-            )
+            # past half the budget, a point is one pass without its warm-up (the online factors refine it)
+            warm = i == 0 or not budget.over(tic, 0.5)
+            seconds.append(_time_pass(target, cache, ids, None, 1, sync, budget, warm))
             points.append(n)
         del cache
         model = VerifyCostModel(
