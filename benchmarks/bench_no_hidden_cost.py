@@ -10,7 +10,10 @@ peagle output is compared with plain's.
 
 Prompts: the user turns of `--examples` (held-out, after `--skip`), left-padded into batches.
 
-Writes `<out>/no_hidden_cost.json`; exit status 1 when an output differed from plain.
+Per round (from the end of one target pass to the end of the next), drafting rounds and plain steps apart: the
+time outside the target's and the drafter's forwards and the host reads made outside the target's forward.
+
+Writes `<out>/no_hidden_cost.json` and `.png`; exit status 1 when an output differed from plain.
 
 Examples:
     # the measurement (an otherwise idle machine, 1 thread as a new user would have on a shared one)
@@ -24,7 +27,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from peagle.evaluation.results import write_json_and_plot
 from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation import cost as cost_mod
 
@@ -84,20 +87,55 @@ def run(target, head, ids, mask, args, assistant: bool, count: bool = False):
     return timed_generate(target, ids, args.max_new_tokens, head if assistant else None, **kw)
 
 
-def row_of(runs, first=None) -> dict:
+def row_of(runs, counted, first=None) -> dict:
+    """One side's figures: median seconds of `runs`, target passes, and per round (from the end of one target pass
+    to the end of the next) the time outside the target's and the drafter's forwards (medians over `runs`) and
+    the host reads (from the `counted` run), split into drafting rounds and plain steps."""
     passes = runs[0].target_calls
     seconds = statistics.median(r.seconds for r in runs)
-    outside = statistics.median(r.overhead_seconds for r in runs)
-    out = {
-        "seconds": seconds,
-        "target_passes": passes,
-        "ms_outside_forwards_per_pass": 1e3 * outside / passes,
-    }
+    out = {"seconds": seconds, "target_passes": passes}
+    for kind, drafted in (("drafting_round", True), ("plain_step", False)):
+        per_run = [[f for f in r.rounds() if f.drafted == drafted] for r in runs]
+        reads = [f.host_syncs for f in counted.rounds() if f.drafted == drafted]
+        out[f"{kind}s"] = len(per_run[0])
+        out[f"ms_outside_forwards_per_{kind}"] = (
+            1e3 * statistics.median(statistics.mean(f.outside_seconds for f in fs) for fs in per_run if fs)
+            if any(per_run)
+            else None
+        )
+        out[f"host_syncs_per_{kind}"] = statistics.mean(reads) if reads else None
+        out[f"most_host_syncs_per_{kind}"] = max(reads) if reads else None
     if first is not None:
         out["first_call_seconds"] = first.seconds
         out["first_call_cost_timing_seconds"] = first.stats.cost_timing_seconds if first.stats else None
         out["first_over_repeated"] = first.seconds / seconds
     return out
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Left: peagle's speed over plain batched greedy by batch size; right: the first call over the repeated one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["batch_size"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    left.bar([str(b) for b in sizes], [r["speedup"] for r in rows], color="tab:blue")
+    left.axhline(1.0, color="grey", lw=0.8)
+    left.axhline(0.99, color="tab:red", lw=0.8, ls="--", label="goal where drafting does not pay")
+    left.set_xlabel("batch size")
+    left.set_ylabel("peagle / plain speed (repeated calls)")
+    left.legend(fontsize=7)
+    right.bar([str(b) for b in sizes], [r["peagle"]["first_over_repeated"] for r in rows], color="tab:orange")
+    right.axhline(1.5, color="tab:red", lw=0.8, ls="--", label="goal: at most 1.5")
+    right.set_xlabel("batch size")
+    right.set_ylabel("first call / repeated call")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                             pad_token_id=args.pad),
         )  # fmt: skip
         lossless &= same
-        peagle_row, plain_row = row_of(again, first), row_of(plain)
+        peagle_row, plain_row = row_of(again, counted[0], first), row_of(plain, counted[1])
         peagle_row["host_syncs_per_pass"] = counted[0].host_syncs / counted[0].target_calls
         plain_row["host_syncs_per_pass"] = counted[1].host_syncs / counted[1].target_calls
         stats = again[0].stats
@@ -159,24 +197,28 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         r = results[-1]
+
+        def ms(row, kind):
+            value = row[f"ms_outside_forwards_per_{kind}"]
+            return "-" if value is None else f"{value:.2f} ms"
+
         print(
             f"B={rows}: {r['speedup']:.2f}x of plain; first call {peagle_row['first_over_repeated']:.2f}x the repeated "
-            f"one (timing {peagle_row['first_call_cost_timing_seconds']:.2f} s); outside forwards "
-            f"{peagle_row['ms_outside_forwards_per_pass']:.2f} ms/pass (plain {plain_row['ms_outside_forwards_per_pass']:.2f}); "
-            f"host reads {peagle_row['host_syncs_per_pass']:.2f}/pass (plain {plain_row['host_syncs_per_pass']:.2f}); "
-            f"lossless {same}",
+            f"one (timing {peagle_row['first_call_cost_timing_seconds']:.2f} s); outside forwards per drafting round "
+            f"{ms(peagle_row, 'drafting_round')}, per plain step {ms(peagle_row, 'plain_step')} (plain "
+            f"{ms(plain_row, 'plain_step')}); host reads per drafting round "
+            f"{peagle_row['host_syncs_per_drafting_round']}, per plain step {peagle_row['host_syncs_per_plain_step']} "
+            f"(plain {plain_row['host_syncs_per_plain_step']}); lossless {same}",
             flush=True,
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_description(),
         "config": {k: v for k, v in vars(args).items() if k != "out"},
-        "batch_sizes": results,
+        "summary": results,
     }
-    (out / "no_hidden_cost.json").write_text(json.dumps(report, indent=2))
-    print(f"written to {out / 'no_hidden_cost.json'}")
+    js, png = write_json_and_plot(report, args.out, "no_hidden_cost", plot)
+    print(f"written to {js} and {png}")
     return 0 if lossless else 1
 
 

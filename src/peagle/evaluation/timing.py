@@ -33,6 +33,28 @@ class RunResult:
     """The target's first forward call (the prompt's prefill): what no drafting rule changes."""
     host_syncs: int | None = None
     """Host reads of tensors during the call ([`host_syncs.count_host_syncs`]), when counted."""
+    target_spans: list[tuple[float, float, int, int]] = field(repr=False, default_factory=list)
+    """Per target forward: `(start, end, host reads before, host reads after)` (reads 0 when not counted)."""
+    drafter_spans: list[tuple[float, float, int, int]] = field(repr=False, default_factory=list)
+    """The same per drafter forward."""
+
+    def rounds(self) -> list[RoundFigures]:
+        """Per target pass after the first one that follows the prefill, what the loop spent in its round
+        ([`RoundFigures`]).  The first round is left out: it also finishes the prefill (reads its tokens, hands the
+        prompt's slots on) and catches the drafter up on the prompt."""
+        out = []
+        spans, drafter = self.target_spans[1:], self.drafter_spans
+        for prev, cur in zip(spans, spans[1:]):
+            inside = [d for d in drafter if prev[1] <= d[0] < cur[0]]
+            drafter_seconds = sum(d[1] - d[0] for d in inside)
+            out.append(
+                RoundFigures(
+                    drafted=bool(inside),
+                    outside_seconds=max(0.0, cur[0] - prev[1] - drafter_seconds),
+                    host_syncs=cur[2] - prev[3],
+                )
+            )
+        return out
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -44,12 +66,26 @@ class RunResult:
         return max(0.0, self.seconds - self.target_seconds - self.drafter_seconds)
 
 
+@dataclass(frozen=True)
+class RoundFigures:
+    """One round of a decoding loop (from the end of one target pass to the end of the next): whether the drafter
+    ran in it, the seconds outside the target's and the drafter's forwards, and the host reads of tensors made
+    outside the target's forward (the drafter's own included)."""
+
+    drafted: bool
+    outside_seconds: float
+    host_syncs: int
+
+
 class _ForwardTimer:
     """Counts forward calls of a module and sums their wall time (hooks; no change to the module)."""
 
-    def __init__(self, module: torch.nn.Module | None):
+    def __init__(self, module: torch.nn.Module | None, syncs: Any = None):
         self.calls, self.seconds, self._t0, self._handles = 0, 0.0, 0.0, []
         self.first_seconds = 0.0  # the first call's
+        self.syncs = syncs  # the running host-read count, when counted
+        self.spans: list[tuple[float, float, int, int]] = []
+        self._reads = 0
         if module is not None:
             self._handles = [
                 module.register_forward_pre_hook(self._pre),
@@ -57,10 +93,13 @@ class _ForwardTimer:
             ]
 
     def _pre(self, *_):
+        self._reads = self.syncs.count if self.syncs is not None else 0
         self._t0 = time.perf_counter()
 
     def _post(self, *_):
-        took = time.perf_counter() - self._t0
+        end = time.perf_counter()
+        took = end - self._t0
+        self.spans.append((self._t0, end, self._reads, self.syncs.count if self.syncs is not None else 0))
         if self.calls == 0:
             self.first_seconds = took
         self.calls += 1
@@ -76,23 +115,27 @@ def timed_generate(
 ) -> RunResult:
     """Greedy `target.generate` with timing and call counts of the target and of `assistant`; with `count_syncs`,
     its host reads of tensors too (a wrapper of about a microsecond per read)."""
-    target_timer = _ForwardTimer(target)
-    drafter_timer = _ForwardTimer(assistant if isinstance(assistant, torch.nn.Module) else None)
     gen_kwargs = dict(
         max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(input_ids)
     )
     if assistant is not None:
         gen_kwargs["assistant_model"] = assistant
     gen_kwargs.update(kwargs)
+    target_timer = drafter_timer = None
     try:
         with count_host_syncs() if count_syncs else contextlib.nullcontext() as syncs:
+            target_timer = _ForwardTimer(target, syncs)
+            drafter_timer = _ForwardTimer(
+                assistant if isinstance(assistant, torch.nn.Module) else None, syncs
+            )
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = target.generate(input_ids, **gen_kwargs)
             seconds = time.perf_counter() - t0
     finally:
-        target_timer.close()
-        drafter_timer.close()
+        for timer in (target_timer, drafter_timer):
+            if timer is not None:
+                timer.close()
     new = out[0, input_ids.shape[1] :].tolist()
     stats = getattr(assistant, "last_generation_stats", None) if assistant is not None else None
     return RunResult(
@@ -106,6 +149,8 @@ def timed_generate(
         stats=stats if isinstance(stats, PEagleGenerationStats) else None,
         prefill_seconds=target_timer.first_seconds,
         host_syncs=syncs.count if syncs is not None else None,
+        target_spans=target_timer.spans,
+        drafter_spans=drafter_timer.spans,
     )
 
 

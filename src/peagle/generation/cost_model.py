@@ -168,11 +168,13 @@ class VerifyCostModel:
         """Seconds to verify n tokens after `context` tokens, before the online factor."""
         return self.base(n) + self.growth(n, context)
 
-    def factor(self, n: int) -> float:
-        """The online factor of n (observed, else log-interpolated between the nearest observed n)."""
+    def factor(self, n: int, seen: list[int] | None = None) -> float:
+        """The online factor of n (observed, else log-interpolated between the nearest observed n; `seen`: the
+        observed n, when the caller has them)."""
         if n <= len(self.factors) and self.observations[n - 1] > 0:
             return self.factors[n - 1]
-        seen = [i + 1 for i, c in enumerate(self.observations) if c > 0]
+        if seen is None:
+            seen = [i + 1 for i, c in enumerate(self.observations) if c > 0]
         if not seen:
             return 1.0
         below = [m for m in seen if m < n]
@@ -189,7 +191,10 @@ class VerifyCostModel:
 
     def curve(self, max_tokens: int, context: int | None = None) -> list[float]:
         """`[max_tokens]` seconds for n = 1..max_tokens after `context` tokens, never decreasing in n."""
-        return monotone([self.cost(n, context) for n in range(1, max_tokens + 1)])
+        seen = [i + 1 for i, c in enumerate(self.observations) if c > 0]
+        return monotone(
+            [self.factor(n, seen) * self.modelled(n, context) for n in range(1, max_tokens + 1)]
+        )
 
     def drafter_cost(self, context: int | None = None) -> float:
         """Seconds of one drafter round after `context` tokens in the drafter's cache."""

@@ -147,10 +147,11 @@ class _Decoder:
         ones = torch.ones(self.batch, prompt_len, dtype=torch.long, device=self.device)
         self.kv_mask = mask.long() if mask is not None else ones  # 0: left padding or a hole
         self.next_pos = self.kv_mask.sum(dim=1)  # each row's next position: its real tokens so far
-        self.pos_host = self.next_pos.tolist()  # the same on the host (no read per round)
+        self.mask_host = self.kv_mask.tolist()  # the prompt's mask on the host (read once, for the prefill)
+        self.pos_host = [sum(row) for row in self.mask_host]  # next_pos on the host (no read per round)
         # whether the cache has left padding or holes (host-side, so that rounds need not read the mask), and
         # whether they changed since compaction was last considered
-        self.gaps = mask is not None and not bool(mask.all())
+        self.gaps = any(0 in row for row in self.mask_host)
         self.gaps_changed = self.gaps
         # sampling draws keyed by (row, position): the seed fixes the tokens whatever the rule chooses
         self.sampler = KeyedSampler.from_global_generator(self.device) if self.do_sample else None
@@ -235,7 +236,7 @@ class _Decoder:
         drafter gets every real prompt slot it does not hold yet."""
         self.drafter.prefill_next()
         positions = (self.kv_mask.cumsum(-1) - 1).masked_fill_(self.kv_mask == 0, 1)
-        padded = bool((self.kv_mask == 0).any())
+        padded = self.gaps
         mask = self.kv_mask if padded else None
         first = self.cached  # the first slot the target has not read
         if first and not self.drafter.resumed:
@@ -259,9 +260,13 @@ class _Decoder:
         for j, b in enumerate(self.rows.active):  # every real prompt position with the real token after it
             if emitted[j].numel() == 0:
                 continue
-            cols = self.kv_mask[j, first:].nonzero()[:, 0] + first
-            nxt = torch.cat([self.input_ids[b, cols[1:]], emitted[j][:1]])
-            self.drafter.add_real_slots(j, nxt, feats[j, cols - first], int(positions[j, cols[0]]))
+            real = self.mask_host[j]
+            cols = [c for c in range(first, len(real)) if real[c]]
+            if not cols:
+                continue
+            index = torch.tensor(cols, device=self.device)
+            nxt = torch.cat([self.input_ids[b, index[1:]], emitted[j][:1]])
+            self.drafter.add_real_slots(j, nxt, feats[j, index - first], sum(real[: cols[0]]))
         return emitted
 
     def _catch_up(self, positions: torch.LongTensor, mask: torch.Tensor | None) -> None:

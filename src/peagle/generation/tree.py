@@ -401,16 +401,14 @@ def ancestor_mask(parents: Sequence[int]) -> torch.BoolTensor:
     [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]
     """
     n = len(parents)
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    mask[0, 0] = True
+    rows = [[False] * (n + 1) for _ in range(n + 1)]  # built on the host, one tensor at the end
+    rows[0][0] = True
     for k, p in enumerate(parents):
         slot = k + 1
-        if p == VOID:
-            mask[slot, slot] = True
-            continue
-        mask[slot] = mask[p + 1] if p >= 0 else mask[0]
-        mask[slot, slot] = True
-    return mask
+        if p != VOID:
+            rows[slot] = list(rows[p + 1])
+        rows[slot][slot] = True
+    return torch.tensor(rows, dtype=torch.bool)
 
 
 def tree_attention_mask(trees: Sequence[DraftTree | TreeRow], past: torch.Tensor) -> torch.BoolTensor:
