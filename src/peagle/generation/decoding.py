@@ -10,7 +10,8 @@ A round: the drafter proposes k drafts per row ([`DraftingSession`]), the target
 cache gets *holes*: the slots of rejected drafts stay in the cache, masked out of the 2D attention mask, and
 each row's position ids count only its real tokens.  The slots no row kept are cropped; when holes pile up, both
 caches are compacted (each row's real slots gathered to the right, holes becoming left padding).  Finished rows
-leave the batch.  docs/DESIGN.md section 10 draws the cache after a ragged round.
+leave the batch; a static cache, whose batch is fixed, keeps them as frozen rows instead (docs/DESIGN.md section
+10.2).  docs/DESIGN.md section 10 draws the cache after a ragged round.
 
 A round may verify a draft *tree* instead of a chain (docs/DESIGN.md section 11); a chain is the tree with one
 path, so one verify step ([`_Decoder.verify`]) serves both: the nodes are laid out flat after the bonus token at
@@ -35,7 +36,15 @@ from .checks import check_continuation, check_decoding_inputs
 from .drafting import DraftingSession
 from .outputs import hidden_entries_upto, hidden_per_step, per_step
 from .processing import grouped_processing
-from .ragged import KeptWindows, batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
+from .ragged import (
+    KeptWindows,
+    batch_refusal,
+    compact,
+    keep_tail,
+    static_slots,
+    tree_refusal,
+    worth_compacting,
+)
 from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, PEagleCall
@@ -72,7 +81,8 @@ class _Rows:
         self.lengths = [prompt] * batch  # tokens of each row, prompt padding included (what processors see)
         self.active = list(range(batch))  # original index of each row still in the batch
         self.done: set[int] = set()  # rows that ended (EOS, max_length, max_time)
-        self.idle: set[int] = set()  # ended rows kept in the batch because a pass is cheaper with them
+        # ended rows kept in the batch: because a pass is cheaper with them, or (frozen) because the cache is static
+        self.idle: set[int] = set()
 
     def history(self, row: int) -> torch.LongTensor:
         return self.tokens[row : row + 1, : self.lengths[row]]
@@ -180,6 +190,8 @@ class _Decoder:
         # sliding layers: the window by position, each keeping its window's slots (DESIGN 10.1)
         self.windows = positional_windows(model, self.cache, trim=True)
         self.kept: KeptWindows | None = None  # the sliding layers' own slots, from the prefill on
+        # a static cache's fixed slot axis (DESIGN 10.2): masks span it, ended rows stay in the batch frozen
+        self.slots = static_slots(self.cache)
         _refuse_batch(model, self.cache, self.batch)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
@@ -330,8 +342,29 @@ class _Decoder:
         tokens."""
         rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
-        candidates = self.drafter.propose([rows.history(b) for b in rows.active], budget, rows=rows.active)
+        nodes = None
+        if self.slots is not None:  # the pass must fit the static cache's slots
+            nodes = self._static_room() - 1
+            budget = min(budget, nodes)
+        candidates = self.drafter.propose(
+            [rows.history(b) for b in rows.active], budget, rows=rows.active, max_nodes=nodes
+        )
         return self.verify(emitted, candidates)
+
+    def _static_room(self) -> int:
+        """The slots a verify pass may write on a static cache: what is left of its slot axis after the slots in
+        use, compacted first when the largest pass might not fit."""
+        settings = self.drafter.settings
+        most = max(settings.num_speculative_tokens, settings.tree_nodes) + 1
+        if self.kv_mask.shape[1] + most > self.slots and self.gaps:
+            self.kv_mask = compact(self.cache, self.kv_mask)
+        room = self.slots - self.kv_mask.shape[1]
+        if room < 1:
+            raise RuntimeError(
+                f"the static cache's {self.slots} slots are full: each row holds up to {self.kv_mask.shape[1]} "
+                "tokens. Give it room for max_length - 1 tokens (generate() sizes the caches it makes so)."
+            )
+        return room
 
     def verify(self, emitted: list[torch.LongTensor], candidates: DraftCandidates) -> list[torch.LongTensor]:
         """Verify every row's candidates in one target pass: the nodes laid out flat after the row's bonus token,
@@ -344,8 +377,9 @@ class _Decoder:
         inputs = torch.cat([last, candidates.tokens.to(device)], dim=1)
         depths = torch.cat([torch.zeros_like(last), candidates.depths.to(device)], dim=1)
         positions = self.next_pos[:, None] + depths
-        if self.windows is None and candidates.parents is None:  # a chain: whether the cache has padding or
-            mask = candidates.attention_mask(self.kv_mask, self.gaps)  # holes is known on the host
+        if self.windows is None and candidates.parents is None:
+            # a chain: whether the cache has padding or holes is known on the host
+            mask = self._span(candidates.attention_mask(self.kv_mask, self.gaps))
         else:
             mask = self._verify_mask(candidates, positions)
         out, feats = self._forward(inputs, positions, mask, width)
@@ -362,8 +396,13 @@ class _Decoder:
                 ]
                 scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
         paths, accepted, host = self._accept(inputs, scores, candidates)
-        # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes
-        lengths = [min(len(p), self.max_length - rows.lengths[b]) for p, b in zip(paths, rows.active)]
+        # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes; a
+        # frozen row (an ended row that stays in a static cache) keeps nothing
+        frozen = [self.slots is not None and b in rows.idle for b in rows.active]
+        lengths = [
+            0 if f else min(len(p), self.max_length - rows.lengths[b])
+            for p, b, f in zip(paths, rows.active, frozen)
+        ]
         starts = self._keep_paths(paths, lengths, width)
         if width == 1:  # a plain step: every row's path is its one slot
             gather = lambda x: x  # noqa: E731
@@ -377,7 +416,9 @@ class _Decoder:
         path_feats = gather(feats)
         for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
             verified = accepted[j][: lengths[j]]
-            if rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
+            if frozen[j]:  # it feeds the same token at the same position every pass
+                emitted[j] = inputs[j, :1]
+            elif rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
                 emitted[j] = verified
             self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
         return emitted
@@ -398,13 +439,23 @@ class _Decoder:
 
             kept = {FULL: self.kv_mask, SLIDING: self.kept.valid}
             masks = kept_masks(allowed, kept, positions, self.next_pos, self.windows)
-            if isinstance(masks, dict):
-                return {kind: self._as_model_mask(m) for kind, m in masks.items()}
+            if isinstance(masks, dict):  # full-attention layers hold the call's slot axis (static: all of it)
+                return {
+                    kind: self._as_model_mask(self._span(m) if kind == FULL else m)
+                    for kind, m in masks.items()
+                }
             return self._as_model_mask(masks)
-        mask = candidates.attention_mask(self.kv_mask)
+        mask = self._span(candidates.attention_mask(self.kv_mask))
         if mask is None or mask.dim() == 2:
             return mask
         return self._as_model_mask(mask)
+
+    def _span(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """A mask over the call's slots padded to the static cache's whole slot axis (the keys a static layer
+        returns), the slots after the ones in use masked: one shape for every pass of a width."""
+        if mask is None or self.slots is None or mask.shape[-1] >= self.slots:
+            return mask
+        return torch.nn.functional.pad(mask, (0, self.slots - mask.shape[-1]))
 
     def _as_model_mask(self, mask: torch.BoolTensor) -> torch.Tensor:
         impl = self.model.config._attn_implementation
@@ -455,9 +506,8 @@ class _Decoder:
         if all(p[:n] == list(range(n)) for p, n in zip(paths, lengths)):
             self.cache.crop(-(width - longest))
         else:
-            keep_tail(
-                self.cache, torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device), width
-            )
+            index = torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device)
+            keep_tail(self.cache, index, width, used=self.kv_mask.shape[1] + width)
         if min(lengths) == longest:  # every row kept as many: no new holes
             self.kv_mask = torch.cat([self.kv_mask, self.kv_mask.new_ones(len(lengths), longest)], 1)
             self.next_pos = self.next_pos + longest
@@ -554,7 +604,12 @@ class _Decoder:
                 rows.done.add(b)
         live = [j for j, b in enumerate(rows.active) if not rows.ended(b)]
         keep = sorted(live + self._idle_rows(live)) if live else []
-        rows.idle = {b for j, b in enumerate(rows.active) if j in keep and j not in live}
+        idle = {b for j, b in enumerate(rows.active) if j in keep and j not in live}
+        if self.slots is not None and idle - rows.idle:  # frozen rows' slots are holes from now on
+            frozen = torch.tensor([b in idle for b in rows.active], device=self.device)
+            self.kv_mask = self.kv_mask.masked_fill(frozen[:, None], 0)
+            self.gaps = self.gaps_changed = True
+        rows.idle = idle
         self.drafter.set_idle([rows.active[j] in rows.idle for j in keep])
         if len(keep) < len(rows.active):
             rows.active = [rows.active[j] for j in keep]
@@ -578,9 +633,12 @@ class _Decoder:
         """The ended rows (indices into the batch) to keep as idle rows: as many as make a target pass cheapest
         by the cost model's measured step seconds per row count (a CPU's matrix kernels can take longer for 7
         rows than for 8), preferring rows kept before.  Only rows that ended at EOS with room left in the
-        position range qualify (an idle row advances with the batch); none without the cost rule."""
+        position range qualify (an idle row advances with the batch); none without the cost rule.  A static
+        cache cannot drop rows: every ended row stays, frozen (it keeps no slot of later passes)."""
         rows, batch = self.rows, len(self.rows.active)
         ended = [j for j in range(batch) if j not in live]
+        if self.slots is not None:
+            return ended
         if not ended or batch_refusal(self.cache) is not None:
             return []
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)

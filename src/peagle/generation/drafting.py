@@ -105,6 +105,9 @@ class DraftingSession:
         # [depth][row] the head's confidence in the last round's drafts
         self._confidences: list[list[float]] = []
         self._trees: list[DraftTree] | None = None  # the trees under verification
+        self._nodes = (
+            self.settings.tree_nodes
+        )  # the most tree nodes this round (fewer where a pass has no room)
         head.last_generation_stats = self.stats
 
     # ------------------------------------------------------------------ rows and slots
@@ -152,7 +155,11 @@ class DraftingSession:
 
     @torch.no_grad()
     def propose(
-        self, histories: list[torch.LongTensor], max_drafts: int, rows: list[int] | None = None
+        self,
+        histories: list[torch.LongTensor],
+        max_drafts: int,
+        rows: list[int] | None = None,
+        max_nodes: int | None = None,
     ) -> DraftCandidates:
         """Draft up to `max_drafts` (<= K) tokens after each row's history.
 
@@ -162,6 +169,8 @@ class DraftingSession:
             max_drafts: the most drafts the longest-running row can still use before `max_length`.
             rows: each row's index in the call's original batch (rows leave the batch when they end); default
                 0..B-1.
+            max_nodes: the most tree nodes the verify pass has room for (a static cache's slots); default the
+                tree budget.
 
         Returns:
             [`DraftCandidates`]: a chain of k drafts or a tree of k nodes per row, the same k for every row; k = 0
@@ -169,6 +178,9 @@ class DraftingSession:
         """
         tic = self.policy.begin(histories, _policy._clock(), self._last_num_drafts)
         k = min(self.settings.num_speculative_tokens, max_drafts)
+        self._nodes = (
+            self.settings.tree_nodes if max_nodes is None else min(self.settings.tree_nodes, max_nodes)
+        )
         if k < 1 or self.policy.skips(max_drafts):
             return self._plain_step()
         block = self.cache.next_block()
@@ -244,7 +256,7 @@ class DraftingSession:
             trees.append(
                 grow_tree(
                     cands,
-                    self.settings.tree_nodes,
+                    self._nodes,
                     lookup,
                     self._lookup.probabilities(len(lookup)),
                     chain_parents_only=self.settings.drafting_mode == "autoregressive",
@@ -285,7 +297,7 @@ class DraftingSession:
                     pool.parents,
                     pool.probs,
                     pool.chain,
-                    self.settings.tree_nodes,
+                    self._nodes,
                     lookup,
                     self._lookup.probabilities(len(lookup)),
                 )
@@ -300,7 +312,7 @@ class DraftingSession:
         self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float, passes: int
     ) -> DraftCandidates:
         """The round's trees, all of one size (padded), or a plain step when the policy verifies no node."""
-        n = self.policy.tree_size(trees, confidences, drafter_seconds, passes - 1)
+        n = min(self.policy.tree_size(trees, confidences, drafter_seconds, passes - 1), self._nodes)
         if n == 0:
             return self._plain_step()
         trees = [t.truncated(n) for t in trees]
