@@ -212,3 +212,34 @@ def test_static_cache_on_a_sliding_target_decodes_one_prompt_and_refuses_batches
             sliding, one, max_new_tokens=4, cache_implementation="static", assistant_model=head,
             draft_tree_size=4,
         )  # fmt: skip
+
+
+def test_verify_widths_pad_every_pass_to_a_few_widths(target):
+    """`verify_widths="fixed"` on a static cache with room for the widest pass past `max_length`: every verify pass
+    after the prefill is 1, K + 1 or the tree budget + 1 wide (a compiled forward compiles once per width), and the
+    output is plain's; listed widths pad to the smallest that holds a pass."""
+    widths = []
+    hook = target.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    rows = prompts(3, seed=21)
+    new = 24
+    kw = dict(max_new_tokens=new, eos_token_id=early_eos(target, rows, new), pad_token_id=0)
+    ref = generate(target, rows, **kw)
+    room = dict(cache_implementation="static", max_cache_len=left_pad(rows)[0].shape[1] + new - 1 + 7)
+    try:
+        for tree, asked, allowed in [(6, "fixed", {1, 5, 7}), (0, "fixed", {1, 5}), (0, [3, 8], {3, 8})]:
+            head = make_head(target)
+            oracle = Oracle(head, references(target, rows, **kw), p=0.7, seed=1, second=True)
+            widths.clear()
+            out = generate(
+                target, rows, assistant_model=head, num_assistant_tokens=4, draft_tree_size=tree,
+                verify_widths=asked, **room, **kw,
+            )  # fmt: skip
+            oracle.handle.remove()
+            assert torch.equal(out, ref) and head.last_generation_stats.accepted_tokens > 3
+            assert set(widths[1:]) <= allowed and len(widths) > 2, (asked, widths)
+    finally:
+        hook.remove()
+    with pytest.raises(ValueError, match="verify_widths"):
+        generate(target, rows, assistant_model=make_head(target), max_new_tokens=2, verify_widths=[0, 4])

@@ -342,13 +342,18 @@ class _Decoder:
         tokens."""
         rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
-        nodes = None
+        nodes = room = None
         if self.slots is not None:  # the pass must fit the static cache's slots
-            nodes = self._static_room() - 1
+            room = self._static_room()
+            nodes = room - 1
             budget = min(budget, nodes)
         candidates = self.drafter.propose(
             [rows.history(b) for b in rows.active], budget, rows=rows.active, max_nodes=nodes
         )
+        width = len(candidates) + 1
+        fits = [w for w in self.drafter.settings.verify_widths if w >= width and (room is None or w <= room)]
+        if fits:  # one of a few fixed widths (DESIGN 10.2), padded with nodes the target never accepts
+            candidates = candidates.padded(fits[0] - 1)
         return self.verify(emitted, candidates)
 
     def _static_room(self) -> int:
