@@ -31,21 +31,15 @@ from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingC
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafting_peagle import cache_kwarg, custom_attention_mask
+from . import ragged
 from .attention import packed_attention
 from .checks import check_continuation, check_decoding_inputs
 from .drafting import DraftingSession
 from .outputs import hidden_entries_upto, hidden_per_step, per_step
 from .processing import grouped_processing
-from .ragged import (
-    KeptWindows,
-    batch_refusal,
-    compact,
-    keep_tail,
-    static_slots,
-    tree_refusal,
-    worth_compacting,
-)
+from .ragged import KeptWindows, batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
 from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
+from .rows import Rows, cut_at_end
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
@@ -70,58 +64,6 @@ class PEagleGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-class _Rows:
-    """Per-row bookkeeping of one `generate()` call: the output buffer, each row's length and end, and which rows
-    are still in the batch."""
-
-    def __init__(self, input_ids: torch.LongTensor, max_length: int, pad: int):
-        batch, prompt = input_ids.shape
-        self.tokens = input_ids.new_full((batch, max_length), pad)
-        self.tokens[:, :prompt] = input_ids
-        self.lengths = [prompt] * batch  # tokens of each row, prompt padding included (what processors see)
-        self.active = list(range(batch))  # original index of each row still in the batch
-        self.done: set[int] = set()  # rows that ended (EOS, max_length, max_time)
-        # ended rows kept in the batch: because a pass is cheaper with them, or (frozen) because the cache is static
-        self.idle: set[int] = set()
-
-    def history(self, row: int) -> torch.LongTensor:
-        return self.tokens[row : row + 1, : self.lengths[row]]
-
-    def append(self, row: int, new: torch.LongTensor, ended: bool = False) -> None:
-        n = new.shape[0]
-        self.tokens[row, self.lengths[row] : self.lengths[row] + n] = new
-        self.lengths[row] += n
-        if ended:
-            self.done.add(row)
-
-    def ended(self, row: int) -> bool:
-        return row in self.done
-
-    def cut(self, row: int, length: int, pad: int) -> None:
-        """End row `row` at `length` tokens (a stopping criterion stopped it there): later tokens become padding."""
-        self.tokens[row, length:] = pad
-        self.lengths[row] = length
-        self.done.add(row)
-
-    def live(self) -> list[bool]:
-        """Per row in the batch: whether it is still decoding (not an idle row kept for speed)."""
-        return [b not in self.idle for b in self.active]
-
-
-def _cut(
-    tokens: torch.LongTensor, host: list[int], budget: int, eos: set[int]
-) -> tuple[torch.LongTensor, bool]:
-    """A row's emitted tokens (`host`: the same ids, read once for the batch) cut at `max_length` and after its
-    first EOS; whether the row ended.  Decided on the host: no read of the tensor."""
-    n = min(len(host), budget)
-    ended = len(host) >= budget
-    for i in range(n):
-        if host[i] in eos:
-            n, ended = i + 1, True
-            break
-    return tokens[:n], ended
-
-
 def _gather_slots(x: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
     """`x (B, S, ...)` at `index (B, L)` along the slot axis."""
     shape = index.shape + x.shape[2:]
@@ -163,8 +105,7 @@ class _Decoder:
         options = options or DraftingOptions()
         self.model, self.input_ids, self.processors = model, input_ids, logits_processor
         self.streamer = streamer
-        self.batch, prompt_len = input_ids.shape
-        self.device = input_ids.device
+        (self.batch, prompt_len), self.device = input_ids.shape, input_ids.device
         self.max_length = int(generation_config.max_length)
         pad = generation_config._pad_token_tensor
         self.pad_id = int(pad) if pad is not None else 0
@@ -190,8 +131,7 @@ class _Decoder:
         # sliding layers: the window by position, each keeping its window's slots (DESIGN 10.1)
         self.windows = positional_windows(model, self.cache, trim=True)
         self.kept: KeptWindows | None = None  # the sliding layers' own slots, from the prefill on
-        # a static cache's fixed slot axis (DESIGN 10.2): masks span it, ended rows stay in the batch frozen
-        self.slots = static_slots(self.cache)
+        self.slots = ragged.static_slots(self.cache)  # a static cache's slots (DESIGN 10.2)
         _refuse_batch(model, self.cache, self.batch)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
@@ -222,7 +162,7 @@ class _Decoder:
             options.prompt_lookup_num_tokens
         )
         self._check_trees()
-        self.rows = _Rows(input_ids, self.max_length, self.pad_id)
+        self.rows = Rows(input_ids, self.max_length, self.pad_id)
         self.per_row: dict[str, list[list[Any]]] = {
             name: [[] for _ in range(self.batch)] for name in self.want
         }
@@ -342,34 +282,16 @@ class _Decoder:
         tokens."""
         rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
-        nodes = room = None
-        if self.slots is not None:  # the pass must fit the static cache's slots
-            room = self._static_room()
-            nodes = room - 1
-            budget = min(budget, nodes)
-        candidates = self.drafter.propose(
-            [rows.history(b) for b in rows.active], budget, rows=rows.active, max_nodes=nodes
-        )
-        width = len(candidates) + 1
-        fits = [w for w in self.drafter.settings.verify_widths if w >= width and (room is None or w <= room)]
-        if fits:  # one of a few fixed widths (DESIGN 10.2), padded with nodes the target never accepts
-            candidates = candidates.padded(fits[0] - 1)
-        return self.verify(emitted, candidates)
-
-    def _static_room(self) -> int:
-        """The slots a verify pass may write on a static cache: what is left of its slot axis after the slots in
-        use, compacted first when the largest pass might not fit."""
-        settings = self.drafter.settings
-        most = max(settings.num_speculative_tokens, settings.tree_nodes) + 1
-        if self.kv_mask.shape[1] + most > self.slots and self.gaps:
-            self.kv_mask = compact(self.cache, self.kv_mask)
-        room = self.slots - self.kv_mask.shape[1]
-        if room < 1:
-            raise RuntimeError(
-                f"the static cache's {self.slots} slots are full: each row holds up to {self.kv_mask.shape[1]} "
-                "tokens. Give it room for max_length - 1 tokens (generate() sizes the caches it makes so)."
-            )
-        return room
+        room = None
+        if self.slots is not None:  # the pass must fit the static cache's slots (DESIGN 10.2)
+            s = self.drafter.settings
+            most = max([s.num_speculative_tokens, s.tree_nodes, *s.verify_widths]) + 1
+            self.kv_mask, room = ragged.static_room(self.cache, self.kv_mask, self.slots, most)
+            budget = min(budget, room - 1)
+        nodes = None if room is None else room - 1
+        histories = [rows.history(b) for b in rows.active]
+        candidates = self.drafter.propose(histories, budget, rows=rows.active, max_nodes=nodes)
+        return self.verify(emitted, self.drafter.fixed_width(candidates, room))
 
     def verify(self, emitted: list[torch.LongTensor], candidates: DraftCandidates) -> list[torch.LongTensor]:
         """Verify every row's candidates in one target pass: the nodes laid out flat after the row's bonus token,
@@ -384,7 +306,7 @@ class _Decoder:
         positions = self.next_pos[:, None] + depths
         if self.windows is None and candidates.parents is None:
             # a chain: whether the cache has padding or holes is known on the host
-            mask = self._span(candidates.attention_mask(self.kv_mask, self.gaps))
+            mask = ragged.span_slots(candidates.attention_mask(self.kv_mask, self.gaps), self.slots)
         else:
             mask = self._verify_mask(candidates, positions)
         out, feats = self._forward(inputs, positions, mask, width)
@@ -445,22 +367,16 @@ class _Decoder:
             kept = {FULL: self.kv_mask, SLIDING: self.kept.valid}
             masks = kept_masks(allowed, kept, positions, self.next_pos, self.windows)
             if isinstance(masks, dict):  # full-attention layers hold the call's slot axis (static: all of it)
+                spans = {FULL: self.slots}
                 return {
-                    kind: self._as_model_mask(self._span(m) if kind == FULL else m)
+                    kind: self._as_model_mask(ragged.span_slots(m, spans.get(kind)))
                     for kind, m in masks.items()
                 }
             return self._as_model_mask(masks)
-        mask = self._span(candidates.attention_mask(self.kv_mask))
+        mask = ragged.span_slots(candidates.attention_mask(self.kv_mask), self.slots)
         if mask is None or mask.dim() == 2:
             return mask
         return self._as_model_mask(mask)
-
-    def _span(self, mask: torch.Tensor | None) -> torch.Tensor | None:
-        """A mask over the call's slots padded to the static cache's whole slot axis (the keys a static layer
-        returns), the slots after the ones in use masked: one shape for every pass of a width."""
-        if mask is None or self.slots is None or mask.shape[-1] >= self.slots:
-            return mask
-        return torch.nn.functional.pad(mask, (0, self.slots - mask.shape[-1]))
 
     def _as_model_mask(self, mask: torch.BoolTensor) -> torch.Tensor:
         impl = self.model.config._attn_implementation
@@ -551,7 +467,7 @@ class _Decoder:
                 cut.append(emitted[j][:0])
                 continue
             ids = host[j] if host is not None else emitted[j].tolist()
-            tokens, done = _cut(emitted[j], ids, self.max_length - rows.lengths[b], self.eos_ids)
+            tokens, done = cut_at_end(emitted[j], ids, self.max_length - rows.lengths[b], self.eos_ids)
             n = tokens.shape[0]
             if self.want["scores"]:
                 self.per_row["scores"][b].extend(scores[j, :n])

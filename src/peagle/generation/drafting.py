@@ -223,6 +223,12 @@ class DraftingSession:
         self.policy.returned()
         return DraftCandidates.chain(drafts)
 
+    def fixed_width(self, candidates: DraftCandidates, room: int | None = None) -> DraftCandidates:
+        """The candidates padded to the smallest of the call's `verify_widths` that holds them (and fits `room`
+        slots), with nodes the target never accepts (docs/DESIGN.md section 10.2); as they are when none does."""
+        fits = [w for w in self.settings.verify_widths if len(candidates) < w <= (room or w)]
+        return candidates.padded(fits[0] - 1) if fits else candidates
+
     def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
         """Count the round's drafter passes and time them (since `tic`); returns the drafter's seconds."""
         self.stats.drafter_forward_calls += passes

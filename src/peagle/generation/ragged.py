@@ -45,6 +45,27 @@ def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTe
     return index, new_mask
 
 
+def static_room(cache: Cache, mask: torch.Tensor, slots: int, most: int) -> tuple[torch.Tensor, int]:
+    """`(mask, room)`: the slots a verify pass may write on a static cache of `slots` slots whose first ones are in
+    use (validity `mask (B, S)`), compacted first when a pass of `most` slots might not fit (the new mask)."""
+    if mask.shape[1] + most > slots and not bool(mask.all()):
+        mask = compact(cache, mask)
+    if mask.shape[1] >= slots:
+        raise RuntimeError(
+            f"the static cache's {slots} slots are full: a row holds {mask.shape[1]} tokens. Give it room for "
+            "max_length - 1 tokens (generate() sizes the caches it makes so)."
+        )
+    return mask, slots - mask.shape[1]
+
+
+def span_slots(mask: torch.Tensor | None, slots: int | None) -> torch.Tensor | None:
+    """A mask over the slots in use, padded (masked) to a static cache's `slots` when given: the keys a static
+    layer returns, one shape for every pass of a width."""
+    if mask is None or slots is None or mask.shape[-1] >= slots:
+        return mask
+    return torch.nn.functional.pad(mask, (0, slots - mask.shape[-1]))
+
+
 def compact_cache(cache: Cache, index: torch.LongTensor, used: int) -> None:
     """Gather every layer's keys and values along the sequence axis: slot j of row b becomes old slot
     `index[b, j]` (of the `used` slots the layers hold).  Full-attention layers only; a [`WindowLayer`] keeps its
@@ -215,6 +236,8 @@ __all__ = [
     "compaction_index",
     "drop_oldest",
     "keep_tail",
+    "span_slots",
+    "static_room",
     "static_slots",
     "tree_refusal",
     "worth_compacting",
