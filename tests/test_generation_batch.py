@@ -359,15 +359,3 @@ def test_flat_cost_model_at_batch_size_four_drafts_every_round(target):
     out = drafted(target, head, rows, max_new_tokens=12, num_assistant_tokens=3)
     assert torch.equal(out, ref)
     assert head.last_generation_stats.chosen_k_histogram[0] == 0
-
-
-def test_static_caches_decode_one_prompt_and_refuse_batches(target):
-    head = make_head(target)
-    one = prompts(1, seed=140)
-    ref = plain(target, one, max_new_tokens=12, cache_implementation="static")
-    oracle = Oracle(head, references(target, one, max_new_tokens=12), p=0.8)
-    out = drafted(target, head, one, max_new_tokens=12, cache_implementation="static", num_assistant_tokens=3)
-    oracle.handle.remove()
-    assert torch.equal(out, ref) and head.last_generation_stats.accepted_tokens > 0
-    with pytest.raises(ValueError, match=r"StaticLayer.*drop cache_implementation"):
-        drafted(target, head, prompts(2, seed=141), max_new_tokens=4, cache_implementation="static")

@@ -192,9 +192,7 @@ class VerifyCostModel:
     def curve(self, max_tokens: int, context: int | None = None) -> list[float]:
         """`[max_tokens]` seconds for n = 1..max_tokens after `context` tokens, never decreasing in n."""
         seen = [i + 1 for i, c in enumerate(self.observations) if c > 0]
-        return monotone(
-            [self.factor(n, seen) * self.modelled(n, context) for n in range(1, max_tokens + 1)]
-        )
+        return monotone([self.factor(n, seen) * self.modelled(n, context) for n in range(1, max_tokens + 1)])
 
     def drafter_cost(self, context: int | None = None) -> float:
         """Seconds of one drafter round after `context` tokens in the drafter's cache."""

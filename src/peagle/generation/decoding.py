@@ -10,7 +10,8 @@ A round: the drafter proposes k drafts per row ([`DraftingSession`]), the target
 cache gets *holes*: the slots of rejected drafts stay in the cache, masked out of the 2D attention mask, and
 each row's position ids count only its real tokens.  The slots no row kept are cropped; when holes pile up, both
 caches are compacted (each row's real slots gathered to the right, holes becoming left padding).  Finished rows
-leave the batch.  docs/DESIGN.md section 10 draws the cache after a ragged round.
+leave the batch; a static cache, whose batch is fixed, keeps them as frozen rows instead (docs/DESIGN.md section
+10.2).  docs/DESIGN.md section 10 draws the cache after a ragged round.
 
 A round may verify a draft *tree* instead of a chain (docs/DESIGN.md section 11); a chain is the tree with one
 path, so one verify step ([`_Decoder.verify`]) serves both: the nodes are laid out flat after the bonus token at
@@ -30,6 +31,7 @@ from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingC
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafting_peagle import cache_kwarg, custom_attention_mask
+from . import ragged
 from .attention import packed_attention
 from .checks import check_continuation, check_decoding_inputs
 from .drafting import DraftingSession
@@ -118,8 +120,7 @@ class _Decoder:
         options = options or DraftingOptions()
         self.model, self.input_ids, self.processors = model, input_ids, logits_processor
         self.streamer = streamer
-        self.batch, prompt_len = input_ids.shape
-        self.device = input_ids.device
+        (self.batch, prompt_len), self.device = input_ids.shape, input_ids.device
         self.max_length = int(generation_config.max_length)
         pad = generation_config._pad_token_tensor
         self.pad_id = int(pad) if pad is not None else 0
@@ -140,6 +141,7 @@ class _Decoder:
         # sliding layers: the window by position, each keeping its window's slots (DESIGN 10.1)
         self.windows = positional_windows(model, self.cache, trim=True)
         self.kept: KeptWindows | None = None  # the sliding layers' own slots, from the prefill on
+        self.slots = ragged.static_slots(self.cache)  # a static cache's slots (DESIGN 10.2)
         _refuse_batch(model, self.cache, self.batch)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()  # transformers' own assisted decoding does the same
@@ -301,13 +303,20 @@ class _Decoder:
         tokens."""
         rows = self.rows
         budget = max(self.max_length - rows.lengths[b] for b in rows.active if b not in rows.idle) - 1
+        room = None
+        if self.slots is not None:  # the pass must fit the static cache's slots (DESIGN 10.2)
+            s = self.drafter.settings
+            most = max([s.num_speculative_tokens, s.tree_nodes, *s.verify_widths]) + 1
+            self.kv_mask, room = ragged.static_room(self.cache, self.kv_mask, self.slots, most)
+            budget = min(budget, room - 1)
         candidates = self.drafter.propose(
             [rows.history(b) for b in rows.active],
             budget,
             rows=rows.active,
             host_histories=[rows.host[b] for b in rows.active],
+            max_nodes=None if room is None else room - 1,
         )
-        return self.verify(emitted, candidates)
+        return self.verify(emitted, self.drafter.fixed_width(candidates, room))
 
     def verify(self, emitted: list[torch.LongTensor], candidates: DraftCandidates) -> list[torch.LongTensor]:
         """Verify every row's candidates in one target pass: the nodes laid out flat after the row's bonus token,
@@ -320,8 +329,9 @@ class _Decoder:
         inputs = torch.cat([last, candidates.tokens.to(device)], dim=1)
         depths = torch.cat([torch.zeros_like(last), candidates.depths.to(device)], dim=1)
         positions = self.next_pos[:, None] + depths
-        if self.windows is None and candidates.parents is None:  # a chain: whether the cache has padding or
-            mask = candidates.attention_mask(self.kv_mask, self.gaps)  # holes is known on the host
+        if self.windows is None and candidates.parents is None:
+            # a chain: whether the cache has padding or holes is known on the host
+            mask = ragged.span_slots(candidates.attention_mask(self.kv_mask, self.gaps), self.slots)
         else:
             mask = self._verify_mask(candidates, positions)
         out, feats = self._forward(inputs, positions, mask, width)
@@ -338,8 +348,13 @@ class _Decoder:
                 ]
                 scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
         paths, accepted, host = self._accept(inputs, scores, candidates)
-        # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes
-        lengths = [min(len(p), self.max_length - rows.lengths[b]) for p, b in zip(paths, rows.active)]
+        # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes; a
+        # frozen row (an ended row that stays in a static cache) keeps nothing
+        frozen = [self.slots is not None and b in rows.idle for b in rows.active]
+        lengths = [
+            0 if f else min(len(p), self.max_length - rows.lengths[b])
+            for p, b, f in zip(paths, rows.active, frozen)
+        ]
         starts = self._keep_paths(paths, lengths, width)
         if width == 1:  # a plain step: every row's path is its one slot
             gather = lambda x: x  # noqa: E731
@@ -353,7 +368,9 @@ class _Decoder:
         path_feats = gather(feats)
         for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
             verified = accepted[j][: lengths[j]]
-            if rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
+            if frozen[j]:  # it feeds the same token at the same position every pass
+                emitted[j] = inputs[j, :1]
+            elif rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
                 emitted[j] = verified
             self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
         return emitted
@@ -374,10 +391,14 @@ class _Decoder:
 
             kept = {FULL: self.kv_mask, SLIDING: self.kept.valid}
             masks = kept_masks(allowed, kept, positions, self.next_pos, self.windows)
-            if isinstance(masks, dict):
-                return {kind: self._as_model_mask(m) for kind, m in masks.items()}
+            if isinstance(masks, dict):  # full-attention layers hold the call's slot axis (static: all of it)
+                spans = {FULL: self.slots}
+                return {
+                    kind: self._as_model_mask(ragged.span_slots(m, spans.get(kind)))
+                    for kind, m in masks.items()
+                }
             return self._as_model_mask(masks)
-        mask = candidates.attention_mask(self.kv_mask)
+        mask = ragged.span_slots(candidates.attention_mask(self.kv_mask), self.slots)
         if mask is None or mask.dim() == 2:
             return mask
         return self._as_model_mask(mask)
@@ -431,9 +452,8 @@ class _Decoder:
         if all(p[:n] == list(range(n)) for p, n in zip(paths, lengths)):
             self.cache.crop(-(width - longest))
         else:
-            keep_tail(
-                self.cache, torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device), width
-            )
+            index = torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device)
+            keep_tail(self.cache, index, width, used=self.kv_mask.shape[1] + width)
         if min(lengths) == longest:  # every row kept as many: no new holes
             self.kv_mask = torch.cat([self.kv_mask, self.kv_mask.new_ones(len(lengths), longest)], 1)
             self.next_pos = self.next_pos + longest
@@ -530,7 +550,12 @@ class _Decoder:
                 rows.done.add(b)
         live = [j for j, b in enumerate(rows.active) if not rows.ended(b)]
         keep = sorted(live + self._idle_rows(live)) if live else []
-        rows.idle = {b for j, b in enumerate(rows.active) if j in keep and j not in live}
+        idle = {b for j, b in enumerate(rows.active) if j in keep and j not in live}
+        if self.slots is not None and idle - rows.idle:  # frozen rows' slots are holes from now on
+            frozen = torch.tensor([b in idle for b in rows.active], device=self.device)
+            self.kv_mask = self.kv_mask.masked_fill(frozen[:, None], 0)
+            self.gaps = self.gaps_changed = True
+        rows.idle = idle
         self.drafter.set_idle([rows.active[j] in rows.idle for j in keep])
         if len(keep) < len(rows.active):
             rows.active = [rows.active[j] for j in keep]
@@ -546,7 +571,9 @@ class _Decoder:
             emitted = [emitted[j] for j in keep]
         if self.gaps_changed and rows.active:  # holes pile up only in rounds that add some (or drop rows)
             self.gaps_changed = False
-            valid = max(self.pos_host)  # a row's valid slots are its positions: no read of the mask
+            # a row's valid slots are its positions (a frozen row's are holes): no read of the mask
+            frozen = rows.idle if self.slots is not None else set()
+            valid = max((p for p, b in zip(self.pos_host, rows.active) if b not in frozen), default=0)
             if worth_compacting(self.kv_mask, valid) and batch_refusal(self.cache) is None:
                 self.kv_mask = compact(self.cache, self.kv_mask)
         return emitted
@@ -555,9 +582,12 @@ class _Decoder:
         """The ended rows (indices into the batch) to keep as idle rows: as many as make a target pass cheapest
         by the cost model's measured step seconds per row count (a CPU's matrix kernels can take longer for 7
         rows than for 8), preferring rows kept before.  Only rows that ended at EOS with room left in the
-        position range qualify (an idle row advances with the batch); none without the cost rule."""
+        position range qualify (an idle row advances with the batch); none without the cost rule.  A static
+        cache cannot drop rows: every ended row stays, frozen (it keeps no slot of later passes)."""
         rows, batch = self.rows, len(self.rows.active)
         ended = [j for j in range(batch) if j not in live]
+        if self.slots is not None:
+            return ended
         if not ended or batch_refusal(self.cache) is not None:
             return []
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)

@@ -119,6 +119,7 @@ class DraftingSession:
         )  # seconds, passes, new real slots, drafter context before the round
         self._confidences: list[list[float]] = []
         self._trees: list[DraftTree] | None = None  # the trees under verification
+        self._nodes = s.tree_nodes  # the most tree nodes this round (fewer where a pass has no room)
         head.last_generation_stats = self.stats
 
     # ------------------------------------------------------------------ rows and slots
@@ -171,6 +172,7 @@ class DraftingSession:
         max_drafts: int,
         rows: list[int] | None = None,
         host_histories: list[list[int]] | None = None,
+        max_nodes: int | None = None,
     ) -> DraftCandidates:
         """Draft up to `max_drafts` (<= K) tokens after each row's history.
 
@@ -182,6 +184,8 @@ class DraftingSession:
                 0..B-1.
             host_histories: the same tokens on the host, per row (prompt lookup reads them; read from
                 `histories` when None).
+            max_nodes: the most tree nodes the verify pass has room for (a static cache's slots); default the
+                tree budget.
 
         Returns:
             [`DraftCandidates`]: a chain of k drafts or a tree of k nodes per row, the same k for every row; k = 0
@@ -196,6 +200,8 @@ class DraftingSession:
         )
         self._drafter_run = (0.0, 0, 0, state.drafter_context)
         k = min(self.settings.num_speculative_tokens, max_drafts)
+        nodes = self.settings.tree_nodes
+        self._nodes = nodes if max_nodes is None else min(nodes, max_nodes)
         if k < 1:  # no room for a draft: a plain step, nothing to decide
             self._plan = RoundPlan(state.context, skip=True)
             return self._plain_step()
@@ -277,6 +283,12 @@ class DraftingSession:
                 trees = self._grow_trees(read[1:], confidences, rows, host_histories, max_drafts)
         return drafts, self._confidences, trees, drafter_seconds
 
+    def fixed_width(self, candidates: DraftCandidates, room: int | None = None) -> DraftCandidates:
+        """The candidates padded to the smallest of the call's `verify_widths` that holds them (and fits `room`
+        slots), with nodes the target never accepts (docs/DESIGN.md section 10.2); as they are when none does."""
+        fits = [w for w in self.settings.verify_widths if len(candidates) < w <= (room or w)]
+        return candidates.padded(fits[0] - 1) if fits else candidates
+
     def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
         """Count the round's drafter passes and time them (since `tic`); returns the drafter's seconds."""
         self.stats.drafter_forward_calls += passes
@@ -316,7 +328,7 @@ class DraftingSession:
             trees.append(
                 grow_tree(
                     cands,
-                    self.settings.tree_nodes,
+                    self._nodes,
                     lookup,
                     self._lookup.probabilities(len(lookup)),
                     chain_parents_only=self.settings.drafting_mode == "autoregressive",
@@ -357,7 +369,7 @@ class DraftingSession:
                     pool.parents,
                     pool.probs,
                     pool.chain,
-                    self.settings.tree_nodes,
+                    self._nodes,
                     lookup,
                     self._lookup.probabilities(len(lookup)),
                 )
@@ -377,7 +389,7 @@ class DraftingSession:
         self, trees: list[DraftTree], confidences: list[list[float]], drafter_seconds: float
     ) -> DraftCandidates:
         """The round's trees, all of one size (padded), or a plain step when the plan verifies no node."""
-        n = self._plan.choose(RoundDrafts(confidences, trees, drafter_seconds))
+        n = min(self._plan.choose(RoundDrafts(confidences, trees, drafter_seconds)), self._nodes)
         if n == 0:
             return self._plain_step()
         trees = [t.truncated(n) for t in trees]

@@ -1,12 +1,13 @@
 """Caches with holes: the target's and the drafter's KV caches in a batched round keep the slots of rejected
 drafts (and the left padding of ragged blocks) as masked holes; once enough pile up, each row's valid slots are
 gathered to the right and the holes become left padding.  A sliding-window target's sliding layers keep a slot
-axis of their own, trimmed to their window each round ([`KeptWindows`]).  docs/DESIGN.md sections 10 and 10.1."""
+axis of their own, trimmed to their window each round ([`KeptWindows`]).  A static cache's layers do the same in
+place, on their fixed slot axis ([`static_slots`]).  docs/DESIGN.md sections 10, 10.1 and 10.2."""
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .windows import MASKED_ATTENTION, WindowLayer, kept_positions
 
@@ -14,8 +15,18 @@ COMPACT_MIN_SLOTS = 16
 """Compact a cache once compaction would free at least this many slots per row ..."""
 COMPACT_FRACTION = 0.125
 """... and at least this fraction of the cache's length."""
-_HOLED = (DynamicLayer, WindowLayer)
-"""Cache layers that can keep holes: transformers' dynamic full-attention layer and peagle's window layer."""
+_HOLED = (DynamicLayer, WindowLayer, StaticLayer)
+"""Cache layers that can keep holes: transformers' dynamic and static full-attention layers and peagle's window
+layer (exactly these classes: a subclass may hold more state than keys and values)."""
+
+
+def static_slots(cache: Cache | None) -> int | None:
+    """The fixed slot axis of `cache`'s static full-attention layers (their `max_cache_len`), or None when it has
+    none.  Such a layer holds `(B, H, max_cache_len, D)` tensors from its first update on and writes each update
+    at its length (`cumulative_length`); peagle's ops on it ([`keep_tail`], [`compact`], `crop`) work in place and
+    set that length, so the tensors never change shape or identity (what a compiled forward needs)."""
+    sizes = {layer.max_cache_len for layer in getattr(cache, "layers", []) if type(layer) is StaticLayer}
+    return min(sizes) if sizes else None
 
 
 def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTensor] | None:
@@ -34,12 +45,33 @@ def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTe
     return index, new_mask
 
 
-def compact_cache(cache: Cache, index: torch.LongTensor) -> None:
+def static_room(cache: Cache, mask: torch.Tensor, slots: int, most: int) -> tuple[torch.Tensor, int]:
+    """`(mask, room)`: the slots a verify pass may write on a static cache of `slots` slots whose first ones are in
+    use (validity `mask (B, S)`), compacted first when a pass of `most` slots might not fit (the new mask)."""
+    if mask.shape[1] + most > slots and not bool(mask.all()):
+        mask = compact(cache, mask)
+    if mask.shape[1] >= slots:
+        raise RuntimeError(
+            f"the static cache's {slots} slots are full: a row holds {mask.shape[1]} tokens. Give it room for "
+            "max_length - 1 tokens (generate() sizes the caches it makes so)."
+        )
+    return mask, slots - mask.shape[1]
+
+
+def span_slots(mask: torch.Tensor | None, slots: int | None) -> torch.Tensor | None:
+    """A mask over the slots in use, padded (masked) to a static cache's `slots` when given: the keys a static
+    layer returns, one shape for every pass of a width."""
+    if mask is None or slots is None or mask.shape[-1] >= slots:
+        return mask
+    return torch.nn.functional.pad(mask, (0, slots - mask.shape[-1]))
+
+
+def compact_cache(cache: Cache, index: torch.LongTensor, used: int) -> None:
     """Gather every layer's keys and values along the sequence axis: slot j of row b becomes old slot
-    `index[b, j]`.  Dynamic (full-attention) layers only; a [`WindowLayer`] keeps its own slot axis and is left
-    alone ([`KeptWindows`] compacts it)."""
+    `index[b, j]` (of the `used` slots the layers hold).  Full-attention layers only; a [`WindowLayer`] keeps its
+    own slot axis and is left alone ([`KeptWindows`] compacts it)."""
     layers = [i for i, layer in enumerate(cache.layers) if not isinstance(layer, WindowLayer)]
-    keep_tail(cache, index, None, "compact", layers)
+    keep_tail(cache, index, None, "compact", layers, used)
 
 
 def worth_compacting(mask: torch.Tensor, valid: int | None = None) -> bool:
@@ -51,16 +83,22 @@ def worth_compacting(mask: torch.Tensor, valid: int | None = None) -> bool:
 
 def batch_refusal(cache: Cache) -> str | None:
     """Why a batch cannot keep holes in this (target's) cache, or None.  Holes need full-attention layers of
-    transformers' dynamic kind: a sliding window counts slots, so holes would shrink it; recurrent (linear
-    attention) state cannot skip a slot; static layers cannot drop finished rows or be compacted."""
+    transformers' dynamic or static kind (or peagle's window layers, without static ones): a sliding window
+    counts slots, so holes would shrink it; recurrent (linear attention) state cannot skip a slot; a static cache
+    on a sliding-window target is not supported (its window layers and its fixed slot axis would part)."""
     layers = list(getattr(cache, "layers", []))
     if any(getattr(layer, "is_sliding", False) for layer in layers):
         return "sliding-window layers, where rejected drafts left as masked holes would shift the window"
+    if static_slots(cache) is not None and any(isinstance(layer, WindowLayer) for layer in layers):
+        return (
+            "a static cache with sliding-window layers (StaticSlidingWindowLayer); batches and trees on a static "
+            "cache need full-attention layers only (drop cache_implementation: the default cache takes both)"
+        )
     others = sorted({type(layer).__name__ for layer in layers if type(layer) not in _HOLED})
     if others:
         return (
-            f"cache layers of kind {others}; batched rounds need transformers' dynamic full-attention layers "
-            "(drop cache_implementation, or use the default DynamicCache)"
+            f"cache layers of kind {others}; batched rounds need transformers' dynamic or static full-attention "
+            "layers (drop cache_implementation, or use the default DynamicCache)"
         )
     return None
 
@@ -71,11 +109,13 @@ def keep_tail(
     width: int | None,
     what: str = "keep a path in",
     layers: list[int] | None = None,
+    used: int | None = None,
 ) -> None:
     """Of the last `width` slots of every layer (None: all of them; `layers`: those layers only), keep
     `index (B, L)` per row (slot j of the new tail is old tail slot `index[b, j]`) and drop the rest: a verified
     draft tree leaves only its accepted path in the cache, and compaction gathers each row's valid slots.
-    Dynamic layers only (full-attention, or a [`WindowLayer`])."""
+    Dynamic layers (full-attention, or a [`WindowLayer`]) are cut to the new length; a static layer, whose first
+    `used` slots are the ones in use, gets the kept slots written in place and its length set ([`static_slots`])."""
     keep = index.shape[1]
     for i, layer in enumerate(cache.layers):
         if layers is not None and i not in layers:
@@ -84,12 +124,21 @@ def keep_tail(
             raise TypeError(f"cannot {what} a {type(layer).__name__} cache layer")
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue
+        static = type(layer) is StaticLayer
+        if static and used is None:
+            raise TypeError(f"cannot {what} a StaticLayer without the number of slots in use")
         gather = index.to(layer.keys.device)[:, None, :, None]
         for name in ("keys", "values"):
             full = getattr(layer, name)
-            cut = full.shape[2] - (full.shape[2] if width is None else width)
-            picked = full[:, :, cut:].gather(2, gather.expand(-1, full.shape[1], keep, full.shape[-1]))
-            setattr(layer, name, torch.cat([full[:, :, :cut], picked], dim=2))
+            end = used if static else full.shape[2]
+            cut = end - (end if width is None else width)
+            picked = full[:, :, cut:end].gather(2, gather.expand(-1, full.shape[1], keep, full.shape[-1]))
+            if static:  # the same tensor, the slots after the kept ones left as they are (never attended)
+                full[:, :, cut : cut + keep].copy_(picked)
+            else:
+                setattr(layer, name, torch.cat([full[:, :, :cut], picked], dim=2))
+        if static:
+            layer.cumulative_length.fill_(cut + keep)
 
 
 def drop_oldest(cache: Cache, count: int) -> None:
@@ -111,12 +160,13 @@ def tree_refusal(model, cache: Cache) -> str | None:
 
 
 def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
-    """Squeeze the holes out of `cache` (its validity `mask (B, S)`); returns the new mask."""
+    """Squeeze the holes out of `cache` (its validity `mask (B, S)`: the slots its layers hold); returns the new
+    mask."""
     found = compaction_index(mask)
     if found is None:
         return mask
     index, new_mask = found
-    compact_cache(cache, index)
+    compact_cache(cache, index, mask.shape[1])
     return new_mask
 
 
@@ -188,6 +238,9 @@ __all__ = [
     "compaction_index",
     "drop_oldest",
     "keep_tail",
+    "span_slots",
+    "static_room",
+    "static_slots",
     "tree_refusal",
     "worth_compacting",
 ]

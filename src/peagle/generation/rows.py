@@ -1,5 +1,7 @@
-"""Per-row bookkeeping of a `generate()` call's output ([`Rows`]): the output buffer, each row's tokens on the host,
-its length and end, and which rows are still in the batch; and where a row's new tokens end ([`cut_at_end`])."""
+"""Per-row bookkeeping of one decoding call ([`Rows`]): the output buffer, each row's tokens on the host (prompt
+lookup reads them), its length and end, which rows are still in the batch and which of them ended but stay (idle
+rows, frozen rows of a static cache); and a round's new tokens cut at `max_length` and after EOS
+([`cut_at_end`]).  docs/DESIGN.md section 10."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class Rows:
         self.lengths = [prompt] * batch  # tokens of each row, prompt padding included (what processors see)
         self.active = list(range(batch))  # original index of each row still in the batch
         self.done: set[int] = set()  # rows that ended (EOS, max_length, max_time)
-        self.idle: set[int] = set()  # ended rows kept in the batch because a pass is cheaper with them
+        self.idle: set[int] = set()  # ended rows kept in the batch (a pass is cheaper so, or a static cache)
 
     def history(self, row: int) -> torch.LongTensor:
         return self.tokens[row : row + 1, : self.lengths[row]]
@@ -43,7 +45,7 @@ class Rows:
         self.done.add(row)
 
     def live(self) -> list[bool]:
-        """Per row in the batch: whether it is still decoding (not an idle row kept for speed)."""
+        """Per row in the batch: whether it is still decoding (not an ended row kept in the batch)."""
         return [b not in self.idle for b in self.active]
 
 

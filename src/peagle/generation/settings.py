@@ -148,6 +148,37 @@ def resolve_drafter_window(window: Any, head: PEagleDrafter) -> int | None:
     return window
 
 
+def resolve_verify_widths(widths: Any, k: int, nodes: int) -> tuple[int, ...]:
+    """The widths a call's verify passes are padded to (`verify_widths`), ascending; () for none.
+
+    `"fixed"`: 1 (a plain step), K + 1 (a chain) and, with trees, the node budget + 1.  A list of integers >= 1:
+    those.  Each verify pass is padded with slots that are never accepted to the smallest listed width that holds
+    it (one that none holds runs as it is), so a compiled forward sees a few shapes only; the output is unchanged.
+
+    >>> resolve_verify_widths("fixed", 4, 0), resolve_verify_widths("fixed", 4, 16), resolve_verify_widths([8, 2], 4, 0)
+    ((1, 5), (1, 5, 17), (2, 8))
+    """
+    if widths is None:
+        return ()
+    if widths == "fixed":
+        return tuple(sorted({1, k + 1} | ({nodes + 1} if nodes else set())))
+    if isinstance(widths, (str, bytes)) or not all(
+        isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in _iterable(widths)
+    ):
+        raise ValueError(
+            f'verify_widths is {widths!r}; expected "fixed", a list of integers >= 1 (the widths verify passes are '
+            "padded to), or None."
+        )
+    return tuple(sorted(set(widths)))
+
+
+def _iterable(value: Any) -> Any:
+    try:
+        return list(value)
+    except TypeError:
+        return [None]
+
+
 RoundObserver = Callable[[list[float], int], None]
 """`observer(confidences, accepted)`: called once per row and verified chain round with the head's probability of
 each draft the round verified and how many of them the target accepted (`peagle calibrate` collects its rounds so)."""
@@ -162,12 +193,14 @@ class DraftingOptions:
         prompt_lookup_num_tokens: the prompt-lookup branch's length, or None.
         drafter_window: the drafter's attention window ([`resolve_drafter_window`]), or None.
         round_observer: told every verified chain round ([`RoundObserver`]), or None.
+        verify_widths: `"fixed"` or the widths verify passes are padded to ([`resolve_verify_widths`]), or None.
     """
 
     draft_tree_size: int | str | None = None
     prompt_lookup_num_tokens: int | None = None
     drafter_window: int | None = None
     round_observer: RoundObserver | None = None
+    verify_widths: Any = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +241,7 @@ class DraftingSettings:
         do_sample: drafts are sampled (else greedy).
         fast_greedy: greedy without logits processors: drafts and their probabilities come straight from the draft
             vocabulary, and no target-vocabulary scores go back to the loop.
+        verify_widths: the widths verify passes are padded to, ascending ([`resolve_verify_widths`]; () for none).
     """
 
     num_speculative_tokens: int
@@ -224,6 +258,7 @@ class DraftingSettings:
     all_hidden_states: bool
     do_sample: bool
     fast_greedy: bool
+    verify_widths: tuple[int, ...] = ()
 
     @classmethod
     def resolve(
@@ -267,6 +302,7 @@ class DraftingSettings:
             all_hidden_states=bool(generation_config.output_hidden_states),
             do_sample=do_sample,
             fast_greedy=not do_sample and processors == 0,
+            verify_widths=resolve_verify_widths(options.verify_widths, k, nodes),
         )
 
     def without_trees(self) -> DraftingSettings:
@@ -286,4 +322,5 @@ __all__ = [
     "resolve_drafter_window",
     "resolve_num_speculative_tokens",
     "resolve_tree_settings",
+    "resolve_verify_widths",
 ]

@@ -133,6 +133,17 @@ class DraftCandidates:
     def __len__(self) -> int:
         return self.tokens.shape[1]
 
+    def padded(self, nodes: int) -> DraftCandidates:
+        """The same candidates as trees of `nodes >= len(self)` nodes per row: [`VOID`] nodes after the real ones
+        (each sees only itself and is never accepted), so that a verify pass has a chosen width."""
+        batch, extra = self.tokens.shape[0], nodes - len(self)
+        parents = self.parents or [list(range(-1, len(self) - 1)) for _ in range(batch)]
+        return DraftCandidates(
+            torch.cat([self.tokens, self.tokens.new_zeros(batch, extra)], dim=1),
+            torch.cat([self.depths, self.depths.new_ones(batch, extra)], dim=1),
+            [list(p) + [VOID] * extra for p in parents],
+        )
+
     @property
     def is_chain(self) -> bool:
         return self.parents is None
