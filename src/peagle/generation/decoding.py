@@ -336,7 +336,7 @@ class _Decoder:
             mask = self._verify_mask(candidates, positions)
         out, feats = self._forward(inputs, positions, mask, width)
         raw = out.logits[:, -width:].float()
-        scores = raw.clone()
+        scores = raw.clone() if len(self.processors) > 0 else raw  # (B, width, V): no copy unless processed
         if len(self.processors) > 0:  # each slot sees the row's history plus the drafts on its own path
             for i in range(width):
                 hist = [
@@ -364,7 +364,10 @@ class _Decoder:
         hidden = None
         if self.want["hidden"]:
             hidden = tuple(gather(h[:, -width:]) for h in out.hidden_states)
-        emitted = self.record(accepted, gather(raw), gather(scores), _PathOutput(hidden), paths, host)
+        # the path's logits and scores only where the call returns them ((B, width, V) each: a tree's are large)
+        kept_raw = gather(raw) if self.want["logits"] else None
+        kept_scores = gather(scores) if self.want["scores"] else None
+        emitted = self.record(accepted, kept_raw, kept_scores, _PathOutput(hidden), paths, host)
         path_feats = gather(feats)
         for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
             verified = accepted[j][: lengths[j]]

@@ -6,6 +6,8 @@ place, on their fixed slot axis ([`static_slots`]).  docs/DESIGN.md sections 10,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
@@ -117,6 +119,7 @@ def keep_tail(
     Dynamic layers (full-attention, or a [`WindowLayer`]) are cut to the new length; a static layer, whose first
     `used` slots are the ones in use, gets the kept slots written in place and its length set ([`static_slots`])."""
     keep = index.shape[1]
+    expanded: dict[tuple[Any, ...], torch.LongTensor] = {}  # the gather index per layer shape (built once)
     for i, layer in enumerate(cache.layers):
         if layers is not None and i not in layers:
             continue
@@ -127,16 +130,20 @@ def keep_tail(
         static = type(layer) is StaticLayer
         if static and used is None:
             raise TypeError(f"cannot {what} a StaticLayer without the number of slots in use")
-        gather = index.to(layer.keys.device)[:, None, :, None]
         for name in ("keys", "values"):
             full = getattr(layer, name)
             end = used if static else full.shape[2]
             cut = end - (end if width is None else width)
-            picked = full[:, :, cut:end].gather(2, gather.expand(-1, full.shape[1], keep, full.shape[-1]))
-            if static:  # the same tensor, the slots after the kept ones left as they are (never attended)
-                full[:, :, cut : cut + keep].copy_(picked)
-            else:
-                setattr(layer, name, torch.cat([full[:, :, :cut], picked], dim=2))
+            shape = (full.device, full.shape[1], full.shape[-1])
+            if shape not in expanded:
+                gather = index.to(full.device)[:, None, :, None]
+                expanded[shape] = gather.expand(-1, full.shape[1], keep, full.shape[-1])
+            picked = full[:, :, cut:end].gather(2, expanded[shape])
+            # written in place: a static layer keeps its tensor (the slots after the kept ones are never
+            # attended); a dynamic one becomes a view of its first slots, so no round copies the whole cache
+            full[:, :, cut : cut + keep].copy_(picked)
+            if not static:
+                setattr(layer, name, full[:, :, : cut + keep])
         if static:
             layer.cumulative_length.fill_(cut + keep)
 
