@@ -57,3 +57,29 @@ def test_skipped_steps_read_the_host_at_most_twice(target, monkeypatch, rows):
     (short, short_steps), (long, long_steps) = counts
     assert long_steps - short_steps >= 20
     assert (long - short) <= 2 * (long_steps - short_steps), (counts, dict(syncs.by_name))
+
+
+@pytest.mark.parametrize("rows, tree", [(1, 0), (1, 8), (3, 8)])
+def test_a_drafting_round_reads_the_host_twice(target, rows, tree):
+    """A default drafting round of a parallel head (greedy, no logits processors) reads the host twice outside
+    the target's forward: once for the round's figures after the drafter (probabilities and, for trees, the top
+    tokens per depth, together), once for the verify pass's outcome.  Counted per round by
+    `RunResult.rounds()` (the first round, which also finishes the prefill, left out), with left padding and
+    prompt lookup in play; a per-depth read, a tree row read back from its tensor or prompt lookup searching a
+    tensor would each add reads every round.  The output is plain's."""
+    from peagle.evaluation.timing import timed_generate
+
+    head = make_head(target)  # threshold 0.0: every round drafts
+    ids = torch.cat([prompt_ids(120 + b, 12) for b in range(rows)])
+    mask = torch.ones_like(ids)
+    mask[1:, :2] = 0
+    kw = dict(attention_mask=mask, pad_token_id=0, num_assistant_tokens=4, draft_tree_size=tree)
+    if tree:
+        kw["prompt_lookup_num_tokens"] = 3
+    run = timed_generate(target, ids, 24, head, count_syncs=True, **kw)
+    assert torch.equal(
+        greedy(target, ids, assistant_model=head, max_new_tokens=24, **kw),
+        greedy(target, ids, max_new_tokens=24, attention_mask=mask, pad_token_id=0),
+    )
+    drafting = [r.host_syncs for r in run.rounds() if r.drafted]
+    assert len(drafting) >= 4 and max(drafting) <= 2, drafting

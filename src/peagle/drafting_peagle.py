@@ -87,6 +87,18 @@ def custom_attention_mask(
     return mask
 
 
+def causal_with_holes(mask: torch.Tensor, queries: int) -> torch.BoolTensor:
+    """The drafter's `(B, 1, Q, KV)` boolean mask for its last `queries` slots from a 2D validity `mask (B, KV)`:
+    each slot sees the valid slots up to itself, and always itself (a padding slot then attends to something, so
+    its output stays finite; no valid slot ever sees it).  Built here rather than by transformers' mask functions,
+    which read the mask on the host to see whether it masks anything (a stall per drafting round on a GPU)."""
+    kv = mask.shape[1]
+    cols = torch.arange(kv, device=mask.device)
+    rows = cols[kv - queries :, None]
+    causal = cols[None, :] <= rows  # (Q, KV)
+    return ((mask.bool()[:, None, :] & causal[None]) | (cols[None, :] == rows)[None])[:, None]
+
+
 def _block_positions(
     start: int | torch.LongTensor, bsz: int, length: int, device: torch.device
 ) -> torch.LongTensor:
@@ -157,7 +169,7 @@ class PEagleDrafting:
             target_hidden_states=feats,
             position_ids=positions,
             cache=cache,
-            attention_mask=mask,
+            attention_mask=None if mask is None else causal_with_holes(mask, ids.shape[1]),
             parallel_mask=par,
             use_cache=True,
             logits_to_keep=keep,
@@ -250,7 +262,7 @@ class PEagleDrafting:
                 slot, hidden = token[:, None].to(device), out.last_hidden_state[:, -1:]
                 if mask is not None:
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-                slot_mask = mask
+                slot_mask = None if mask is None else causal_with_holes(mask, 1)
             else:  # a tree's level: the selector says what each slot is fed and sees
                 slot, levels = token.to(device), True
                 hidden, slot_mask = picked[3](out.last_hidden_state)
