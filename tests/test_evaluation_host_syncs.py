@@ -59,14 +59,16 @@ def test_skipped_steps_read_the_host_at_most_twice(target, monkeypatch, rows):
     assert (long - short) <= 2 * (long_steps - short_steps), (counts, dict(syncs.by_name))
 
 
-@pytest.mark.parametrize("rows, tree", [(1, 0), (1, 8), (3, 8)])
-def test_a_drafting_round_reads_the_host_twice(target, rows, tree):
+@pytest.mark.parametrize("rows, tree, window", [(1, 0, None), (1, 8, None), (3, 8, None), (3, 8, 16)])
+def test_a_drafting_round_reads_the_host_twice(target, rows, tree, window):
     """A default drafting round of a parallel head (greedy, no logits processors) reads the host twice outside
     the target's forward: once for the round's figures after the drafter (probabilities and, for trees, the top
     tokens per depth, together), once for the verify pass's outcome.  Counted per round by
     `RunResult.rounds()` (the first round, which also finishes the prefill, left out), with left padding and
     prompt lookup in play; a per-depth read, a tree row read back from its tensor or prompt lookup searching a
-    tensor would each add reads every round.  The output is plain's."""
+    tensor would each add reads every round; with a drafter window, its cache's compaction check is read along
+    with the round's figures.  A round that compacts a cache reads its mask to do so (rare).  The output is
+    plain's."""
     from peagle.evaluation.timing import timed_generate
 
     head = make_head(target)  # threshold 0.0: every round drafts
@@ -76,10 +78,14 @@ def test_a_drafting_round_reads_the_host_twice(target, rows, tree):
     kw = dict(attention_mask=mask, pad_token_id=0, num_assistant_tokens=4, draft_tree_size=tree)
     if tree:
         kw["prompt_lookup_num_tokens"] = 3
+    if window:
+        kw["drafter_window"] = window
     run = timed_generate(target, ids, 24, head, count_syncs=True, **kw)
     assert torch.equal(
         greedy(target, ids, assistant_model=head, max_new_tokens=24, **kw),
         greedy(target, ids, max_new_tokens=24, attention_mask=mask, pad_token_id=0),
     )
     drafting = [r.host_syncs for r in run.rounds() if r.drafted]
-    assert len(drafting) >= 4 and max(drafting) <= 2, drafting
+    # a round that compacts a cache reads the mask to do it (rare: when holes pile up)
+    assert len(drafting) >= 4 and sorted(drafting)[len(drafting) // 2] <= 2, drafting
+    assert sum(r > 2 for r in drafting) <= len(drafting) // 8, drafting

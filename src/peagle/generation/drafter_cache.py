@@ -66,6 +66,10 @@ class DrafterCache:
         self.has_holes = False  # whether mask holds a 0 (masked slots must then be passed on)
         # per row, the real slots in the cache, counted on the host (None with a window, whose cut is not counted)
         self.valid: list[int] | None = [0] * batch_size if window is None else None
+        # with a window: the most valid slots of a row after the last round, as a device scalar that the drafting
+        # side reads with the round's other figures (`most_valid_read`), so the check costs no read of its own
+        self.most_valid: torch.Tensor | None = None
+        self.most_valid_read: int | None = None
         # per row: (chunks of tokens (r,), chunks of features (r, F), position of the first) real slots not yet in
         # the cache: concatenated once per drafting round, not per step (a long prompt's features, held through
         # skipped rounds, would be copied every step)
@@ -130,15 +134,21 @@ class DrafterCache:
         self.mask = self.mask[index]
         if self.valid is not None:
             self.valid = [self.valid[i] for i in keep]
+        self.most_valid = self.most_valid_read = None
 
     def next_block(self) -> SlotBlock:
         """Start a round: drop the last round's speculative slots, compact the holes when worth it, and take every
         row's queued real slots as one block, cut to the window."""
-        if self.speculative_slots:
-            self.cache.crop(-self.speculative_slots)
-            self.mask = self.mask[:, : -self.speculative_slots]
+        speculative = self.speculative_slots
+        if speculative:
+            self.cache.crop(-speculative)
+            self.mask = self.mask[:, :-speculative]
             self.speculative_slots = 0
-        most = max(self.valid, default=0) if self.valid is not None else None
+        if self.valid is not None:
+            most = max(self.valid, default=0)
+        else:  # read with the last round's figures (its speculative slots were valid), else read now
+            most = None if self.most_valid_read is None else self.most_valid_read - speculative
+        self.most_valid = self.most_valid_read = None
         if self.has_holes and worth_compacting(self.mask, most):
             self.mask = compact(self.cache, self.mask)
         tokens, feats, starts, block_mask = self._ragged_block()
@@ -158,6 +168,8 @@ class DrafterCache:
         self.mask = torch.cat(
             [self.mask, block.new_mask, block.new_mask.new_ones(self.rows, speculative)], dim=1
         )
+        if self.valid is None and self.has_holes:
+            self.most_valid = self.mask.sum(dim=1).max()
         self.speculative_slots = speculative
 
     def _ragged_block(

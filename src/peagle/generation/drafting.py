@@ -111,12 +111,8 @@ class DraftingSession:
         # the round under verification: its plan, the drafter's measured run, and [depth][row] the head's
         # confidence in its chain drafts
         self._plan: RoundPlan | None = None
-        self._drafter_run = (
-            0.0,
-            0,
-            0,
-            0,
-        )  # seconds, passes, new real slots, drafter context before the round
+        # the drafter's run this round: seconds, passes, new real slots, the drafter's context before it
+        self._drafter_run = (0.0, 0, 0, 0)
         self._confidences: list[list[float]] = []
         self._trees: list[DraftTree] | None = None  # the trees under verification
         self._nodes = s.tree_nodes  # the most tree nodes this round (fewer where a pass has no room)
@@ -272,7 +268,10 @@ class DraftingSession:
             wanted = [torch.stack(probabilities)]
             if self.settings.tree_nodes:
                 wanted += [drafts, *candidate_tensors(draft, self.head)]
-            read = read_together(wanted)
+            held = self.cache.most_valid  # the drafter cache's next compaction check, read along
+            read = read_together(wanted + ([held] if held is not None else []))
+            if held is not None:
+                self.cache.most_valid_read = read.pop()
             self._confidences = confidences = read[0]
             if parallel and plan.cut is not None:  # the cut, applied after the round's one pass
                 depth = next((d + 1 for d in range(len(confidences)) if plan.cut(confidences[: d + 1])), None)
