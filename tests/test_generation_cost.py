@@ -629,13 +629,11 @@ def test_drafting_that_stops_paying_stops_and_comes_back(target, monkeypatch):
     assert st.skipped_drafter_rounds > 0 and st.accepted_tokens > 0
 
 
-def test_ended_rows_stay_idle_where_a_pass_is_cheaper_with_them(target):
-    """A CPU's matrix kernels can take longer for 3 rows than for 4: with measured plain steps of 1.0 s for 4 rows,
-    2.0 s for 2 or 3 and 0.5 s for 1, rows that end at EOS stay in the batch (idle, their tokens never output)
-    while 2 or 3 rows still decode, and leave once one does.  Every row is plain batched greedy's."""
+def _rows_that_end(target):
+    """Four prompts and an EOS token that ends their rows at different steps (one row never): `(ids, the rows'
+    free-running tokens, eos, generate kwargs, plain batched greedy's output)`."""
     ids = torch.cat([prompt_ids(50 + b, 8) for b in range(4)])
     free = greedy(target, ids, max_new_tokens=30)[:, 8:]
-    # an EOS token that ends the rows at different steps, one row never
     eos = next(
         t
         for t in range(3, 127)
@@ -643,7 +641,14 @@ def test_ended_rows_stay_idle_where_a_pass_is_cheaper_with_them(target):
         and sum(t in row.tolist()[:24] for row in free) in (2, 3)
     )
     kw = dict(max_new_tokens=30, eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    ref = greedy(target, ids, **kw)
+    return ids, free, eos, kw, greedy(target, ids, **kw)
+
+
+def test_ended_rows_stay_idle_where_a_pass_is_cheaper_with_them(target):
+    """A CPU's matrix kernels can take longer for 3 rows than for 4: with measured plain steps of 1.0 s for 4 rows,
+    2.0 s for 2 or 3 and 0.5 s for 1, rows that end at EOS stay in the batch (idle, their tokens never output)
+    while 2 or 3 rows still decode, and leave once one does.  Every row is plain batched greedy's."""
+    ids, free, eos, kw, ref = _rows_that_end(target)
     model = VerifyCostModel(
         [1.0] * 6, source="cache", context=256, row_seconds={"4": 1.0, "3": 2.0, "2": 2.0, "1": 0.5}
     )
@@ -836,16 +841,7 @@ def test_ended_rows_are_never_timed_in_a_call_and_each_count_is_learnt(target, m
     them (each count was one more timing inside the user's call): with counts unknown the rows leave, and the
     plain steps the call runs teach the curve each count's seconds, at the reference context.  Every row is
     plain batched greedy's."""
-    ids = torch.cat([prompt_ids(50 + b, 8) for b in range(4)])
-    free = greedy(target, ids, max_new_tokens=30)[:, 8:]
-    eos = next(
-        t
-        for t in range(3, 127)
-        if len({row.tolist().index(t) for row in free if t in row.tolist()}) >= 2
-        and sum(t in row.tolist()[:24] for row in free) in (2, 3)
-    )
-    kw = dict(max_new_tokens=30, eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    ref = greedy(target, ids, **kw)
+    ids, free, eos, kw, ref = _rows_that_end(target)
     model = VerifyCostModel([1.0] * 6, source="cache", context=256)  # no row count's seconds known
     head = _cost_head(target, model=model)
     head.config.confidence_threshold = None
