@@ -644,6 +644,18 @@ def _rows_that_end(target):
     return ids, free, eos, kw, greedy(target, ids, **kw)
 
 
+def _greedy_counting_rows(target, ids, head, kw):
+    """peagle's greedy output and the rows of every target pass it ran."""
+    shapes = []
+    hook = target.register_forward_pre_hook(
+        lambda m, a, k: shapes.append(k["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        return greedy(target, ids, assistant_model=head, num_assistant_tokens=4, **kw), shapes
+    finally:
+        hook.remove()
+
+
 def test_ended_rows_stay_idle_where_a_pass_is_cheaper_with_them(target):
     """A CPU's matrix kernels can take longer for 3 rows than for 4: with measured plain steps of 1.0 s for 4 rows,
     2.0 s for 2 or 3 and 0.5 s for 1, rows that end at EOS stay in the batch (idle, their tokens never output)
@@ -654,14 +666,9 @@ def test_ended_rows_stay_idle_where_a_pass_is_cheaper_with_them(target):
     )
     head = _cost_head(target, model=model)
     oracle = Oracle(head, [torch.cat([ids[b], free[b]]) for b in range(4)], p=0.6, seed=6)
-    shapes = []
-    hook = target.register_forward_pre_hook(
-        lambda m, a, k: shapes.append(k["input_ids"].shape[0]), with_kwargs=True
-    )
     try:
-        out = greedy(target, ids, assistant_model=head, num_assistant_tokens=4, **kw)
+        out, shapes = _greedy_counting_rows(target, ids, head, kw)
     finally:
-        hook.remove()
         oracle.handle.remove()
     assert torch.equal(out, ref)
     assert (
@@ -846,14 +853,7 @@ def test_ended_rows_are_never_timed_in_a_call_and_each_count_is_learnt(target, m
     head = _cost_head(target, model=model)
     head.config.confidence_threshold = None
     counter = PassCounter(monkeypatch)
-    shapes = []
-    hook = target.register_forward_pre_hook(
-        lambda m, a, k: shapes.append(k["input_ids"].shape[0]), with_kwargs=True
-    )
-    try:
-        out = greedy(target, ids, assistant_model=head, num_assistant_tokens=4, **kw)
-    finally:
-        hook.remove()
+    out, shapes = _greedy_counting_rows(target, ids, head, kw)
     assert torch.equal(out, ref)
     assert counter.target == 0 and head.last_generation_stats.cost_timing_seconds == 0.0
     assert 4 in shapes and min(shapes) < 4  # ended rows left the batch

@@ -264,8 +264,6 @@ class _Decoder:
                 continue
             real = self.mask_host[j]
             cols = [c for c in range(first, len(real)) if real[c]]
-            if not cols:
-                continue
             index = torch.tensor(cols, device=self.device)
             nxt = torch.cat([self.input_ids[b, index[1:]], emitted[j][:1]])
             self.drafter.add_real_slots(j, nxt, feats[j, index - first], sum(real[: cols[0]]))

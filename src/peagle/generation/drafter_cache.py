@@ -64,10 +64,9 @@ class DrafterCache:
         self.cache = DynamicCache(config=head.config)
         self.mask = torch.ones(batch_size, 0, dtype=torch.long, device=self.device)
         self.has_holes = False  # whether mask holds a 0 (masked slots must then be passed on)
-        # per row, the real slots in the cache, counted on the host (None with a window, whose cut is not counted)
-        self.valid: list[int] | None = [0] * batch_size if window is None else None
-        # with a window: the most valid slots of a row after the last round, as a device scalar that the drafting
-        # side reads with the round's other figures (`most_valid_read`), so the check costs no read of its own
+        # the most valid slots of a row after the last round (while the cache has holes), as a device scalar that
+        # the drafting side reads with the round's other figures (`most_valid_read`): whether compaction pays is
+        # then decided without a read of its own
         self.most_valid: torch.Tensor | None = None
         self.most_valid_read: int | None = None
         # per row: (chunks of tokens (r,), chunks of features (r, F), position of the first) real slots not yet in
@@ -132,8 +131,6 @@ class DrafterCache:
         index = torch.tensor(keep, device=self.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
-        if self.valid is not None:
-            self.valid = [self.valid[i] for i in keep]
         self.most_valid = self.most_valid_read = None
 
     def next_block(self) -> SlotBlock:
@@ -144,16 +141,12 @@ class DrafterCache:
             self.cache.crop(-speculative)
             self.mask = self.mask[:, :-speculative]
             self.speculative_slots = 0
-        if self.valid is not None:
-            most = max(self.valid, default=0)
-        else:  # read with the last round's figures (its speculative slots were valid), else read now
-            most = None if self.most_valid_read is None else self.most_valid_read - speculative
+        # read with the last round's figures (its speculative slots were valid), else read now
+        most = None if self.most_valid_read is None else self.most_valid_read - speculative
         self.most_valid = self.most_valid_read = None
         if self.has_holes and worth_compacting(self.mask, most):
             self.mask = compact(self.cache, self.mask)
         tokens, feats, starts, block_mask = self._ragged_block()
-        if self.valid is not None:
-            self.valid = [v + sum(t.shape[0] for t in p[0]) for v, p in zip(self.valid, self.pending)]
         self.pending = [None] * self.rows
         if self.window is not None:
             tokens, feats, starts, block_mask = self._windowed(tokens, feats, starts, block_mask)
@@ -168,7 +161,7 @@ class DrafterCache:
         self.mask = torch.cat(
             [self.mask, block.new_mask, block.new_mask.new_ones(self.rows, speculative)], dim=1
         )
-        if self.valid is None and self.has_holes:
+        if self.has_holes:
             self.most_valid = self.mask.sum(dim=1).max()
         self.speculative_slots = speculative
 

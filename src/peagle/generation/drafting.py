@@ -215,7 +215,7 @@ class DraftingSession:
         if trees is not None:
             return self._tree_candidates(trees, confidences, drafter_seconds)
         if drafts.shape[1] > 0:
-            keep = plan.choose(RoundDrafts(self._confidences, None, drafter_seconds))
+            keep = plan.choose(RoundDrafts(confidences, None, drafter_seconds))
             drafts = drafts[:, :keep]
         num = drafts.shape[1]
         if num == 0:
@@ -239,10 +239,10 @@ class DraftingSession:
     ) -> tuple[torch.LongTensor, list[list[float]], list[DraftTree] | None, float]:
         """The drafter's round through [`processing.draft_selector`]: `(drafts (B, k'), confidences[depth][row],
         each row's tree or None, the drafter's seconds)`.  The round's figures (the drafts' probabilities, and for
-        trees the head's top tokens per depth) are read on the host in one read; a parallel head's cut is applied
-        after its one pass."""
+        trees the head's top tokens per depth) are read on the host in one read (an autoregressive head's
+        probabilities only where its cut read them already); a parallel head's cut is applied after its one pass."""
         plan = self._plan
-        self._confidences = []
+        self._confidences = confidences = []  # filled by the selector where a cut reads each depth
         probabilities: list[torch.Tensor] = []
         parallel = self.settings.drafting_mode != "autoregressive"
         select = draft_selector(
@@ -253,6 +253,7 @@ class DraftingSession:
             rows,
             self.settings.batch_size,
             probabilities,
+            confidences,
             None if parallel else plan.cut,
             self.sampler,
         )
@@ -265,21 +266,22 @@ class DraftingSession:
         drafts = draft.tokens
         trees = None
         if drafts.shape[1] > 0:  # the round's figures, read on the host at once
-            wanted = [torch.stack(probabilities)]
+            wanted = [] if confidences else [torch.stack(probabilities)]
             if self.settings.tree_nodes:
                 wanted += [drafts, *candidate_tensors(draft, self.head)]
             held = self.cache.most_valid  # the drafter cache's next compaction check, read along
             read = read_together(wanted + ([held] if held is not None else []))
             if held is not None:
                 self.cache.most_valid_read = read.pop()
-            self._confidences = confidences = read[0]
+            if not confidences:
+                self._confidences = confidences = read.pop(0)
             if parallel and plan.cut is not None:  # the cut, applied after the round's one pass
                 depth = next((d + 1 for d in range(len(confidences)) if plan.cut(confidences[: d + 1])), None)
                 if depth is not None:
                     self._confidences = confidences = confidences[:depth]
-                    drafts, read[1:] = drafts[:, :depth], [_upto(r, depth) for r in read[1:]]
+                    drafts, read = drafts[:, :depth], [_upto(r, depth) for r in read]
             if self.settings.tree_nodes:
-                trees = self._grow_trees(read[1:], confidences, rows, host_histories, max_drafts)
+                trees = self._grow_trees(read, confidences, rows, host_histories, max_drafts)
         return drafts, self._confidences, trees, drafter_seconds
 
     def fixed_width(self, candidates: DraftCandidates, room: int | None = None) -> DraftCandidates:

@@ -218,8 +218,8 @@ class ThresholdPolicy(DraftPolicy):
         return all(any(c < t for c in column) for column in zip(*confidences, strict=True))
 
     def _choose_cut(self, drafts: RoundDrafts) -> int:
-        if drafts.trees is None:
-            return self._count(self.stats.chosen_k_histogram, len(drafts.confidences))
+        if drafts.trees is None:  # the cut already ended the chain
+            return self._choose_all(drafts)
         t = self.settings.confidence_threshold
         n = max(sum(v >= t for v in tree.values) for tree in drafts.trees)
         return self._count(self.stats.tree_size_histogram, n)

@@ -58,6 +58,7 @@ def draft_selector(
     rows: list[int] | None,
     batch_size: int,
     probabilities: list[torch.Tensor],
+    confidences: list[list[float]],
     cut: Callable[[list[list[float]]], bool] | None,
     sampler: KeyedSampler | None = None,
 ) -> DraftSelector:
@@ -74,22 +75,22 @@ def draft_selector(
     The head's probability of each row's draft goes to `probabilities[depth]` as a `(B,)` tensor, read on the host
     by the caller once the round is over.  `cut` (None: never), for a head that runs one pass per depth: whether
     the round ends after the drafts picked so far, given their probabilities `[depth][row]`; it reads each depth's
-    probabilities as it goes, since the next pass depends on it.  A parallel head's drafts all come from one
-    pass, so its caller applies any cut after the round (one host read for the whole round).
+    probabilities as it goes (into `confidences`, which the caller then need not read again), since the next pass
+    depends on it.  A parallel head's drafts all come from one pass, so its caller applies any cut after the round
+    (one host read for the whole round).
     """
     contexts = list(histories)
     keys = list(range(len(histories))) if rows is None else list(rows)
     starts = [h.shape[1] for h in histories]  # each row's next position: its first draft's
     if do_sample and sampler is None:
         raise ValueError("sampled drafts need the call's KeyedSampler")
-    read: list[list[float]] = []
 
     def stop(prob: torch.Tensor) -> bool:
         probabilities.append(prob)
         if cut is None:
             return False
-        read.append(prob.tolist())
-        return cut(read)
+        confidences.append(prob.tolist())
+        return cut(confidences)
 
     if not do_sample and len(processors) == 0:
 

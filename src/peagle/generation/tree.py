@@ -138,10 +138,12 @@ class DraftCandidates:
         (each sees only itself and is never accepted), so that a verify pass has a chosen width."""
         batch, extra = self.tokens.shape[0], nodes - len(self)
         parents = self.parents or [list(range(-1, len(self) - 1)) for _ in range(batch)]
+        host = None if self.host_tokens is None else [list(t) + [0] * extra for t in self.host_tokens]
         return DraftCandidates(
             torch.cat([self.tokens, self.tokens.new_zeros(batch, extra)], dim=1),
             torch.cat([self.depths, self.depths.new_ones(batch, extra)], dim=1),
             [list(p) + [VOID] * extra for p in parents],
+            host,
         )
 
     @property
