@@ -771,13 +771,13 @@ class PassCounter:
             self.target += repeats + 1 if warm else 1
             return time_pass(target, cache, ids, mask, repeats, *a, **k)
 
-        def counted_drafter(head, target, k, repeats, *a, **kw):
-            self.drafter += repeats + 1
-            return time_drafter(head, target, k, repeats, *a, **kw)
+        def counted_drafter(head, target, k, repeats, rows=1, budget=None):
+            self.drafter += repeats + 1 if budget is None else 1  # inside a call: one round
+            return time_drafter(head, target, k, repeats, rows, budget)
 
-        def counted_at(head, target, k, repeats, *a, **kw):
-            self.drafter += repeats + 1
-            return time_at(head, target, k, repeats, *a, **kw)
+        def counted_at(head, target, k, repeats, rows, context, budget=None):
+            self.drafter += repeats + 1 if budget is None else 1
+            return time_at(head, target, k, repeats, rows, context, budget)
 
         monkeypatch.setattr(cost_timing, "_time_pass", counted_pass)
         monkeypatch.setattr(cost_timing, "_time_drafter", counted_drafter)
@@ -786,7 +786,7 @@ class PassCounter:
 
 def test_a_first_call_times_a_few_passes_counts_them_and_says_so_once(target, monkeypatch, tmp_path):
     """On a fresh cost cache, a call's first use of a batch size times a quick curve: at most 4 n per row count,
-    each two passes, and one drafter round (two), and a context point the same way, all of it in
+    one pass each, and one drafter round, and a context point the same way, all of it in
     `cost_timing_seconds` and in `total_seconds`; a warning says once per process what is timed and how to time
     it ahead; the same call again times nothing.  The output is plain greedy's."""
     monkeypatch.setenv("PEAGLE_COST_CACHE", str(tmp_path))
@@ -805,7 +805,7 @@ def test_a_first_call_times_a_few_passes_counts_them_and_says_so_once(target, mo
                 st = head.last_generation_stats
                 passes, drafter = counter.target - before[0], counter.drafter - before[1]
                 fresh = (rows, length) != (1, 12) or before == (0, 0)  # a new curve or a new context point
-                assert passes <= (8 if fresh else 0) and drafter <= (2 if fresh else 0), (
+                assert passes <= (4 if fresh else 0) and drafter <= (1 if fresh else 0), (
                     rows,
                     length,
                     passes,
@@ -822,7 +822,7 @@ def test_a_first_call_times_a_few_passes_counts_them_and_says_so_once(target, mo
 
 
 def test_a_quick_curve_stops_at_its_budget_and_fills_in_the_rest(target, monkeypatch):
-    """With its budget spent, a quick curve times only the plain step and one more n (two passes each), and still
+    """With its budget spent, a quick curve times only the plain step and one more n (one pass each), and still
     covers every n up to the longest, never decreasing; the drafter is left to the call's first drafting round
     (with budget left it is timed); `peagle calibrate --costs` (no budget) times them all."""
     from peagle.generation import cost_timing
@@ -831,14 +831,14 @@ def test_a_quick_curve_stops_at_its_budget_and_fills_in_the_rest(target, monkeyp
     head = _cost_head(target)
     budget = cost_timing.TimingBudget(seconds=0.0)
     model = cost_timing.measure_quick_cost_model(target, head, 17, 1, budget)
-    assert counter.target == 3 and budget.passes == 3 and budget.spent > 0  # n = 2 in one pass
+    assert counter.target == 2 and budget.passes == 2 and budget.spent > 0
     assert len(model.verify_seconds) == 17 and model.verify_seconds == sorted(model.verify_seconds)
     assert model.timing == "quick" and model.refined_online and model.drafter_seconds == 0.0
     assert budget.drafter_passes == 0
     model.observe_drafter(0.25)  # what the first drafting round measures becomes the drafter's seconds
     assert model.drafter_seconds == 0.25
     full = cost_timing.measure_cost_model(target, head, max_tokens=17, repeats=1)
-    assert counter.target == 3 + 2 * len(cost_timing.measured_points(17)) and full.timing == "full"
+    assert counter.target == 2 + 2 * len(cost_timing.measured_points(17)) and full.timing == "full"
     timed = cost_timing.measure_quick_cost_model(target, head, 17, 1, cost_timing.TimingBudget(seconds=60.0))
     assert timed.drafter_seconds > 0
 

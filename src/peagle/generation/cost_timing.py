@@ -42,10 +42,14 @@ class TimingBudget:
         """Whether more timing fits."""
         return self.seconds is None or self.spent < self.seconds
 
-    def over(self, since: float, part: float = 1.0) -> bool:
-        """Whether the timing that started at `since` (not in `spent` yet) has used up what was left (`part`: that
-        fraction of the budget)."""
-        return self.seconds is not None and self.spent + time.perf_counter() - since >= part * self.seconds
+    def over(self, since: float) -> bool:
+        """Whether the timing that started at `since` (not in `spent` yet) has used up what was left."""
+        return not self.fits(since, 0.0)
+
+    def fits(self, since: float, seconds: float) -> bool:
+        """Whether `seconds` more of timing fit in what is left, after the timing that started at `since` (not in
+        `spent` yet)."""
+        return self.seconds is None or self.spent + time.perf_counter() - since + seconds < self.seconds
 
 
 def quick_points(max_tokens: int) -> list[int]:
@@ -170,12 +174,12 @@ def measure_quick_cost_model(
     batch_size: int = 1,
     budget: TimingBudget | None = None,
 ) -> VerifyCostModel:
-    """A curve from a few short passes (`timing = "quick"`), for a call that did not ask for timing: target passes
-    over the n of [`quick_points`] per row (each the second of two passes: the first of a shape allocates) after
-    the reference context, in that order while `budget` lasts (always the plain step and the next, that one in a
-    single pass once half the budget is spent), the rest filled in ([`fill_curve`]), and one drafter round while the
-    budget lasts (else the call's first drafting round measures it).  The reference context is a short prefill with its keys and
-    values repeated (as for a context point), so no long prefill runs.  The online factors then correct the curve
+    """A curve from a few short passes (`timing = "quick"`), for a call that did not ask for timing: one target pass
+    per n of [`quick_points`] per row after the reference context, in that order (always the plain step and the
+    next; a later n only where the budget left holds what the points so far predict for it), the rest filled in
+    ([`fill_curve`]), and one drafter round while the budget lasts (else the call's first drafting round measures
+    it).  The reference context is one prefilled token with its keys and values repeated (as for a context point),
+    so no long prefill runs.  The online factors then correct the curve
     from the passes generation runs; `peagle calibrate --costs` times the full one ([`measure_cost_model`])."""
     budget = budget if budget is not None else TimingBudget()
     tic = time.perf_counter()
@@ -203,12 +207,11 @@ def measure_quick_cost_model(
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         points, seconds = [], []
         for i, n in enumerate(quick_points(max_tokens)):
-            if i >= 2 and budget.over(tic):
-                break
+            if i >= 2 and not budget.fits(tic, _predicted(points, seconds, n)):
+                continue  # a shorter point may still fit
             ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
-            # past half the budget, a point is one pass without its warm-up (the online factors refine it)
-            warm = i == 0 or not budget.over(tic, 0.5)
-            seconds.append(_time_pass(target, cache, ids, None, 1, sync, budget, warm))
+            # one pass each (a first pass of a shape timed within about 10% of a repeated one), refined online
+            seconds.append(_time_pass(target, cache, ids, None, 1, sync, budget, warm_up=False))
             points.append(n)
         del cache
         model = VerifyCostModel(
@@ -218,13 +221,20 @@ def measure_quick_cost_model(
             context=context,
             timing="quick",
         )
-        if head is not None and not budget.over(tic):  # else the first drafting round measures it
+        # one drafter round where about a plain step's seconds fit, else the first drafting round measures it
+        if head is not None and budget.fits(tic, seconds[0]):
             model.drafter_seconds, model.drafter_step_seconds = _time_drafter(
                 head, target, max_tokens - 1, 1, rows, budget
             )
         return model
     finally:
         budget.spent += time.perf_counter() - tic
+
+
+def _predicted(points: list[int], seconds: list[float], n: int) -> float:
+    """What a pass over n tokens per row should take, from the passes timed so far (1 among them): linear between
+    them and along the last segment beyond."""
+    return fill_curve(points, seconds, max(n, *points))[n - 1]
 
 
 def context_point_tokens(max_tokens: int) -> list[int]:
@@ -258,10 +268,11 @@ def measure_context_point(
     """Time target passes over n tokens per row ([`context_point_tokens`]) and one drafter round after
     `context` tokens: a context point of [`VerifyCostModel`].
 
-    No prefill of `context` tokens runs: a short real prefix is prefilled, and the cache's keys and values are
+    No prefill of `context` tokens runs: one token is prefilled, and the cache's keys and values are
     repeated to `context` slots (a pass costs the same whatever the cached values are), so the point takes a
-    few passes.  With a `budget` (inside a call that did not ask for timing) each n is the second of two passes
-    and the n go plain step, longest, 8, 2 while the budget lasts (always the first two).  Raises
+    few passes.  With a `budget` (inside a call that did not ask for timing) each n is one pass and the n go plain
+    step, longest, 8, 2 (always the first two; a later n only where the budget left holds what the passes so far
+    predict for it).  Raises
     `NotImplementedError` for caches whose layers are not plain or sliding-window key/value tensors (the curve
     then follows the context through its online factors only)."""
     tic = time.perf_counter()
@@ -279,11 +290,15 @@ def measure_context_point(
             repeats = 1
         timed: dict[int, float] = {}
         for i, n in enumerate(order):
-            if budget is not None and i >= 2 and budget.over(tic):
-                break
+            if (
+                budget is not None
+                and i >= 2
+                and not budget.fits(tic, _predicted(list(timed), list(timed.values()), n))
+            ):
+                continue
             ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
             mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
-            timed[n] = _time_pass(target, cache, ids, mask, repeats, sync, budget)
+            timed[n] = _time_pass(target, cache, ids, mask, repeats, sync, budget, warm_up=budget is None)
         del cache
         drafter = 0.0
         if head is not None:
@@ -305,7 +320,7 @@ def measure_plain_step(
     target: Any, rows: int, context: int, repeats: int = 3, budget: TimingBudget | None = None
 ) -> float:
     """Seconds of one plain step (one new token per row, a 2D attention mask from 2 rows on) for `rows` rows
-    after `context` cached tokens (median of `repeats` after a warm-up; with a `budget`, the second of two)."""
+    after `context` cached tokens (median of `repeats` after a warm-up; with a `budget`, one pass)."""
     tic = time.perf_counter()
     try:
         device = next(target.parameters()).device
@@ -315,23 +330,24 @@ def measure_plain_step(
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
         mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
-        return _time_pass(target, cache, ids, mask, 1 if budget is not None else repeats, sync, budget)
+        if budget is not None:  # one pass
+            return _time_pass(target, cache, ids, mask, 1, sync, budget, warm_up=False)
+        return _time_pass(target, cache, ids, mask, repeats, sync)
     finally:
         if budget is not None:
             budget.spent += time.perf_counter() - tic
 
 
 def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: int, gen, device) -> Any:
-    """A DynamicCache that reads as `context` tokens long for `rows` rows: a short prefix prefilled for one row, then
-    each layer's keys and values repeated along the sequence (sliding-window layers: up to their window) and the
-    batch (a batch of 8 costs no more prefill than one row)."""
+    """A DynamicCache that reads as `context` tokens long for `rows` rows: one token prefilled for one row, then each
+    layer's keys and values repeated along the sequence (sliding-window layers: up to their window) and the batch.
+    What a pass costs does not depend on the cached values."""
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-    prefix = min(32, context)
     cache = DynamicCache(config=config)
     positional_windows(model, cache)  # sliding layers keep every slot, as in peagle_decoding
-    ids = torch.randint(0, vocab, (1, prefix), generator=gen).to(device)
-    model(input_ids=ids, use_cache=True, **cache_kwarg(cache))
+    ids = torch.randint(0, vocab, (1, 1), generator=gen).to(device)
+    model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache_kwarg(cache))
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or layer.keys is None:
             raise NotImplementedError(f"cannot lengthen a {type(layer).__name__} cache layer")
@@ -369,7 +385,7 @@ def _time_drafter_at(
     head: Any, target: Any, k: int, repeats: int, rows: int, context: int, budget: TimingBudget | None = None
 ) -> float:
     """Seconds of one drafting round (3 real slots + K-1 parallel ones, or one autoregressive pass) after
-    `context` slots in the drafter's cache."""
+    `context` slots in the drafter's cache: the median of `repeats` after a warm-up (with a `budget`, one round)."""
     from transformers.cache_utils import DynamicCache
 
     # an autoregressive head's round is timed to its first pass (more passes: drafter_step_seconds)
@@ -383,41 +399,45 @@ def _time_drafter_at(
     for layer in cache.layers:
         _lengthen(layer, context)
     times = []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + 1 if budget is None else 1):
         t0 = time.perf_counter()
         head.draft_round(ctx[:, 32:], feats[:, 32:], max(k, 1), cache, context, select=select)
         times.append(time.perf_counter() - t0)
         cache.crop(-(cache.get_seq_length() - context))
     if budget is not None:
         budget.drafter_passes += len(times)
-    return statistics.median(times[1:])
+    return statistics.median(times[1:] if budget is None else times)
 
 
 def _time_drafter(
     head: Any, target: Any, k: int, repeats: int, rows: int = 1, budget: TimingBudget | None = None
 ) -> tuple[float, float]:
     """Seconds of one drafting round (real slots of a typical round + K-1 parallel slots, or one autoregressive
-    pass) after a short context, and of one more autoregressive pass."""
+    pass) after a short context, and of one more autoregressive pass: the median of `repeats` after a warm-up
+    round, each after a 61-slot prefill; with a `budget` (inside a call), one round after a 5-slot prefill."""
     from transformers.cache_utils import DynamicCache
 
-    ctx, feats = _drafter_inputs(head, target, rows, 64, seed=1)
+    context = 61 if budget is None else 5
+    ctx, feats = _drafter_inputs(head, target, rows, context + 3, seed=1)
     select = lambda logits, depth: (logits.argmax(-1), None, False)  # noqa: E731
     times, steps = [], []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + 1 if budget is None else 1):
         cache = DynamicCache(config=head.config)
-        head.draft_round(ctx[:, :61], feats[:, :61], 1, cache, 0, select=select)
+        head.draft_round(ctx[:, :context], feats[:, :context], 1, cache, 0, select=select)
         t0 = time.perf_counter()
-        head.draft_round(ctx[:, 61:], feats[:, 61:], max(k, 1), cache, 61, select=select)
+        head.draft_round(ctx[:, context:], feats[:, context:], max(k, 1), cache, context, select=select)
         times.append(time.perf_counter() - t0)
         if head.config.drafting_mode == "autoregressive":
             t0 = time.perf_counter()
-            head.draft_round(ctx[:, 61:62], feats[:, 61:62], 1, cache, 64, select=select)
+            head.draft_round(ctx[:, context : context + 1], feats[:, context : context + 1], 1, cache,
+                             context + 3, select=select)  # fmt: skip
             steps.append(time.perf_counter() - t0)
     if budget is not None:
         budget.drafter_passes += len(times) + len(steps)
-    first = statistics.median(times[1:])
+    timed = slice(1, None) if budget is None else slice(None)
+    first = statistics.median(times[timed])
     if head.config.drafting_mode == "autoregressive" and k > 1:
-        step = statistics.median(steps[1:])
+        step = statistics.median(steps[timed])
         first = max(first - step * (k - 1), step)
         return first, step
     return first, 0.0
