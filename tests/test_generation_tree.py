@@ -202,6 +202,65 @@ def test_an_autoregressive_round_grows_tree_levels(target):
                 )
 
 
+def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
+    """Greedy without processors or a cut, a parallel head's round takes all its depths in one `whole_round` call:
+    the same drafts, logits and draft probabilities as the selector gives depth by depth."""
+    from peagle.generation.processing import draft_selector
+
+    head = make_head(target).eval()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 120, (2, 5), generator=g)
+    feats = torch.randn(2, 5, 3 * head.config.target_hidden_size, generator=g)
+    hist = [ids[b : b + 1] for b in range(2)]
+    drafts = []
+    for whole in (True, False):
+        probabilities = []
+        select = draft_selector(head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None)
+        if not whole:
+            del select.whole_round
+        draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)
+        drafts.append((draft, torch.stack(probabilities)))
+    (one, p_one), (each, p_each) = drafts
+    assert (
+        one.forward_calls == each.forward_calls == 1 and one.speculative_slots == each.speculative_slots == 3
+    )
+    assert torch.equal(one.tokens, each.tokens) and one.tokens.shape == (2, 4)
+    torch.testing.assert_close(one.logits, each.logits)
+    torch.testing.assert_close(p_one, p_each)
+    assert p_one.shape == (4, 2)
+    softmax = one.logits.softmax(-1).max(-1).values.T
+    torch.testing.assert_close(p_one, softmax)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_keeping_a_path_moves_only_the_slots_after_the_shared_prefix(rows):
+    """`keep_tail(..., in_place=j)` leaves the first j kept slots where they are and moves the rest (one row: an
+    index_select, several: a gather); every layer's kept tail is the path's slots either way."""
+    gen = torch.Generator().manual_seed(0)
+    width, prefix = 6, 5
+    index = torch.tensor([[0, 1, 4, 5], [0, 1, 2, 3]][:rows])  # row 0 keeps slots 0, 1 then moves 4, 5
+
+    def filled():
+        cache = DynamicCache()
+        for layer in range(2):
+            kv = torch.randn(rows, 2, prefix + width, 3, generator=gen)
+            cache.update(kv, kv + 1, layer)
+        return cache
+
+    cache = filled()
+    expected = [
+        torch.cat(
+            [t[:, :, :prefix], t[:, :, prefix:].gather(2, index[:, None, :, None].expand(-1, 2, -1, 3))], 2
+        )
+        for layer in cache.layers
+        for t in (layer.keys.clone(), layer.values.clone())
+    ]
+    ragged.keep_tail(cache, index, width, in_place=2)
+    got = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert cache.get_seq_length() == prefix + 4
+
+
 def test_greedy_path_follows_the_targets_choices():
     tree = grow_tree([[(5, 0.6), (6, 0.3)], [(7, 0.5), (8, 0.4)]], budget=6)
     # slots: 0 root, then nodes; the target picks 6, then 8, then 9

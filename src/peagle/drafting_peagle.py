@@ -216,6 +216,8 @@ class PEagleDrafting:
                 their hidden inputs `(B, W, hidden_size)` from the last pass's `last_hidden_state` and their 4D
                 boolean attention mask `(B, 1, W, cached + W)`; it gets the next logits as `(B, W, V_draft)`.
                 Such picks are the selector's own record (`tokens`, `logits`, `scores` hold chain picks only).
+                A parallel round calls `select.whole_round(logits (B, K, V_draft)) -> tokens (B, K)` instead, once,
+                where the selector has one (no depth's pick depends on an earlier one's).
             attention_mask: `None` (every cached and new slot is valid), or a 2D `(B, cached + R)` mask, 0 at
                 slots a row must not see (left padding of a ragged block, holes of rejected drafts); the
                 round's parallel and autoregressive slots are appended as valid.
@@ -232,6 +234,12 @@ class PEagleDrafting:
         out, positions, mask = self._first_pass(
             input_ids, target_hidden_states, k, cache, start_position, attention_mask
         )
+        whole = getattr(select, "whole_round", None) if parallel else None
+        if whole is not None:  # a parallel head's depths, picked at once
+            block = out.logits[:, :k].float()
+            return PEagleDraft(
+                tokens=whole(block), logits=block, cache=cache, speculative_slots=k - 1, forward_calls=1
+            )
         device = input_ids.device
         calls, speculative = 1, (k - 1 if parallel else 0)
         tokens: list[torch.Tensor] = []

@@ -454,7 +454,11 @@ class _Decoder:
             self.cache.crop(-(width - longest))
         else:
             index = torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device)
-            keep_tail(self.cache, index, width, used=self.kv_mask.shape[1] + width)
+            # the slots before the first that some row's path moves stay where they are
+            in_place = min(
+                next((j for j, s in enumerate(p[:n]) if s != j), n) for p, n in zip(paths, lengths)
+            )
+            keep_tail(self.cache, index, width, used=self.kv_mask.shape[1] + width, in_place=in_place)
         if min(lengths) == longest:  # every row kept as many: no new holes
             self.kv_mask = torch.cat([self.kv_mask, self.kv_mask.new_ones(len(lengths), longest)], 1)
             self.next_pos = self.next_pos + longest

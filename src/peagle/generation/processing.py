@@ -70,7 +70,9 @@ def draft_selector(
     row's position, the noise the target's own draw there will use: [`sampling.KeyedSampler`]).  The scores returned
     are exactly those the token was drawn from.  Nothing is proposed when the processors leave some row no
     admissible token (e.g. a forced token outside the draft vocabulary).  Greedy without processors skips the
-    target vocabulary: no scores go back to the loop.
+    target vocabulary: no scores go back to the loop, and when there is no `cut` the selector also has
+    `whole_round(logits (B, k, V_draft)) -> tokens (B, k)`, which a parallel head's round calls once for all its
+    depths instead of once per depth.
 
     The head's probability of each row's draft goes to `probabilities[depth]` as a `(B,)` tensor, read on the host
     by the caller once the round is over.  `cut` (None: never), for a head that runs one pass per depth: whether
@@ -95,9 +97,16 @@ def draft_selector(
     if not do_sample and len(processors) == 0:
 
         def select_greedy(logits: torch.Tensor, depth: int):
-            prob, index = logits.softmax(dim=-1).max(dim=-1)
+            index, prob = greedy_picks(logits)
             return head.draft_to_target(index), None, stop(prob)
 
+        def whole_round(logits: torch.Tensor) -> torch.LongTensor:
+            index, prob = greedy_picks(logits)
+            probabilities.extend(prob.unbind(dim=1))
+            return head.draft_to_target(index)
+
+        if cut is None:  # no depth's pick waits on an earlier one's probability
+            select_greedy.whole_round = whole_round
         return select_greedy
 
     def select(logits: torch.Tensor, depth: int):
@@ -117,6 +126,20 @@ def draft_selector(
         return token, scores, stop(prob)
 
     return select
+
+
+def greedy_picks(logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
+    """Each row's argmax over the last axis of `logits (..., V)` and its softmax probability, without the softmax's
+    `(..., V)` tensor: `exp(max - logsumexp)`."""
+    best, index = logits.max(dim=-1)
+    return index, (best - logits.logsumexp(dim=-1)).exp()
+
+
+def top_probabilities(logits: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.LongTensor]:
+    """The `count` largest softmax probabilities over the last axis of `logits (..., V)` and their indices, without
+    the softmax's `(..., V)` tensor."""
+    top, index = logits.topk(min(count, logits.shape[-1]), dim=-1)
+    return (top - logits.logsumexp(dim=-1, keepdim=True)).exp(), index
 
 
 def read_together(tensors: list[torch.Tensor]) -> list[list[Any]]:

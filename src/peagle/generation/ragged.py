@@ -112,13 +112,17 @@ def keep_tail(
     what: str = "keep a path in",
     layers: list[int] | None = None,
     used: int | None = None,
+    in_place: int = 0,
 ) -> None:
     """Of the last `width` slots of every layer (None: all of them; `layers`: those layers only), keep
     `index (B, L)` per row (slot j of the new tail is old tail slot `index[b, j]`) and drop the rest: a verified
-    draft tree leaves only its accepted path in the cache, and compaction gathers each row's valid slots.
+    draft tree leaves only its accepted path in the cache, and compaction gathers each row's valid slots.  The
+    first `in_place` slots of the new tail are known to be where they are (`index[:, j] == j`) and are not moved.
     Dynamic layers (full-attention, or a [`WindowLayer`]) are cut to the new length; a static layer, whose first
     `used` slots are the ones in use, gets the kept slots written in place and its length set ([`static_slots`])."""
     keep = index.shape[1]
+    moved = index[:, in_place:]
+    one_row = index.shape[0] == 1  # one row: a plain index_select of the moved slots
     expanded: dict[tuple[Any, ...], torch.LongTensor] = {}  # the gather index per layer shape (built once)
     for i, layer in enumerate(cache.layers):
         if layers is not None and i not in layers:
@@ -134,16 +138,22 @@ def keep_tail(
             full = getattr(layer, name)
             end = used if static else full.shape[2]
             cut = end - (end if width is None else width)
-            shape = (full.device, full.shape[1], full.shape[-1])
+            shape = (full.device, full.shape[1], full.shape[-1], cut)
             if shape not in expanded:
-                gather = index.to(full.device)[:, None, :, None]
-                expanded[shape] = gather.expand(-1, full.shape[1], keep, full.shape[-1])
-            picked = full[:, :, cut:end].gather(2, expanded[shape])
+                if one_row:
+                    expanded[shape] = moved[0].to(full.device) + cut
+                else:
+                    gather = moved.to(full.device)[:, None, :, None]
+                    expanded[shape] = gather.expand(-1, full.shape[1], moved.shape[1], full.shape[-1])
+            if one_row:
+                picked = full.index_select(2, expanded[shape])
+            else:
+                picked = full[:, :, cut:end].gather(2, expanded[shape])
             # written in place: a static layer keeps its tensor (the slots after the kept ones are never
             # attended); a dynamic one becomes a view of its first slots, so no round copies the whole cache
-            full[:, :, cut : cut + keep].copy_(picked)
+            full.narrow(2, cut + in_place, keep - in_place).copy_(picked)
             if not static:
-                setattr(layer, name, full[:, :, : cut + keep])
+                setattr(layer, name, full.narrow(2, 0, cut + keep))
         if static:
             layer.cumulative_length.fill_(cut + keep)
 
