@@ -204,8 +204,10 @@ def test_an_autoregressive_round_grows_tree_levels(target):
 
 def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     """Greedy without processors or a cut, a parallel head's round takes all its depths in one `whole_round` call:
-    the same drafts, logits and draft probabilities as the selector gives depth by depth."""
+    the same drafts, logits and draft probabilities as the selector gives depth by depth, and the tree candidates
+    `candidate_tensors` computes, from the same softmax."""
     from peagle.generation.processing import draft_selector
+    from peagle.generation.tree_drafting import candidate_tensors
 
     head = make_head(target).eval()
     g = torch.Generator().manual_seed(2)
@@ -213,9 +215,12 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     feats = torch.randn(2, 5, 3 * head.config.target_hidden_size, generator=g)
     hist = [ids[b : b + 1] for b in range(2)]
     drafts = []
+    tops = []
     for whole in (True, False):
         probabilities = []
-        select = draft_selector(head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None)
+        select = draft_selector(
+            head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None, None, tops
+        )
         if not whole:
             del select.whole_round
         draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)
@@ -230,6 +235,10 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     assert p_one.shape == (4, 2)
     softmax = one.logits.softmax(-1).max(-1).values.T
     torch.testing.assert_close(p_one, softmax)
+    ids, head_p = candidate_tensors(each, head)
+    assert len(tops) == 2 and torch.equal(tops[0], ids) and ids.shape == (2, 4, 8)
+    torch.testing.assert_close(tops[1], head_p)
+    assert torch.equal(tops[0][..., 0], one.tokens)
 
 
 @pytest.mark.parametrize("rows", [1, 2])

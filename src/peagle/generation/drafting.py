@@ -244,6 +244,7 @@ class DraftingSession:
         plan = self._plan
         self._confidences = confidences = []  # filled by the selector where a cut reads each depth
         probabilities: list[torch.Tensor] = []
+        tops: list[torch.Tensor] | None = [] if self.settings.tree_nodes else None  # filled by a whole round
         parallel = self.settings.drafting_mode != "autoregressive"
         select = draft_selector(
             self.head,
@@ -256,6 +257,7 @@ class DraftingSession:
             confidences,
             None if parallel else plan.cut,
             self.sampler,
+            tops,
         )
         tic = self.clock()
         draft = self.head.draft_round(
@@ -268,7 +270,7 @@ class DraftingSession:
         if drafts.shape[1] > 0:  # the round's figures, read on the host at once
             wanted = [] if confidences else [torch.stack(probabilities)]
             if self.settings.tree_nodes:
-                wanted += [drafts, *candidate_tensors(draft, self.head)]
+                wanted += [drafts, *(tops or candidate_tensors(draft, self.head))]
             held = self.cache.most_valid  # the drafter cache's next compaction check, read along
             read = read_together(wanted + ([held] if held is not None else []))
             if held is not None:

@@ -13,6 +13,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..drafting_peagle import DraftSelector
 from ..modeling_peagle import PEagleDrafter
 from .sampling import KeyedSampler
+from .tree import CANDIDATES_PER_DEPTH
 
 
 def grouped_processing(
@@ -61,6 +62,7 @@ def draft_selector(
     confidences: list[list[float]],
     cut: Callable[[list[list[float]]], bool] | None,
     sampler: KeyedSampler | None = None,
+    candidates: list[torch.Tensor] | None = None,
 ) -> DraftSelector:
     """The round's `select(logits, depth)` for [`PEagleDrafter.draft_round`].
 
@@ -72,7 +74,9 @@ def draft_selector(
     admissible token (e.g. a forced token outside the draft vocabulary).  Greedy without processors skips the
     target vocabulary: no scores go back to the loop, and when there is no `cut` the selector also has
     `whole_round(logits (B, k, V_draft)) -> tokens (B, k)`, which a parallel head's round calls once for all its
-    depths instead of once per depth.
+    depths instead of once per depth; given a `candidates` list, it also puts there the `(ids (B, k, C), head
+    probabilities (B, k, C))` of each depth's top tokens that [`tree_drafting.candidate_tensors`] would compute
+    (one softmax serves both).
 
     The head's probability of each row's draft goes to `probabilities[depth]` as a `(B,)` tensor, read on the host
     by the caller once the round is over.  `cut` (None: never), for a head that runs one pass per depth: whether
@@ -97,11 +101,17 @@ def draft_selector(
     if not do_sample and len(processors) == 0:
 
         def select_greedy(logits: torch.Tensor, depth: int):
-            index, prob = greedy_picks(logits)
+            prob, index = logits.softmax(dim=-1).max(dim=-1)
             return head.draft_to_target(index), None, stop(prob)
 
         def whole_round(logits: torch.Tensor) -> torch.LongTensor:
-            index, prob = greedy_picks(logits)
+            probs = logits.softmax(dim=-1)  # one softmax for every depth (and the tree's candidates)
+            if candidates is None:
+                prob, index = probs.max(dim=-1)
+            else:  # each depth's top tokens, its draft the first of them
+                head_p, top = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+                candidates.extend([head.draft_to_target(top), head_p])
+                prob, index = head_p[..., 0], top[..., 0]
             probabilities.extend(prob.unbind(dim=1))
             return head.draft_to_target(index)
 
@@ -126,20 +136,6 @@ def draft_selector(
         return token, scores, stop(prob)
 
     return select
-
-
-def greedy_picks(logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
-    """Each row's argmax over the last axis of `logits (..., V)` and its softmax probability, without the softmax's
-    `(..., V)` tensor: `exp(max - logsumexp)`."""
-    best, index = logits.max(dim=-1)
-    return index, (best - logits.logsumexp(dim=-1)).exp()
-
-
-def top_probabilities(logits: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.LongTensor]:
-    """The `count` largest softmax probabilities over the last axis of `logits (..., V)` and their indices, without
-    the softmax's `(..., V)` tensor."""
-    top, index = logits.topk(min(count, logits.shape[-1]), dim=-1)
-    return (top - logits.logsumexp(dim=-1, keepdim=True)).exp(), index
 
 
 def read_together(tensors: list[torch.Tensor]) -> list[list[Any]]:

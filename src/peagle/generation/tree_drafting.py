@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from .processing import top_probabilities
 from .rule import AcceptanceCorrection, calibrated_probabilities, calibrated_probability
 from .tree import CANDIDATES_PER_DEPTH, sibling_probabilities
 
@@ -21,9 +20,11 @@ def candidate_tensors(draft: Any, head: Any) -> tuple[torch.LongTensor, torch.Te
     """A drafting round's top tokens per row and depth, `(ids (B, k, C), head probabilities (B, k, C))` in the target
     vocabulary, from the processed scores when there are any (read on the host with the round's other figures)."""
     if draft.scores is not None:
-        head_p, ids = top_probabilities(draft.scores.float(), CANDIDATES_PER_DEPTH)
+        probs = draft.scores.float().softmax(dim=-1)
+        head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
         return ids, head_p
-    head_p, ids = top_probabilities(draft.logits.float(), CANDIDATES_PER_DEPTH)
+    probs = draft.logits.float().softmax(dim=-1)
+    head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
     return head.draft_to_target(ids), head_p
 
 
