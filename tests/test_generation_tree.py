@@ -214,13 +214,11 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     ids = torch.randint(3, 120, (2, 5), generator=g)
     feats = torch.randn(2, 5, 3 * head.config.target_hidden_size, generator=g)
     hist = [ids[b : b + 1] for b in range(2)]
-    drafts = []
-    tops = []
+    drafts, rounds = [], []
     for whole in (True, False):
         probabilities = []
-        select = draft_selector(
-            head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None, None, tops
-        )
+        select = draft_selector(head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None)
+        rounds.append(select.whole_round)
         if not whole:
             del select.whole_round
         draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)
@@ -235,10 +233,12 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     assert p_one.shape == (4, 2)
     softmax = one.logits.softmax(-1).max(-1).values.T
     torch.testing.assert_close(p_one, softmax)
+    assert rounds[0].probs is not None and rounds[1].probs is None  # the per-depth round never called it
     ids, head_p = candidate_tensors(each, head)
-    assert len(tops) == 2 and torch.equal(tops[0], ids) and ids.shape == (2, 4, 8)
-    torch.testing.assert_close(tops[1], head_p)
-    assert torch.equal(tops[0][..., 0], one.tokens)
+    from_round = candidate_tensors(one, head, rounds[0].probs)
+    assert torch.equal(from_round[0], ids) and ids.shape == (2, 4, 8)
+    torch.testing.assert_close(from_round[1], head_p)
+    assert torch.equal(ids[..., 0], one.tokens)
 
 
 @pytest.mark.parametrize("rows", [1, 2])

@@ -78,6 +78,22 @@ SOURCES: dict[str, Source] = {
         "--out docs/results/multi_turn",
         archive="22. A chat that passes its cache back (#77)",
     ),
+    "no_hidden_cost": Source(
+        path="no_hidden_cost/no_hidden_cost.json",
+        date="2026-12-06",
+        head="the shipped P-EAGLE head (`smollm2-135m-peagle`)",
+        command="OMP_NUM_THREADS=1 python benchmarks/bench_no_hidden_cost.py --batch_sizes 1,2,4,8 "
+        "--max_new_tokens 64 --out docs/results/no_hidden_cost",
+        archive="26. Lean rounds and a shorter first call (#78)",
+    ),
+    "compiled": Source(
+        path="compiled/compiled.json",
+        date="2026-12-06",
+        head="the shipped P-EAGLE head (`smollm2-135m-peagle`), chains, K = 7, threshold 0",
+        command="python benchmarks/bench_compiled.py --batch_sizes 1,8 --max_new_tokens 32 --prompts 2 --warmup 1 "
+        "--repeats 1 --device cpu --out docs/results/compiled",
+        archive="25. The rule's own costs, by batch size (#78)",
+    ),
     "gemma": Source(
         path="gemma3_270m_batches/bench_batch.json",
         date="2026-12-05",
@@ -136,7 +152,8 @@ def machine_line(machine: dict, cpu: str | None = None) -> str:
         model += f", {vector.upper().replace('AVX512_', 'AVX-512 ')}"
     gpu = machine.get("cuda")
     where = f"GPU {gpu}" if gpu else "no GPU"
-    return f"{model}, {machine['threads']} threads, {where}, torch {machine['torch']}"
+    threads = machine["threads"]
+    return f"{model}, {threads} thread{'' if threads == 1 else 's'}, {where}, torch {machine['torch']}"
 
 
 def _about(key: str, data: dict, folder: str | None = None, command: str | None = None) -> list[str]:
@@ -350,6 +367,73 @@ def _gemma_section(data: dict) -> list[str]:
     ]
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _no_hidden_cost_section(data: dict) -> list[str]:
+    rows = []
+    for r in data["summary"]:
+        spec, plain = r["peagle"], r["plain"]
+        reads = spec["host_syncs_per_drafting_round"]
+        rows.append(
+            [
+                str(r["batch_size"]),
+                _x(r["speedup"]),
+                f"{spec['first_over_repeated']:.2f}",
+                f"{spec['first_call_cost_timing_seconds']:.2f} s",
+                f"{spec['drafting_rounds']} / {spec['target_passes']}",
+                _ms(spec["ms_outside_forwards_per_drafting_round"]),
+                f"{_ms(spec['ms_outside_forwards_per_plain_step'])} ({_ms(plain['ms_outside_forwards_per_plain_step'])})",
+                "-" if reads is None else f"{reads:.1f}",
+                _yes(r["lossless"]),
+            ]
+        )
+    header = [
+        "B", "speedup", "first call / repeated", "timing in the first call", "drafting rounds / target passes",
+        "outside the forwards, drafting round", "outside, plain step (plain)", "host reads, drafting round",
+        "= greedy",
+    ]  # fmt: skip
+    return [
+        "## 6. First calls and the rule's own costs, by batch size",
+        "",
+        f"One batch of held-out prompts per batch size, {data['config']['max_new_tokens']} new tokens, one thread, "
+        "the default rule on a fresh cost cache: the first call (which times a quick cost curve inside it) against the "
+        "same call repeated, and the repeated call against plain batched greedy. Per round, the time outside the "
+        "target's and the drafter's forwards and the host reads (a stall each on a GPU).",
+        "",
+        *_about("no_hidden_cost", data),
+        *_table(header, rows),
+        "",
+    ]
+
+
+def _compiled_section(data: dict) -> list[str]:
+    kinds = ["eager_plain", "compiled_plain", "eager_peagle", "compiled_peagle"]
+    rows = []
+    for r in data["summary"]:
+        base = r["eager_plain"]["tokens_per_second"]
+        cells = [f"{base:.1f} tok/s"] + [_x(r[k]["speedup_over_eager_plain"]) for k in kinds[1:]]
+        recompiled = sum(r[k]["graphs_compiled_while_timed"] for k in kinds)
+        same = all(r[k]["same_as_eager_plain"] for k in kinds)
+        rows.append([str(r["batch_size"]), *cells, str(recompiled), _yes(same)])
+    header = ["B", "eager plain", "compiled plain", "eager peagle", "compiled peagle", "graphs compiled while timed",
+              "= greedy"]  # fmt: skip
+    settings = data["settings"]
+    return [
+        "## 7. Eager and compiled, on a static cache",
+        "",
+        'The target\'s forward compiled with `torch.compile(dynamic=False)` on `cache_implementation="static"`, '
+        f"plain greedy and peagle side by side, {settings['prompts']} batches of held-out prompts, "
+        f'{settings["max_new_tokens"]} new tokens per row; peagle verifies in fixed widths (`verify_widths="fixed"`) '
+        "so that nothing recompiles after the warm-up.",
+        "",
+        *_about("compiled", data),
+        *_table(header, rows),
+        "",
+    ]
+
+
 def render(results_dir: str | Path) -> str:
     """The text of docs/results.md from the JSONs under `results_dir` (docs/results/)."""
     data = load(results_dir)
@@ -370,6 +454,8 @@ def render(results_dir: str | Path) -> str:
         *_context_section(data["conversations"], data["licences"]),
         *_multi_turn_section(data["multi_turn"]),
         *_gemma_section(data["gemma"]),
+        *_no_hidden_cost_section(data["no_hidden_cost"]),
+        *_compiled_section(data["compiled"]),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
 

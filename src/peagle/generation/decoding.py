@@ -451,13 +451,11 @@ class _Decoder:
         device = self.device
         longest = max(lengths)
         if all(p[:n] == list(range(n)) for p, n in zip(paths, lengths)):
-            self.cache.crop(-(width - longest))
+            if longest < width:
+                self.cache.crop(-(width - longest))
         else:
             index = torch.tensor([(p + [0] * longest)[:longest] for p in paths], device=device)
-            # the slots before the first that some row's path moves stay where they are
-            in_place = min(
-                next((j for j, s in enumerate(p[:n]) if s != j), n) for p, n in zip(paths, lengths)
-            )
+            in_place = ragged.slots_in_place(paths, lengths)
             keep_tail(self.cache, index, width, used=self.kv_mask.shape[1] + width, in_place=in_place)
         if min(lengths) == longest:  # every row kept as many: no new holes
             self.kv_mask = torch.cat([self.kv_mask, self.kv_mask.new_ones(len(lengths), longest)], 1)

@@ -244,7 +244,6 @@ class DraftingSession:
         plan = self._plan
         self._confidences = confidences = []  # filled by the selector where a cut reads each depth
         probabilities: list[torch.Tensor] = []
-        tops: list[torch.Tensor] | None = [] if self.settings.tree_nodes else None  # filled by a whole round
         parallel = self.settings.drafting_mode != "autoregressive"
         select = draft_selector(
             self.head,
@@ -257,7 +256,6 @@ class DraftingSession:
             confidences,
             None if parallel else plan.cut,
             self.sampler,
-            tops,
         )
         tic = self.clock()
         draft = self.head.draft_round(
@@ -270,7 +268,8 @@ class DraftingSession:
         if drafts.shape[1] > 0:  # the round's figures, read on the host at once
             wanted = [] if confidences else [torch.stack(probabilities)]
             if self.settings.tree_nodes:
-                wanted += [drafts, *(tops or candidate_tensors(draft, self.head))]
+                whole = getattr(select, "whole_round", None)  # its softmax serves the candidates too
+                wanted += [drafts, *candidate_tensors(draft, self.head, getattr(whole, "probs", None))]
             held = self.cache.most_valid  # the drafter cache's next compaction check, read along
             read = read_together(wanted + ([held] if held is not None else []))
             if held is not None:

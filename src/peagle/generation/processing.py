@@ -13,7 +13,6 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..drafting_peagle import DraftSelector
 from ..modeling_peagle import PEagleDrafter
 from .sampling import KeyedSampler
-from .tree import CANDIDATES_PER_DEPTH
 
 
 def grouped_processing(
@@ -62,7 +61,6 @@ def draft_selector(
     confidences: list[list[float]],
     cut: Callable[[list[list[float]]], bool] | None,
     sampler: KeyedSampler | None = None,
-    candidates: list[torch.Tensor] | None = None,
 ) -> DraftSelector:
     """The round's `select(logits, depth)` for [`PEagleDrafter.draft_round`].
 
@@ -74,9 +72,7 @@ def draft_selector(
     admissible token (e.g. a forced token outside the draft vocabulary).  Greedy without processors skips the
     target vocabulary: no scores go back to the loop, and when there is no `cut` the selector also has
     `whole_round(logits (B, k, V_draft)) -> tokens (B, k)`, which a parallel head's round calls once for all its
-    depths instead of once per depth; given a `candidates` list, it also puts there the `(ids (B, k, C), head
-    probabilities (B, k, C))` of each depth's top tokens that [`tree_drafting.candidate_tensors`] would compute
-    (one softmax serves both).
+    depths instead of once per depth ([`WholeRound`], which keeps the round's softmax for the tree candidates).
 
     The head's probability of each row's draft goes to `probabilities[depth]` as a `(B,)` tensor, read on the host
     by the caller once the round is over.  `cut` (None: never), for a head that runs one pass per depth: whether
@@ -104,19 +100,8 @@ def draft_selector(
             prob, index = logits.softmax(dim=-1).max(dim=-1)
             return head.draft_to_target(index), None, stop(prob)
 
-        def whole_round(logits: torch.Tensor) -> torch.LongTensor:
-            probs = logits.softmax(dim=-1)  # one softmax for every depth (and the tree's candidates)
-            if candidates is None:
-                prob, index = probs.max(dim=-1)
-            else:  # each depth's top tokens, its draft the first of them
-                head_p, top = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
-                candidates.extend([head.draft_to_target(top), head_p])
-                prob, index = head_p[..., 0], top[..., 0]
-            probabilities.extend(prob.unbind(dim=1))
-            return head.draft_to_target(index)
-
         if cut is None:  # no depth's pick waits on an earlier one's probability
-            select_greedy.whole_round = whole_round
+            select_greedy.whole_round = WholeRound(head, probabilities)
         return select_greedy
 
     def select(logits: torch.Tensor, depth: int):
@@ -136,6 +121,22 @@ def draft_selector(
         return token, scores, stop(prob)
 
     return select
+
+
+class WholeRound:
+    """A greedy selector's `whole_round(logits (B, k, V_draft)) -> tokens (B, k)` ([`draft_selector`]): each depth's
+    argmax from one softmax over all of them, its probability appended per depth to `probabilities`; the softmax
+    stays in `probs` for the round's tree candidates ([`tree_drafting.candidate_tensors`])."""
+
+    def __init__(self, head: PEagleDrafter, probabilities: list[torch.Tensor]):
+        self.head, self.probabilities = head, probabilities
+        self.probs: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.LongTensor:
+        self.probs = logits.softmax(dim=-1)
+        prob, index = self.probs.max(dim=-1)
+        self.probabilities.extend(prob.unbind(dim=1))
+        return self.head.draft_to_target(index)
 
 
 def read_together(tensors: list[torch.Tensor]) -> list[list[Any]]:

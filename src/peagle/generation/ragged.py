@@ -158,6 +158,16 @@ def keep_tail(
             layer.cumulative_length.fill_(cut + keep)
 
 
+def slots_in_place(paths: list[list[int]], lengths: list[int]) -> int:
+    """How many leading slots of the kept paths are where they were in the verify pass (`paths[b][j] == j` for every
+    row's first `lengths[b]` slots): [`keep_tail`]'s `in_place`.
+
+    >>> slots_in_place([[0, 1, 4], [0, 1, 2]], [3, 3]), slots_in_place([[0, 3], [0]], [2, 1])
+    (2, 1)
+    """
+    return min(next((j for j, s in enumerate(p[:n]) if s != j), n) for p, n in zip(paths, lengths))
+
+
 def drop_oldest(cache: Cache, count: int) -> None:
     """Drop the first `count` slots of every layer (a drafter's attention window).  Dynamic layers only."""
     for layer in cache.layers:

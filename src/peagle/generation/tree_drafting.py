@@ -16,14 +16,17 @@ FRONTIER_WIDTH = 8
 """Nodes an autoregressive head's tree expands per level (one drafter pass over all of them, EAGLE-2's top-k)."""
 
 
-def candidate_tensors(draft: Any, head: Any) -> tuple[torch.LongTensor, torch.Tensor]:
+def candidate_tensors(
+    draft: Any, head: Any, probs: torch.Tensor | None = None
+) -> tuple[torch.LongTensor, torch.Tensor]:
     """A drafting round's top tokens per row and depth, `(ids (B, k, C), head probabilities (B, k, C))` in the target
-    vocabulary, from the processed scores when there are any (read on the host with the round's other figures)."""
+    vocabulary, from the processed scores when there are any (read on the host with the round's other figures);
+    `probs`: the round's softmax over its draft logits where the selector computed it already."""
     if draft.scores is not None:
         probs = draft.scores.float().softmax(dim=-1)
         head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
         return ids, head_p
-    probs = draft.logits.float().softmax(dim=-1)
+    probs = draft.logits.float().softmax(dim=-1) if probs is None else probs
     head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
     return head.draft_to_target(ids), head_p
 
