@@ -176,6 +176,28 @@ def test_static_cache_under_the_cost_rule(target):
     assert torch.equal(out, ref)
 
 
+def test_the_rule_prices_a_pass_at_its_padded_width(target):
+    """Under the cost rule a round costs what its padded pass costs: with `verify_widths="fixed"` (1 and K + 1) and a
+    curve where only K + 1 tokens are dear, the rule never drafts; unpadded, the same curve makes short chains pay.
+    Both outputs are plain's."""
+    rows = prompts(2, seed=64)
+    new = 12
+    ref = generate(target, rows, max_new_tokens=new, cache_implementation="static")
+    drafted = {}
+    for widths in (None, "fixed"):
+        head = make_head(target, confidence_threshold=None)
+        head.cost_model = VerifyCostModel([1.0, 1.0, 1.0, 1.0, 40.0], drafter_seconds=0.01)
+        oracle = Oracle(head, references(target, rows, max_new_tokens=new), p=1.0, seed=2)
+        out = generate(
+            target, rows, max_new_tokens=new, cache_implementation="static", assistant_model=head,
+            num_assistant_tokens=4, draft_tree_size=0, verify_widths=widths,
+        )  # fmt: skip
+        oracle.handle.remove()
+        assert torch.equal(out, ref)
+        drafted[widths] = head.last_generation_stats.draft_tokens
+    assert drafted[None] > 0 and drafted["fixed"] == 0, drafted
+
+
 def _mixed_sliding_target():
     cfg = transformers.Qwen2Config(
         vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,

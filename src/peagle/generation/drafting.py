@@ -25,7 +25,7 @@ from .policy import RoundDrafts, RoundOutcome, RoundPlan, RoundState, make_polic
 from .processing import draft_selector, read_together
 from .rule import AcceptanceCorrection
 from .sampling import KeyedSampler
-from .settings import DraftingOptions, DraftingSettings
+from .settings import DraftingOptions, DraftingSettings, padded_width
 from .stats import PEagleGenerationStats
 from .tree import DraftCandidates, DraftTree, LookupEstimate, NgramIndex, grow_tree, grow_tree_from_pool
 from .tree_drafting import LevelSelector, candidate_tensors, parallel_candidates
@@ -288,8 +288,8 @@ class DraftingSession:
     def fixed_width(self, candidates: DraftCandidates, room: int | None = None) -> DraftCandidates:
         """The candidates padded to the smallest of the call's `verify_widths` that holds them (and fits `room`
         slots), with nodes the target never accepts (docs/DESIGN.md section 10.2); as they are when none does."""
-        fits = [w for w in self.settings.verify_widths if len(candidates) < w <= (room or w)]
-        return candidates.padded(fits[0] - 1) if fits else candidates
+        width = padded_width(len(candidates) + 1, self.settings.verify_widths, room)
+        return candidates.padded(width - 1) if width > len(candidates) + 1 else candidates
 
     def _drafter_ran(self, block: SlotBlock, passes: int, tic: float) -> float:
         """Count the round's drafter passes and time them (since `tic`); returns the drafter's seconds."""

@@ -35,7 +35,7 @@ from .rule import (
     chain_gains,
     choose_batch_tree_size,
 )
-from .settings import DraftingSettings
+from .settings import DraftingSettings, padded_width
 from .stats import PEagleGenerationStats, context_bucket
 from .tree import DraftTree
 
@@ -316,7 +316,7 @@ class CostPolicy(DraftPolicy):
         if self._hopeless is None or self._hopeless[0] != bucket:
             s, cost = self.settings, self.cost
             most = max(s.num_speculative_tokens, s.tree_nodes)
-            curve = cost.curve(most + 1, state.context)
+            curve = self._curve(most + 1, state.context)
             drafter = cost.drafter_cost(state.drafter_context)
             step = cost.drafter_step_seconds if s.drafting_mode == "autoregressive" else 0.0
             best = max(
@@ -336,7 +336,7 @@ class CostPolicy(DraftPolicy):
         if remembered is None or remembered >= 1.0 + PAYS_MARGIN:
             return False
         catch_up = state.pending_slots * self.cost.drafter_slot_seconds
-        if catch_up > PAYS_MARGIN * state.max_drafts * self.cost.cost(1, state.context):
+        if catch_up > PAYS_MARGIN * state.max_drafts * self._curve(1, state.context)[0]:
             self._skip_left = state.max_drafts + 1  # the rest of the call
             return True
         self._pays = remembered  # this round drafts: it is the new prompt's first evidence
@@ -349,13 +349,23 @@ class CostPolicy(DraftPolicy):
         few = self.cost.observations[0] < PROBE_MIN
         return self._since_plain >= (PROBE_FIRST if few else PROBE_EVERY)
 
+    def _curve(self, tokens: int, context: int) -> list[float]:
+        """The verify seconds for 1..`tokens` per row at `context`, each n priced at the width its pass is padded to
+        (`verify_widths`, [`settings.padded_width`]): with widths 1 and K + 1, every drafting round costs a K + 1
+        pass."""
+        widths = self.settings.verify_widths
+        if not widths:
+            return self.cost.curve(tokens, context)
+        full = self.cost.curve(max(tokens, widths[-1]), context)
+        return [full[padded_width(n, widths) - 1] for n in range(1, tokens + 1)]
+
     # ------------------------------------------------------------------ how much a round verifies
     def _one_more_pass_pays(self, confidences: list[list[float]], context: int, drafter: float) -> bool:
         """Whether drafting one more token can raise the expected rate, assuming each row's next draft is as
         likely to be accepted as its last one (an autoregressive head's unroll and tree levels)."""
         rows = [self.correction.apply(row) for row in calibrated_rows(self.settings.calibration, confidences)]
         depth = len(confidences)
-        curve = self.cost.curve(depth + 2, context)
+        curve = self._curve(depth + 2, context)
         step = self.cost.drafter_step_seconds
         spent = drafter + step * (depth - 1)
         # one more pass only raises the best rate if the rule would verify the extra draft as well
@@ -374,7 +384,7 @@ class CostPolicy(DraftPolicy):
             gains = [t.gains() for t in drafts.trees]
             histogram = self.stats.tree_size_histogram
         width = min(len(g) for g in gains)
-        curve = self.cost.curve(width + 1, plan.context)
+        curve = self._curve(width + 1, plan.context)
         live = [b for b in range(len(gains)) if b not in self.idle]  # idle rows' tokens count for nothing
         n = self._count(histogram, choose_batch_tree_size([gains[b] for b in live], curve, drafter))
         if n == 0:
@@ -399,7 +409,8 @@ class CostPolicy(DraftPolicy):
         counts the drafter's seconds against a plain step's; a verified one the tokens it realised per row, at
         its modelled seconds, against a plain step's one token (the calibration's promise does not count here,
         the outcome does)."""
-        plan, cost, n = outcome.plan, self.cost, outcome.verified + 1
+        plan, cost = outcome.plan, self.cost
+        n = padded_width(outcome.verified + 1, self.settings.verify_widths)  # the width the pass ran with
         r = plan.prediction
         if outcome.drafter_slots >= CATCH_UP_SLOTS:
             cost.observe_catch_up(outcome.drafter_seconds, outcome.drafter_slots)
@@ -418,7 +429,7 @@ class CostPolicy(DraftPolicy):
             if (
                 outcome.drafter_passes
             ):  # declined: the drafter's time spent for nothing, against a plain step's
-                plain = cost.cost(1, plan.context)
+                plain = self._curve(1, plan.context)[0]
                 self._fold_pays(plain / (plain + outcome.drafter_seconds))
             return
         self._since_plain += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,16 @@ def resolve_verify_widths(widths: Any, k: int, nodes: int) -> tuple[int, ...]:
     return tuple(sorted(set(widths)))
 
 
+def padded_width(tokens: int, widths: Sequence[int], room: int | None = None) -> int:
+    """The tokens per row a verify pass over `tokens` runs with: the smallest of `widths` (ascending) that holds it
+    and fits `room` slots, else `tokens` itself (`verify_widths`; the rule prices a pass at this width).
+
+    >>> padded_width(3, (1, 5, 17)), padded_width(6, (1, 5, 17)), padded_width(6, (1, 5, 17), room=10), padded_width(3, ())
+    (5, 17, 6, 3)
+    """
+    return next((w for w in widths if tokens <= w <= (room or w)), tokens)
+
+
 def _iterable(value: Any) -> Any:
     try:
         return list(value)
@@ -322,5 +332,6 @@ __all__ = [
     "resolve_drafter_window",
     "resolve_num_speculative_tokens",
     "resolve_tree_settings",
+    "padded_width",
     "resolve_verify_widths",
 ]
