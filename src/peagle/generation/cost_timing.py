@@ -42,10 +42,6 @@ class TimingBudget:
         """Whether more timing fits."""
         return self.seconds is None or self.spent < self.seconds
 
-    def over(self, since: float) -> bool:
-        """Whether the timing that started at `since` (not in `spent` yet) has used up what was left."""
-        return not self.fits(since, 0.0)
-
     def fits(self, since: float, seconds: float) -> bool:
         """Whether `seconds` more of timing fit in what is left, after the timing that started at `since` (not in
         `spent` yet)."""

@@ -336,7 +336,7 @@ class CostPolicy(DraftPolicy):
         if remembered is None or remembered >= 1.0 + PAYS_MARGIN:
             return False
         catch_up = state.pending_slots * self.cost.drafter_slot_seconds
-        if catch_up > PAYS_MARGIN * state.max_drafts * self._curve(1, state.context)[0]:
+        if catch_up > PAYS_MARGIN * state.max_drafts * self._cost(1, state.context):
             self._skip_left = state.max_drafts + 1  # the rest of the call
             return True
         self._pays = remembered  # this round drafts: it is the new prompt's first evidence
@@ -358,6 +358,10 @@ class CostPolicy(DraftPolicy):
             return self.cost.curve(tokens, context)
         full = self.cost.curve(max(tokens, widths[-1]), context)
         return [full[padded_width(n, widths) - 1] for n in range(1, tokens + 1)]
+
+    def _cost(self, tokens: int, context: int) -> float:
+        """The seconds of one verify pass over `tokens` per row at `context`, at the width it is padded to."""
+        return self.cost.cost(padded_width(tokens, self.settings.verify_widths), context)
 
     # ------------------------------------------------------------------ how much a round verifies
     def _one_more_pass_pays(self, confidences: list[list[float]], context: int, drafter: float) -> bool:
@@ -429,7 +433,7 @@ class CostPolicy(DraftPolicy):
             if (
                 outcome.drafter_passes
             ):  # declined: the drafter's time spent for nothing, against a plain step's
-                plain = self._curve(1, plan.context)[0]
+                plain = self._cost(1, plan.context)
                 self._fold_pays(plain / (plain + outcome.drafter_seconds))
             return
         self._since_plain += 1
