@@ -35,7 +35,7 @@ from peagle.data.shards import load_examples
 from peagle.evaluation.bench_batch import left_pad
 from peagle.evaluation.long_inputs import checked_long_inputs
 from peagle.evaluation.results import write_json_and_plot
-from peagle.evaluation.timing import machine_description
+from peagle.evaluation.timing import machine_description, timed_generate
 from peagle.generation.cost import prepare_cost_model
 from peagle.generation.settings import AUTO_TREE_NODES
 
@@ -43,24 +43,8 @@ from peagle.generation.settings import AUTO_TREE_NODES
 def _timed(target, ids, mask, max_new_tokens, head=None):
     """The call's output, its seconds and the seconds of its first target forward (the prefill, which both sides
     pay alike)."""
-    extra = {} if head is None else {"assistant_model": head}
-    marks: list[float] = []
-    handles = [
-        target.register_forward_pre_hook(lambda *_: marks.append(time.perf_counter()) if not marks else None),
-        target.register_forward_hook(
-            lambda *_: marks.append(time.perf_counter()) if len(marks) == 1 else None
-        ),
-    ]
-    try:
-        tic = time.perf_counter()
-        out = target.generate(
-            ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, **extra
-        )
-        seconds = time.perf_counter() - tic
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out, seconds, marks[1] - marks[0]
+    run = timed_generate(target, ids, max_new_tokens, head, attention_mask=mask)
+    return run.sequences, run.seconds, run.prefill_seconds
 
 
 def plot(rows: list[dict], path: Path) -> Path:

@@ -37,6 +37,8 @@ class RunResult:
     """Per target forward: `(start, end, host reads before, host reads after)` (reads 0 when not counted)."""
     drafter_spans: list[tuple[float, float, int, int]] = field(repr=False, default_factory=list)
     """The same per drafter forward."""
+    sequences: torch.Tensor | None = field(repr=False, default=None)
+    """What `generate()` returned: every row, prompt included (`output` holds row 0's new tokens)."""
 
     def rounds(self) -> list[RoundFigures]:
         """Per target pass after the first one that follows the prefill, what the loop spent in its round
@@ -151,6 +153,7 @@ def timed_generate(
         host_syncs=syncs.count if syncs is not None else None,
         target_spans=target_timer.spans,
         drafter_spans=drafter_timer.spans,
+        sequences=out,
     )
 
 
