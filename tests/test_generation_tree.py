@@ -71,6 +71,69 @@ def test_growth_is_best_first_and_every_prefix_is_a_tree():
     assert len(chosen) == len(tree)
 
 
+def _preorder(parents: list[int]) -> list[int]:
+    """Node indices depth first, each node's children in node order, VOID nodes last."""
+    kids = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    out, stack = [], kids.get(-1, [])[::-1]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(kids.get(node, [])[::-1])
+    return out + [i for i, p in enumerate(parents) if p == VOID]
+
+
+def test_a_tree_laid_out_for_verifying_puts_the_best_path_first():
+    """`preordered()`: the same nodes depth first, each node's children best first, padding last; the path of best
+    children takes slots 1..d, so a pass that accepts along it keeps a prefix of its slots (a crop)."""
+    g = torch.Generator().manual_seed(3)
+    cands = [[(10 * d + i, p) for i, p in enumerate(torch.rand(4, generator=g).sort(descending=True).values.tolist())]
+             for d in range(5)]  # fmt: skip
+    tree = grow_tree(cands, budget=14).truncated(16)
+    laid = tree.preordered()
+    assert _is_tree_in_order(laid) and laid.parents[-2:] == [VOID, VOID]
+    assert _preorder(laid.parents) == list(range(16)) != _preorder(tree.parents)
+    order = _preorder(tree.parents)  # the same nodes, each with its own token, depth, value and parent
+    for new, old in enumerate(order):
+        assert (laid.tokens[new], laid.depths[new], laid.values[new]) == (
+            tree.tokens[old],
+            tree.depths[old],
+            tree.values[old],
+        )
+        assert tree.parents[old] in (-1, VOID) or order[laid.parents[new]] == tree.parents[old]
+    best = [0]  # the first child at every depth, on the grown tree
+    while kids := [i for i, p in enumerate(tree.parents) if p == best[-1] - 1]:
+        best.append(kids[0] + 1)
+    assert best != list(range(len(best)))  # grown best first, it is not a prefix of the slots
+    choices = [0] * (len(tree) + 1)
+    for slot, nxt in zip(best, best[1:]):
+        choices[slot] = tree.tokens[nxt - 1]
+    assert greedy_path(tree, choices) == best
+    laid_choices = [0] + [choices[order[k] + 1] for k in range(len(order))]
+    assert greedy_path(laid, laid_choices) == list(range(len(best)))
+
+
+def test_the_loop_verifies_trees_laid_out_best_path_first(target, monkeypatch):
+    """Every tree a call verifies is in `preordered()` order (depth first, best child first)."""
+    laid = []
+    original = DraftCandidates.of_trees.__func__
+
+    def of_trees(cls, trees, device):
+        laid.extend(list(t.parents) for t in trees)
+        return original(cls, trees, device)
+
+    monkeypatch.setattr(DraftCandidates, "of_trees", classmethod(of_trees))
+    head = make_head(target)
+    ids = prompt_ids(40, 9)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20)
+    oracle = Oracle(head, _refs(target, [ids[0]], 20), p=0.5, seed=1, second=True)
+    out = target.generate(ids, do_sample=False, max_new_tokens=20, assistant_model=head, draft_tree_size=12)
+    oracle.handle.remove()
+    assert torch.equal(out, ref) and laid
+    assert all(_preorder(parents) == list(range(len(parents))) for parents in laid)
+
+
 def test_autoregressive_trees_branch_only_from_the_chain():
     cands = [[(1, 0.9), (2, 0.5)], [(3, 0.9), (4, 0.5)], [(5, 0.9)]]
     tree = grow_tree(cands, budget=10, chain_parents_only=True)
@@ -204,8 +267,8 @@ def test_an_autoregressive_round_grows_tree_levels(target):
 
 def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     """Greedy without processors or a cut, a parallel head's round takes all its depths in one `whole_round` call:
-    the same drafts, logits and draft probabilities as the selector gives depth by depth, and the tree candidates
-    `candidate_tensors` computes, from the same softmax."""
+    the same drafts, logits and draft probabilities as the selector gives depth by depth, and, asked for a tree's
+    candidates, the top tokens `candidate_tensors` computes, from the same softmax."""
     from peagle.generation.processing import draft_selector
     from peagle.generation.tree_drafting import candidate_tensors
 
@@ -219,6 +282,7 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
         probabilities = []
         select = draft_selector(head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None)
         rounds.append(select.whole_round)
+        select.whole_round.candidates = 8
         if not whole:
             del select.whole_round
         draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)
@@ -233,9 +297,9 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
     assert p_one.shape == (4, 2)
     softmax = one.logits.softmax(-1).max(-1).values.T
     torch.testing.assert_close(p_one, softmax)
-    assert rounds[0].probs is not None and rounds[1].probs is None  # the per-depth round never called it
+    assert rounds[0].top is not None and rounds[1].top is None  # the per-depth round never called it
     ids, head_p = candidate_tensors(each, head)
-    from_round = candidate_tensors(one, head, rounds[0].probs)
+    from_round = rounds[0].top
     assert torch.equal(from_round[0], ids) and ids.shape == (2, 4, 8)
     torch.testing.assert_close(from_round[1], head_p)
     assert torch.equal(ids[..., 0], one.tokens)

@@ -45,6 +45,7 @@ from .settings import DraftingOptions, PEagleCall
 from .stats import PEagleGenerationStats
 from .stopping import LockstepStops, replayed_criteria
 from .tree import DraftCandidates, greedy_path
+from .vocab_ops import vocab_argmax
 from .windows import FULL, SLIDING, causal_block, kept_masks, positional_windows
 
 _MANAGED_KWARGS = {
@@ -255,7 +256,7 @@ class _Decoder:
                 :, None
             ]
         else:
-            token = scores[:, 0].argmax(dim=-1, keepdim=True)
+            token = vocab_argmax(scores[:, 0])[:, None]
         emitted = self.record(
             [token[b] for b in range(self.batch)], raw, scores, out, host=[[t] for t in token[:, 0].tolist()]
         )
@@ -417,7 +418,7 @@ class _Decoder:
         draw from the target's distribution that does not depend on the drafts, so a draft is kept iff it equals
         the target's draw).  Greedy chains (plain steps included) read the whole batch's outcome in one go."""
         paths, accepted, host = [], [], []
-        picks = scores.argmax(dim=-1) if self.sampler is None else None
+        picks = vocab_argmax(scores) if self.sampler is None else None
         if picks is not None and candidates.parents is None:
             # a chain's path is its drafts' leading agreement with the target's choices, which it then emits
             agree = (inputs[:, 1:] == picks[:, :-1]).long().cumprod(dim=1).sum(dim=1)

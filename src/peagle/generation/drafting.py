@@ -27,7 +27,15 @@ from .rule import AcceptanceCorrection
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, DraftingSettings, padded_width
 from .stats import PEagleGenerationStats
-from .tree import DraftCandidates, DraftTree, LookupEstimate, NgramIndex, grow_tree, grow_tree_from_pool
+from .tree import (
+    CANDIDATES_PER_DEPTH,
+    DraftCandidates,
+    DraftTree,
+    LookupEstimate,
+    NgramIndex,
+    grow_tree,
+    grow_tree_from_pool,
+)
 from .tree_drafting import LevelSelector, candidate_tensors, parallel_candidates
 
 _ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -257,6 +265,9 @@ class DraftingSession:
             None if parallel else plan.cut,
             self.sampler,
         )
+        whole = getattr(select, "whole_round", None)
+        if whole is not None and self.settings.tree_nodes:  # it keeps the round's top tokens for the trees
+            whole.candidates = CANDIDATES_PER_DEPTH
         tic = self.clock()
         draft = self.head.draft_round(
             block.tokens, block.features, k, self.cache.cache, block.start, select, block.attention_mask
@@ -268,8 +279,8 @@ class DraftingSession:
         if drafts.shape[1] > 0:  # the round's figures, read on the host at once
             wanted = [] if confidences else [torch.stack(probabilities)]
             if self.settings.tree_nodes:
-                whole = getattr(select, "whole_round", None)  # its softmax serves the candidates too
-                wanted += [drafts, *candidate_tensors(draft, self.head, getattr(whole, "probs", None))]
+                top = None if whole is None else whole.top  # None where the round did not call it
+                wanted += [drafts, *(top if top is not None else candidate_tensors(draft, self.head))]
             held = self.cache.most_valid  # the drafter cache's next compaction check, read along
             read = read_together(wanted + ([held] if held is not None else []))
             if held is not None:
@@ -394,7 +405,7 @@ class DraftingSession:
         n = min(self._plan.choose(RoundDrafts(confidences, trees, drafter_seconds)), self._nodes)
         if n == 0:
             return self._plain_step()
-        trees = [t.truncated(n) for t in trees]
+        trees = [t.truncated(n).preordered() for t in trees]  # the best path first: kept by a crop
         self._trees = trees
         self._last_num_drafts = n
         self.stats.draft_tokens += n * self.rows

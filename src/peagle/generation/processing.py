@@ -13,6 +13,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..drafting_peagle import DraftSelector
 from ..modeling_peagle import PEagleDrafter
 from .sampling import KeyedSampler
+from .vocab_ops import vocab_argmax, vocab_max, vocab_topk
 
 
 def grouped_processing(
@@ -72,7 +73,7 @@ def draft_selector(
     admissible token (e.g. a forced token outside the draft vocabulary).  Greedy without processors skips the
     target vocabulary: no scores go back to the loop, and when there is no `cut` the selector also has
     `whole_round(logits (B, k, V_draft)) -> tokens (B, k)`, which a parallel head's round calls once for all its
-    depths instead of once per depth ([`WholeRound`], which keeps the round's softmax for the tree candidates).
+    depths instead of once per depth ([`WholeRound`], which can keep the round's top tokens for the tree candidates).
 
     The head's probability of each row's draft goes to `probabilities[depth]` as a `(B,)` tensor, read on the host
     by the caller once the round is over.  `cut` (None: never), for a head that runs one pass per depth: whether
@@ -97,7 +98,7 @@ def draft_selector(
     if not do_sample and len(processors) == 0:
 
         def select_greedy(logits: torch.Tensor, depth: int):
-            prob, index = logits.softmax(dim=-1).max(dim=-1)
+            prob, index = vocab_max(logits.softmax(dim=-1))
             return head.draft_to_target(index), None, stop(prob)
 
         if cut is None:  # no depth's pick waits on an earlier one's probability
@@ -113,7 +114,7 @@ def draft_selector(
         if do_sample:
             token = sampler.sample(scores, keys, [start + depth for start in starts])
         else:
-            token = scores.argmax(dim=-1)
+            token = vocab_argmax(scores)
         prob = scores.softmax(dim=-1).gather(-1, token[:, None])[:, 0]
         if len(processors) > 0:
             for b in range(len(contexts)):
@@ -125,16 +126,23 @@ def draft_selector(
 
 class WholeRound:
     """A greedy selector's `whole_round(logits (B, k, V_draft)) -> tokens (B, k)` ([`draft_selector`]): each depth's
-    argmax from one softmax over all of them, its probability appended per depth to `probabilities`; the softmax
-    stays in `probs` for the round's tree candidates ([`tree_drafting.candidate_tensors`])."""
+    argmax from one softmax over all of them, its probability appended per depth to `probabilities`.  Where the
+    caller sets `candidates` (a tree's top tokens per depth), the argmax is the first of the top `candidates`, kept
+    in `top` as [`tree_drafting.candidate_tensors`] gives them: `(ids (B, k, C) target ids, probabilities)`."""
 
     def __init__(self, head: PEagleDrafter, probabilities: list[torch.Tensor]):
         self.head, self.probabilities = head, probabilities
-        self.probs: torch.Tensor | None = None
+        self.candidates = 0
+        self.top: tuple[torch.LongTensor, torch.Tensor] | None = None
 
     def __call__(self, logits: torch.Tensor) -> torch.LongTensor:
-        self.probs = logits.softmax(dim=-1)
-        prob, index = self.probs.max(dim=-1)
+        probs = logits.softmax(dim=-1)
+        if self.candidates:
+            head_p, ids = vocab_topk(probs, min(self.candidates, probs.shape[-1]))
+            self.top = ids = self.head.draft_to_target(ids), head_p
+            self.probabilities.extend(head_p[..., 0].unbind(dim=1))
+            return ids[0][..., 0]
+        prob, index = vocab_max(probs)
         self.probabilities.extend(prob.unbind(dim=1))
         return self.head.draft_to_target(index)
 

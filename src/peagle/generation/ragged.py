@@ -122,7 +122,7 @@ def keep_tail(
     `used` slots are the ones in use, gets the kept slots written in place and its length set ([`static_slots`])."""
     keep = index.shape[1]
     moved = index[:, in_place:]
-    one_row = index.shape[0] == 1  # one row: a plain index_select of the moved slots
+    one_row = index.shape[0] == 1  # one row: an index_copy_ of the moved slots
     expanded: dict[tuple[Any, ...], torch.LongTensor] = {}  # the gather index per layer shape (built once)
     for i, layer in enumerate(cache.layers):
         if layers is not None and i not in layers:
@@ -140,18 +140,20 @@ def keep_tail(
             cut = end - (end if width is None else width)
             shape = (full.device, full.shape[1], full.shape[-1], cut)
             if shape not in expanded:
-                if one_row:
-                    expanded[shape] = moved[0].to(full.device) + cut
+                if one_row:  # (from, to): the two indices of one index_copy_
+                    to = torch.arange(cut + in_place, cut + keep, device=full.device)
+                    expanded[shape] = (moved[0].to(full.device) + cut, to)
                 else:
                     gather = moved.to(full.device)[:, None, :, None]
                     expanded[shape] = gather.expand(-1, full.shape[1], moved.shape[1], full.shape[-1])
-            if one_row:
-                picked = full.index_select(2, expanded[shape])
-            else:
-                picked = full[:, :, cut:end].gather(2, expanded[shape])
             # written in place: a static layer keeps its tensor (the slots after the kept ones are never
             # attended); a dynamic one becomes a view of its first slots, so no round copies the whole cache
-            full.narrow(2, cut + in_place, keep - in_place).copy_(picked)
+            if one_row:
+                source, to = expanded[shape]
+                full.index_copy_(2, to, full.index_select(2, source))
+            else:
+                picked = full[:, :, cut:end].gather(2, expanded[shape])
+                full.narrow(2, cut + in_place, keep - in_place).copy_(picked)
             if not static:
                 setattr(layer, name, full.narrow(2, 0, cut + keep))
         if static:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .vocab_ops import vocab_argmax
+
 _MIX_ROW = 0x9E3779B97F4A7C15
 _MIX_POSITION = 0xBF58476D1CE4E5B9
 _SEED_RANGE = 2**62
@@ -73,7 +75,7 @@ class KeyedSampler:
         if len(distinct) < len(keys):
             where = {key: i for i, key in enumerate(distinct)}
             noise = noise[torch.tensor([where[key] for key in keys], device=noise.device)]
-        return (scores.float() + noise).argmax(dim=-1)
+        return vocab_argmax(scores.float() + noise)
 
     def forget_before(self, row: int, position: int) -> None:
         """Drop the noise held for row `row` before `position` (those tokens are decided)."""

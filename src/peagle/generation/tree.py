@@ -45,7 +45,8 @@ LOOKUP_MAX_NGRAM = 3
 
 @dataclass
 class DraftTree:
-    """One row's draft tree, nodes in best-first order (every parent before its children).
+    """One row's draft tree, nodes in best-first order (every parent before its children) as grown, depth first
+    once laid out for a verify pass ([`preordered`]).
 
     Args:
         tokens: `[n]` target token of each node.
@@ -53,7 +54,7 @@ class DraftTree:
             padding.
         depths: `[n]` 1 for the first draft after the bonus token.
         values: `[n]` estimated probability that the node is accepted (the product of the probabilities on its
-            path); non-increasing.
+            path); non-increasing in best-first order.
         chain: `[n]` the node is on the head's own chain (the token the round's drafting picked at every depth
             down to it): what a chain-only round would have verified.
         lookup: `[n]` the node is on the prompt-lookup branch.
@@ -79,6 +80,30 @@ class DraftTree:
             out.values.append(0.0)
             out.chain.append(False)
             out.lookup.append(False)
+        return out
+
+    def preordered(self) -> DraftTree:
+        """The same tree laid out for a verify pass: depth first, each node's children best first (as best-first
+        growth added them), [`VOID`] padding last.  The path of best children takes slots 1, 2, ...: a pass that
+        accepts along it keeps a prefix of its slots, which the target's cache keeps by a crop, without moving a
+        slot (docs/DESIGN.md section 11).
+
+        >>> t = DraftTree([5, 6, 7, 8], [-1, -1, 0, 2], [1, 1, 2, 3], [0.6, 0.3, 0.3, 0.2], [True] * 4, [False] * 4)
+        >>> p = t.preordered()
+        >>> p.tokens, p.parents
+        ([5, 7, 8, 6], [-1, 0, 1, -1])
+        """
+        kids = children(self.parents)
+        order: list[int] = []
+        stack = kids[0][::-1]
+        while stack:
+            slot = stack.pop()
+            order.append(slot - 1)
+            stack.extend(kids[slot][::-1])
+        order += [k for k, p in enumerate(self.parents) if p == VOID]
+        moved = {old: new for new, old in enumerate(order)}
+        out = DraftTree(*([getattr(self, f)[k] for k in order] for f in _FIELDS))
+        out.parents = [p if p < 0 else moved[p] for p in out.parents]
         return out
 
     def gains(self) -> list[float]:

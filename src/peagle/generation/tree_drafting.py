@@ -11,23 +11,22 @@ import torch
 
 from .rule import AcceptanceCorrection, calibrated_probabilities, calibrated_probability
 from .tree import CANDIDATES_PER_DEPTH, sibling_probabilities
+from .vocab_ops import vocab_topk
 
 FRONTIER_WIDTH = 8
 """Nodes an autoregressive head's tree expands per level (one drafter pass over all of them, EAGLE-2's top-k)."""
 
 
-def candidate_tensors(
-    draft: Any, head: Any, probs: torch.Tensor | None = None
-) -> tuple[torch.LongTensor, torch.Tensor]:
+def candidate_tensors(draft: Any, head: Any) -> tuple[torch.LongTensor, torch.Tensor]:
     """A drafting round's top tokens per row and depth, `(ids (B, k, C), head probabilities (B, k, C))` in the target
-    vocabulary, from the processed scores when there are any (read on the host with the round's other figures);
-    `probs`: the round's softmax over its draft logits where the selector computed it already."""
+    vocabulary, from the processed scores when there are any (read on the host with the round's other figures).  A
+    greedy round without processors has them already ([`processing.WholeRound`]'s `top`)."""
     if draft.scores is not None:
         probs = draft.scores.float().softmax(dim=-1)
-        head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+        head_p, ids = vocab_topk(probs, min(CANDIDATES_PER_DEPTH, probs.shape[-1]))
         return ids, head_p
-    probs = draft.logits.float().softmax(dim=-1) if probs is None else probs
-    head_p, ids = probs.topk(min(CANDIDATES_PER_DEPTH, probs.shape[-1]), dim=-1)
+    probs = draft.logits.float().softmax(dim=-1)
+    head_p, ids = vocab_topk(probs, min(CANDIDATES_PER_DEPTH, probs.shape[-1]))
     return head.draft_to_target(ids), head_p
 
 
@@ -197,7 +196,7 @@ class LevelSelector:
     def __call__(self, logits: torch.Tensor, depth: int) -> tuple[Any, None, bool, Any]:
         if logits.dim() == 2:  # the bonus slot's logits
             logits = logits[:, None]
-        top_p, top_i = logits.softmax(dim=-1).topk(min(CANDIDATES_PER_DEPTH, logits.shape[-1]), dim=-1)
+        top_p, top_i = vocab_topk(logits.softmax(dim=-1), min(CANDIDATES_PER_DEPTH, logits.shape[-1]))
         ids, top_p = self.head.draft_to_target(top_i).tolist(), top_p.tolist()
         for b, pool in enumerate(self.pools):
             for f, parent in enumerate(self.frontier[b]):
