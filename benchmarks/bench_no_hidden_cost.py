@@ -2,7 +2,7 @@
 
 For each batch size, on a fresh cost cache and with the cost curves of this process forgotten: the first peagle
 call (default rule: it times a quick curve, within about half a second), the same call repeated (`--repeats`,
-median) and plain batched greedy on the same prompts (median).  Per batch size it reports the first call's seconds
+median) and plain batched greedy on the same prompts (median), the two alternated.  Per batch size it reports the first call's seconds
 over the repeated call's (the goal: at most 1.5), the first call's `cost_timing_seconds`, peagle's speed over
 plain's, target passes, the time per target pass outside the target's and the drafter's forwards, and host reads
 of tensors per target pass (`evaluation/host_syncs.py`; one extra counted call each, untimed) for both.  Every
@@ -167,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PEAGLE_COST_CACHE"] = tempfile.mkdtemp(prefix="peagle-cost-")  # a fresh cost cache
         cost_mod.forget_cost_models()
         first = run(target, head, ids, mask, args, True)
-        again = [run(target, head, ids, mask, args, True) for _ in range(max(1, args.repeats))]
-        plain = [run(target, head, ids, mask, args, False) for _ in range(max(1, args.repeats))]
+        again, plain = [], []  # alternated: a drift in the machine's speed hits both sides alike
+        for _ in range(max(1, args.repeats)):
+            again.append(run(target, head, ids, mask, args, True))
+            plain.append(run(target, head, ids, mask, args, False))
         counted = (
             run(target, head, ids, mask, args, True, count=True),
             run(target, head, ids, mask, args, False, True),
