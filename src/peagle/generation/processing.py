@@ -139,9 +139,9 @@ class WholeRound:
         probs = logits.softmax(dim=-1)
         if self.candidates:
             head_p, ids = vocab_topk(probs, min(self.candidates, probs.shape[-1]))
-            self.top = ids = self.head.draft_to_target(ids), head_p
+            self.top = (self.head.draft_to_target(ids), head_p)
             self.probabilities.extend(head_p[..., 0].unbind(dim=1))
-            return ids[0][..., 0]
+            return self.top[0][..., 0]
         prob, index = vocab_max(probs)
         self.probabilities.extend(prob.unbind(dim=1))
         return self.head.draft_to_target(index)
