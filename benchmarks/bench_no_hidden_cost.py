@@ -2,11 +2,11 @@
 
 For each batch size, on a fresh cost cache and with the cost curves of this process forgotten: the first peagle
 call (default rule: it times a quick curve, within about half a second), the same call repeated (`--repeats`,
-median) and plain batched greedy on the same prompts (median), the two alternated.  Per batch size it reports the first call's seconds
-over the repeated call's (the goal: at most 1.5), the first call's `cost_timing_seconds`, peagle's speed over
-plain's, target passes, the time per target pass outside the target's and the drafter's forwards, and host reads
-of tensors per target pass (`evaluation/host_syncs.py`; one extra counted call each, untimed) for both.  Every
-peagle output is compared with plain's.
+median) and plain batched greedy on the same prompts (median), the two alternated.  Per batch size it reports the
+first call's seconds over the repeated call's (the goal: at most 1.5), the first call's `cost_timing_seconds`,
+peagle's speed over plain's, target passes, the time per target pass outside the target's and the drafter's
+forwards, and host reads of tensors per target pass (`evaluation/host_syncs.py`; one extra counted call each,
+untimed) for both.  Every peagle output is compared with plain's.
 
 Prompts: the user turns of `--examples` (held-out, after `--skip`), left-padded into batches.
 

@@ -282,7 +282,7 @@ def test_a_parallel_round_picks_every_depth_at_once_as_depth_by_depth(target):
         probabilities = []
         select = draft_selector(head, LogitsProcessorList(), False, hist, None, 2, probabilities, [], None)
         rounds.append(select.whole_round)
-        select.whole_round.candidates = 8
+        select.whole_round.tree = True
         if not whole:
             del select.whole_round
         draft = head.draft_round(ids, feats, 4, DynamicCache(config=head.config), 0, select)

@@ -27,15 +27,7 @@ from .rule import AcceptanceCorrection
 from .sampling import KeyedSampler
 from .settings import DraftingOptions, DraftingSettings, padded_width
 from .stats import PEagleGenerationStats
-from .tree import (
-    CANDIDATES_PER_DEPTH,
-    DraftCandidates,
-    DraftTree,
-    LookupEstimate,
-    NgramIndex,
-    grow_tree,
-    grow_tree_from_pool,
-)
+from .tree import DraftCandidates, DraftTree, LookupEstimate, NgramIndex, grow_tree, grow_tree_from_pool
 from .tree_drafting import LevelSelector, candidate_tensors, parallel_candidates
 
 _ATTACHED_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -267,7 +259,7 @@ class DraftingSession:
         )
         whole = getattr(select, "whole_round", None)
         if whole is not None and self.settings.tree_nodes:  # it keeps the round's top tokens for the trees
-            whole.candidates = CANDIDATES_PER_DEPTH
+            whole.tree = True
         tic = self.clock()
         draft = self.head.draft_round(
             block.tokens, block.features, k, self.cache.cache, block.start, select, block.attention_mask

@@ -13,7 +13,8 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..drafting_peagle import DraftSelector
 from ..modeling_peagle import PEagleDrafter
 from .sampling import KeyedSampler
-from .vocab_ops import vocab_argmax, vocab_max, vocab_topk
+from .tree_drafting import top_candidates
+from .vocab_ops import vocab_argmax, vocab_max
 
 
 def grouped_processing(
@@ -127,21 +128,20 @@ def draft_selector(
 class WholeRound:
     """A greedy selector's `whole_round(logits (B, k, V_draft)) -> tokens (B, k)` ([`draft_selector`]): each depth's
     argmax from one softmax over all of them, its probability appended per depth to `probabilities`.  Where the
-    caller sets `candidates` (a tree's top tokens per depth), the argmax is the first of the top `candidates`, kept
-    in `top` as [`tree_drafting.candidate_tensors`] gives them: `(ids (B, k, C) target ids, probabilities)`."""
+    caller sets `tree` (the round grows trees), the argmax is the first of each depth's top tokens, kept in `top` as
+    [`tree_drafting.candidate_tensors`] gives them: `(ids (B, k, C) target ids, probabilities)`."""
 
     def __init__(self, head: PEagleDrafter, probabilities: list[torch.Tensor]):
         self.head, self.probabilities = head, probabilities
-        self.candidates = 0
+        self.tree = False
         self.top: tuple[torch.LongTensor, torch.Tensor] | None = None
 
     def __call__(self, logits: torch.Tensor) -> torch.LongTensor:
         probs = logits.softmax(dim=-1)
-        if self.candidates:
-            head_p, ids = vocab_topk(probs, min(self.candidates, probs.shape[-1]))
-            self.top = (self.head.draft_to_target(ids), head_p)
+        if self.tree:
+            self.top = ids, head_p = top_candidates(probs, self.head)
             self.probabilities.extend(head_p[..., 0].unbind(dim=1))
-            return self.top[0][..., 0]
+            return ids[..., 0]
         prob, index = vocab_max(probs)
         self.probabilities.extend(prob.unbind(dim=1))
         return self.head.draft_to_target(index)

@@ -123,7 +123,7 @@ def keep_tail(
     keep = index.shape[1]
     moved = index[:, in_place:]
     one_row = index.shape[0] == 1  # one row: an index_copy_ of the moved slots
-    expanded: dict[tuple[Any, ...], torch.LongTensor] = {}  # the gather index per layer shape (built once)
+    expanded: dict[tuple[Any, ...], Any] = {}  # the index (one row: from and to) per layer shape (built once)
     for i, layer in enumerate(cache.layers):
         if layers is not None and i not in layers:
             continue

@@ -17,17 +17,20 @@ FRONTIER_WIDTH = 8
 """Nodes an autoregressive head's tree expands per level (one drafter pass over all of them, EAGLE-2's top-k)."""
 
 
+def top_candidates(probs: torch.Tensor, head: Any = None) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The top `CANDIDATES_PER_DEPTH` entries of `probs (..., V)`, largest first: `(ids, probabilities)`, the ids
+    mapped from the draft vocabulary to the target's through `head` (None: `probs` spans the target's already)."""
+    head_p, ids = vocab_topk(probs, min(CANDIDATES_PER_DEPTH, probs.shape[-1]))
+    return (ids if head is None else head.draft_to_target(ids)), head_p
+
+
 def candidate_tensors(draft: Any, head: Any) -> tuple[torch.LongTensor, torch.Tensor]:
     """A drafting round's top tokens per row and depth, `(ids (B, k, C), head probabilities (B, k, C))` in the target
     vocabulary, from the processed scores when there are any (read on the host with the round's other figures).  A
     greedy round without processors has them already ([`processing.WholeRound`]'s `top`)."""
     if draft.scores is not None:
-        probs = draft.scores.float().softmax(dim=-1)
-        head_p, ids = vocab_topk(probs, min(CANDIDATES_PER_DEPTH, probs.shape[-1]))
-        return ids, head_p
-    probs = draft.logits.float().softmax(dim=-1)
-    head_p, ids = vocab_topk(probs, min(CANDIDATES_PER_DEPTH, probs.shape[-1]))
-    return head.draft_to_target(ids), head_p
+        return top_candidates(draft.scores.float().softmax(dim=-1))
+    return top_candidates(draft.logits.float().softmax(dim=-1), head)
 
 
 def parallel_candidates(
@@ -196,8 +199,8 @@ class LevelSelector:
     def __call__(self, logits: torch.Tensor, depth: int) -> tuple[Any, None, bool, Any]:
         if logits.dim() == 2:  # the bonus slot's logits
             logits = logits[:, None]
-        top_p, top_i = vocab_topk(logits.softmax(dim=-1), min(CANDIDATES_PER_DEPTH, logits.shape[-1]))
-        ids, top_p = self.head.draft_to_target(top_i).tolist(), top_p.tolist()
+        ids, top_p = top_candidates(logits.softmax(dim=-1), self.head)
+        ids, top_p = ids.tolist(), top_p.tolist()
         for b, pool in enumerate(self.pools):
             for f, parent in enumerate(self.frontier[b]):
                 pool.add_children(parent, ids[b][f], top_p[b][f], f, depth, self.calibration, self.correction)
@@ -224,5 +227,6 @@ __all__ = [
     "LevelSelector",
     "TreeLevels",
     "candidate_tensors",
+    "top_candidates",
     "parallel_candidates",
 ]
