@@ -359,3 +359,87 @@ def test_flat_cost_model_at_batch_size_four_drafts_every_round(target):
     out = drafted(target, head, rows, max_new_tokens=12, num_assistant_tokens=3)
     assert torch.equal(out, ref)
     assert head.last_generation_stats.chosen_k_histogram[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------- plain steps
+def test_plain_steps_queue_the_whole_batchs_slots_as_one_chunk(target, monkeypatch):
+    """A plain step (the rule declined the drafter) hands the drafter every row's new slot as one chunk, not one
+    per row; the drafting rounds between, whose rows keep different numbers of drafts, queue theirs per row, and
+    the drafter's next block joins both.  The output is plain batched greedy's."""
+    from peagle.generation import decoding, drafter_cache, policy
+
+    rounds = []
+    original = policy.DraftPolicy.plan
+
+    def every_third(self, state):  # two plain steps, then a drafting round
+        rounds.append(state)
+        return original(self, state) if len(rounds) % 3 == 0 else policy.RoundPlan(state.context, skip=True)
+
+    passes = []  # per verify pass: (its width, [kind of each add])
+    row_add, shared_add = (
+        drafter_cache.DrafterCache.add_real_slots,
+        drafter_cache.DrafterCache.add_shared_slots,
+    )
+    verify = decoding._Decoder.verify
+
+    def count(kind, add):
+        def spy(self, *args):
+            if passes:  # the prefill's adds come before any verify pass
+                passes[-1][1].append(kind)
+            return add(self, *args)
+
+        return spy
+
+    def counted_verify(self, emitted, candidates):
+        passes.append((len(candidates) + 1, []))
+        return verify(self, emitted, candidates)
+
+    monkeypatch.setattr(policy.DraftPolicy, "plan", every_third)
+    monkeypatch.setattr(decoding._Decoder, "verify", counted_verify)
+    monkeypatch.setattr(drafter_cache.DrafterCache, "add_real_slots", count("row", row_add))
+    monkeypatch.setattr(drafter_cache.DrafterCache, "add_shared_slots", count("shared", shared_add))
+    head = make_head(target)
+    rows = prompts(4, seed=5)
+    ref = plain(target, rows, max_new_tokens=30)
+    oracle = Oracle(head, references(target, rows, max_new_tokens=30), p=[1.0, 0.0, 1.0, 0.0])
+    out = drafted(
+        target, head, rows, max_new_tokens=30, num_assistant_tokens=4, assistant_confidence_threshold=0.0
+    )
+    oracle.handle.remove()
+    assert torch.equal(out, ref)
+    steps = [adds for width, adds in passes if width == 1]
+    ragged_rounds = [adds for width, adds in passes if width > 1 and "row" in adds]
+    assert len(steps) > 5 and ragged_rounds
+    assert all(adds == ["shared"] for adds in steps)  # one chunk per plain step, whatever the batch's size
+    assert all(adds == ["row"] * len(adds) for adds in ragged_rounds)
+
+
+def test_slots_queued_together_make_the_same_block_as_slots_queued_per_row():
+    from peagle.generation.drafter_cache import DrafterCache
+
+    head = make_head(make_target(seed=1))
+    width = 3 * head.config.target_hidden_size
+    feats = torch.randn(2, 6, width)
+    tokens = torch.randint(0, 50, (2, 6))
+    together, apart = DrafterCache(head, 2, None), DrafterCache(head, 2, None)
+    # row 0's own 2 slots, row 1's own 1, then two chunks of both rows together, then row 1's own 2
+    for cache in (together, apart):
+        cache.add_real_slots(0, tokens[0, :2], feats[0, :2], 10)
+        cache.add_real_slots(1, tokens[1, :1], feats[1, :1], 4)
+    for at in (2, 3):
+        together.add_shared_slots(tokens[:, at : at + 1], feats[:, at : at + 1], [10 + at, 3 + at])
+        for b, start in enumerate([10 + at, 3 + at]):
+            apart.add_real_slots(b, tokens[b, at : at + 1], feats[b, at : at + 1], start)
+    for cache in (together, apart):
+        cache.add_real_slots(1, tokens[1, 4:6], feats[1, 4:6], 6)
+    assert together.pending_slots() == apart.pending_slots() == 5
+    one, two = together.next_block(), apart.next_block()
+    assert one.starts == two.starts and torch.equal(one.new_mask, two.new_mask)
+    assert torch.equal(one.tokens, two.tokens) and torch.equal(one.features, two.features)
+    # a batch whose only queued slots are shared ones: their chunks joined, no per-row copies
+    fresh = DrafterCache(head, 2, None)
+    fresh.add_shared_slots(tokens[:, :1], feats[:, :1], [7, 2])
+    fresh.add_shared_slots(tokens[:, 1:3], feats[:, 1:3], [8, 3])
+    block = fresh.next_block()
+    assert block.starts == [7, 2] and block.attention_mask is None and fresh.pending_slots() == 0
+    assert torch.equal(block.tokens, tokens[:, :3]) and torch.equal(block.features, feats[:, :3])

@@ -144,6 +144,8 @@ def extend_to_context(
     enough memory for a lengthened copy) is not tried again in this process; the online factors then carry
     the context's cost.  With a `budget`, a quick point ([`measure_context_point`]) and only while the budget
     lasts: a call that spent it leaves the point to a later call."""
+    if model.next_context_point(context) is None:  # every round asks: answered without the target's config
+        return 0.0
     point = model.next_context_point(context, max_cost_context(target, max_tokens))
     name = json.dumps(model.key, sort_keys=True)
     if point is None or (name, point) in _UNTIMEABLE or (budget is not None and not budget.left):

@@ -35,7 +35,7 @@ from . import ragged
 from .attention import packed_attention
 from .checks import check_continuation, check_decoding_inputs
 from .drafting import DraftingSession
-from .outputs import hidden_entries_upto, hidden_per_step, per_step
+from .outputs import gather_slots, hidden_entries_upto, hidden_per_step, per_step, wanted_outputs
 from .processing import grouped_processing
 from .ragged import KeptWindows, batch_refusal, compact, keep_tail, tree_refusal, worth_compacting
 from .resume import CATCH_UP_SLOTS, leave_state, prefix_view, take_state
@@ -65,27 +65,11 @@ class PEagleGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-def _gather_slots(x: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
-    """`x (B, S, ...)` at `index (B, L)` along the slot axis."""
-    shape = index.shape + x.shape[2:]
-    return x.gather(1, index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(shape))
-
-
 class _PathOutput:
     """A verify pass's hidden states at each row's accepted path (what `record` reads of the target's output)."""
 
     def __init__(self, hidden_states: tuple[torch.Tensor, ...] | None):
         self.hidden_states = hidden_states
-
-
-def _wanted_outputs(generation_config: Any) -> dict[str, bool]:
-    """Which per-step outputs the call returns (scores, logits, hidden states)."""
-    want_dict = bool(generation_config.return_dict_in_generate)
-    return {
-        "scores": want_dict and bool(generation_config.output_scores),
-        "logits": want_dict and bool(generation_config.output_logits),
-        "hidden": want_dict and bool(generation_config.output_hidden_states),
-    }
 
 
 def _refuse_batch(model: Any, cache: Any, batch: int) -> None:
@@ -129,7 +113,7 @@ class _Decoder:
         self.eos_ids = set(self.eos.reshape(-1).tolist()) if self.eos is not None else set()
         self.do_sample = bool(generation_config.do_sample)
         self.want_dict = bool(generation_config.return_dict_in_generate)
-        self.want = _wanted_outputs(generation_config)
+        self.want = wanted_outputs(generation_config)
         self.timers = [c for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
         replayed = replayed_criteria(stopping_criteria)
         pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria)  # as plain decoding decides it
@@ -346,7 +330,7 @@ class _Decoder:
                     for j, b in enumerate(rows.active)
                 ]
                 scores[:, i] = grouped_processing(self.processors, hist, raw[:, i], rows.active, self.batch)
-        paths, accepted, host = self._accept(inputs, scores, candidates)
+        paths, accepted, host, together = self._accept(inputs, scores, candidates)
         # each row keeps its path (bonus + accepted nodes, within max_length); the rest are dropped or holes; a
         # frozen row (an ended row that stays in a static cache) keeps nothing
         frozen = [self.slots is not None and b in rows.idle for b in rows.active]
@@ -359,7 +343,7 @@ class _Decoder:
             gather = lambda x: x  # noqa: E731
         else:
             slots = torch.tensor([(p + [0] * width)[:width] for p in paths], device=device)
-            gather = lambda x: _gather_slots(x, slots)  # noqa: E731
+            gather = lambda x: gather_slots(x, slots)  # noqa: E731
         hidden = None
         if self.want["hidden"]:
             hidden = tuple(gather(h[:, -width:]) for h in out.hidden_states)
@@ -368,13 +352,21 @@ class _Decoder:
         kept_scores = gather(scores) if self.want["scores"] else None
         emitted = self.record(accepted, kept_raw, kept_scores, _PathOutput(hidden), paths, host)
         path_feats = gather(feats)
+        n = lengths[0]
+        shared = together is not None and n > 0 and lengths.count(n) == len(lengths) and not any(frozen)
+        if shared:  # every row kept n slots: one chunk for the drafter
+            self.drafter.add_shared_slots(together[:, :n], path_feats[:, :n], starts)
         for j in range(len(rows.active)):  # each kept verify input's feature with the token after it
+            ended = frozen[j] or rows.ended(rows.active[j])
+            if shared and not ended:
+                continue
             verified = accepted[j][: lengths[j]]
             if frozen[j]:  # it feeds the same token at the same position every pass
                 emitted[j] = inputs[j, :1]
-            elif rows.ended(rows.active[j]):  # an idle row continues from what its cache holds
+            elif ended:  # an idle row continues from what its cache holds
                 emitted[j] = verified
-            self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
+            if not shared:
+                self.drafter.add_real_slots(j, verified, path_feats[j, : verified.shape[0]], starts[j])
         return emitted
 
     def _verify_mask(
@@ -411,15 +403,18 @@ class _Decoder:
 
     def _accept(
         self, inputs: torch.LongTensor, scores: torch.Tensor, candidates: DraftCandidates
-    ) -> tuple[list[list[int]], list[torch.LongTensor], list[list[int]]]:
+    ) -> tuple[list[list[int]], list[torch.LongTensor], list[list[int]], torch.LongTensor | None]:
         """Each row's accepted path (slots, root first) and emitted tokens, as a tensor and as host ids: the path
         of the target's own choices ([`greedy_path`]) and its choice after the path.  Greedy, a choice is the
         argmax; sampling, the keyed draw for the position the slot decides ([`sampling.KeyedSampler`]: an exact
         draw from the target's distribution that does not depend on the drafts, so a draft is kept iff it equals
-        the target's draw).  Greedy chains (plain steps included) read the whole batch's outcome in one go."""
+        the target's draw).  Greedy chains (plain steps included) read the whole batch's outcome in one go, and
+        return it as one tensor too (row j's emitted tokens are its first `len(paths[j])`; else None)."""
         paths, accepted, host = [], [], []
         picks = vocab_argmax(scores) if self.sampler is None else None
         if picks is not None and candidates.parents is None:
+            if picks.shape[1] == 1:  # a plain step: each row emits its one choice
+                return [[0] for _ in range(picks.shape[0])], list(picks.unbind(0)), picks.tolist(), picks
             # a chain's path is its drafts' leading agreement with the target's choices, which it then emits
             agree = (inputs[:, 1:] == picks[:, :-1]).long().cumprod(dim=1).sum(dim=1)
             for j, row in enumerate(torch.cat([picks, agree[:, None]], dim=1).tolist()):
@@ -427,7 +422,7 @@ class _Decoder:
                 paths.append(list(range(m + 1)))
                 accepted.append(picks[j, : m + 1])
                 host.append(row[: m + 1])
-            return paths, accepted, host
+            return paths, accepted, host, picks
         read = picks.tolist() if picks is not None else None
         for j, b in enumerate(self.rows.active):
             if read is not None:
@@ -442,7 +437,7 @@ class _Decoder:
             host.append([choices[slot] for slot in path])  # a kept node is its parent slot's choice
             nodes = inputs[j, path[1:]]
             accepted.append(torch.cat([nodes, nodes.new_tensor([host[-1][-1]])]))
-        return paths, accepted, host
+        return paths, accepted, host, None
 
     def _keep_paths(self, paths: list[list[int]], lengths: list[int], width: int) -> list[int]:
         """The target's cache after a verify pass: each row keeps the first `lengths[j]` slots of its path at the

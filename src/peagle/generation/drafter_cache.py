@@ -75,6 +75,12 @@ class DrafterCache:
         self.pending: list[tuple[list[torch.LongTensor], list[torch.Tensor], int] | None] = [
             None
         ] * batch_size
+        # then every row's real slots queued together (rows that all kept as many, as in a plain step): chunks of
+        # (tokens (B, r), features (B, r, F)) after each row's own chunks, with the position of each row's first
+        # when it had none of its own; split into rows only where a row's own slots follow them
+        self.shared: list[tuple[torch.LongTensor, torch.Tensor]] = []
+        self.shared_starts: list[int] = []
+        self.queued = [0] * batch_size  # per row: its real slots queued (own and shared)
         self.speculative_slots = 0  # slots after the real ones (dropped next round)
 
     def __deepcopy__(self, memo: dict) -> DrafterCache:
@@ -94,6 +100,7 @@ class DrafterCache:
     def drop_slots_from(self, position: int) -> bool:
         """Drop every row's queued real slots at `position` and after (a row cut short inside its last round);
         False when some such slot is in the cache already (nothing is dropped then)."""
+        self._split_shared()
         held = [p for p in self.pending if p is not None]
         if any(start > position for _, _, start in held):
             return False
@@ -101,6 +108,7 @@ class DrafterCache:
             if entry is not None:
                 keep = position - entry[2]
                 self.pending[b] = ([_joined(entry[0])[:keep]], [_joined(entry[1])[:keep]], entry[2])
+                self.queued[b] = min(self.queued[b], max(0, keep))
         return True
 
     @property
@@ -111,6 +119,7 @@ class DrafterCache:
     def add_real_slots(self, row: int, tokens: torch.LongTensor, features: torch.Tensor, start: int) -> None:
         """Queue row `row`'s new real slots: `tokens (r,)` (x_{t+1}), `features (r, 3 * H_t)` (f_t), for the
         positions `start..start + r - 1`, right after the slots queued or cached before."""
+        self._split_shared()
         tokens, features = tokens.to(self.device), features.to(self.device)
         held = self.pending[row]
         if held is None:
@@ -118,16 +127,40 @@ class DrafterCache:
         else:
             held[0].append(tokens)
             held[1].append(features)
+        self.queued[row] += tokens.shape[0]
+
+    def add_shared_slots(self, tokens: torch.LongTensor, features: torch.Tensor, starts: list[int]) -> None:
+        """Queue `r` new real slots for every row at once: `tokens (B, r)`, `features (B, r, 3 * H_t)`, row b's
+        at the positions `starts[b]..starts[b] + r - 1` ([`add_real_slots`] for each row, without a row's
+        slicing: a plain step of B rows queues one chunk)."""
+        if not self.shared:
+            self.shared_starts = [int(s) for s in starts]
+        self.shared.append((tokens.to(self.device), features.to(self.device)))
+        self.queued = [n + tokens.shape[1] for n in self.queued]
+
+    def _split_shared(self) -> None:
+        """The shared chunks as each row's own (a row's own slots follow them, or rows leave the batch)."""
+        shared, self.shared = self.shared, []
+        for tokens, features in shared:
+            for b in range(self.rows):
+                held = self.pending[b]
+                if held is None:
+                    self.pending[b] = ([tokens[b]], [features[b]], self.shared_starts[b])
+                else:
+                    held[0].append(tokens[b])
+                    held[1].append(features[b])
 
     def pending_slots(self) -> int:
         """The most real slots any row's next round runs over: its queued ones, at most the window (a long
         prompt's older slots are never drafted from, so a windowed catch-up costs W slots, not the prompt)."""
-        queued = max((sum(t.shape[0] for t in p[0]) for p in self.pending if p is not None), default=0)
+        queued = max(self.queued, default=0)
         return queued if self.window is None else min(queued, self.window)
 
     def select_rows(self, keep: list[int]) -> None:
         """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
+        self._split_shared()
         self.pending = [self.pending[i] for i in keep]
+        self.queued = [self.queued[i] for i in keep]
         index = torch.tensor(keep, device=self.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
@@ -147,7 +180,7 @@ class DrafterCache:
         if self.has_holes and worth_compacting(self.mask, most):
             self.mask = compact(self.cache, self.mask)
         tokens, feats, starts, block_mask = self._ragged_block()
-        self.pending = [None] * self.rows
+        self.pending, self.shared, self.queued = [None] * self.rows, [], [0] * self.rows
         if self.window is not None:
             tokens, feats, starts, block_mask = self._windowed(tokens, feats, starts, block_mask)
         if block_mask is not None:
@@ -170,6 +203,14 @@ class DrafterCache:
     ) -> tuple[torch.LongTensor, torch.Tensor, list[int], torch.LongTensor | None]:
         """The queued real slots of every row as one block, each row right-aligned: `(tokens (B, R), features
         (B, R, F), start (B,), mask (B, R) | None)`."""
+        if self.shared and all(p is None for p in self.pending):  # every row's slots queued together
+            return (
+                _joined([t for t, _ in self.shared], dim=1),
+                _joined([f for _, f in self.shared], dim=1),
+                self.shared_starts,
+                None,
+            )
+        self._split_shared()
         assert all(p is not None for p in self.pending), "every row needs its new real slots before a round"
         pending = [(_joined(t), _joined(f), start) for t, f, start in self.pending]
         lengths = [p[0].shape[0] for p in pending]
@@ -213,8 +254,8 @@ class DrafterCache:
         return tokens, feats, starts, block_mask
 
 
-def _joined(chunks: list[torch.Tensor]) -> torch.Tensor:
-    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+def _joined(chunks: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=dim)
 
 
 __all__ = ["DrafterCache", "SlotBlock"]

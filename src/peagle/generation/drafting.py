@@ -133,6 +133,10 @@ class DraftingSession:
         """Queue row `row`'s new real slots ([`DrafterCache.add_real_slots`])."""
         self.cache.add_real_slots(row, tokens, features, start)
 
+    def add_shared_slots(self, tokens: torch.LongTensor, features: torch.Tensor, starts: list[int]) -> None:
+        """Queue the same number of new real slots for every row ([`DrafterCache.add_shared_slots`])."""
+        self.cache.add_shared_slots(tokens, features, starts)
+
     def select_rows(self, keep: list[int]) -> None:
         """Keep only the rows `keep` (indices into the current rows; finished rows leave the batch)."""
         self.cache.select_rows(keep)

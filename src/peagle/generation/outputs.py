@@ -1,5 +1,6 @@
-"""What a speculative call returns besides its tokens, step by step as plain `generate()` returns it: scores and
-logits per emitted token (`per_step`) and hidden states per step (`hidden_per_step`), from the per-row records
+"""What a speculative call returns besides its tokens, step by step as plain `generate()` returns it: which of them
+the call asked for (`wanted_outputs`), a verify pass's entries at each row's accepted path (`gather_slots`), scores
+and logits per emitted token (`per_step`) and hidden states per step (`hidden_per_step`), from the per-row records
 the decoding loop keeps ([`decoding`])."""
 
 from __future__ import annotations
@@ -7,6 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+
+def wanted_outputs(generation_config: Any) -> dict[str, bool]:
+    """Which per-step outputs the call returns (scores, logits, hidden states)."""
+    want_dict = bool(generation_config.return_dict_in_generate)
+    return {
+        "scores": want_dict and bool(generation_config.output_scores),
+        "logits": want_dict and bool(generation_config.output_logits),
+        "hidden": want_dict and bool(generation_config.output_hidden_states),
+    }
+
+
+def gather_slots(x: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
+    """`x (B, S, ...)` at `index (B, L)` along the slot axis."""
+    shape = index.shape + x.shape[2:]
+    return x.gather(1, index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(shape))
 
 
 def per_step(rows: list[list[torch.Tensor]], pad_id: int, fill: float) -> tuple[torch.Tensor, ...]:
@@ -67,4 +84,4 @@ def hidden_per_step(rows: list[list[Any]]) -> tuple[tuple[torch.Tensor, ...], ..
     return tuple(out)
 
 
-__all__ = ["hidden_entries_upto", "hidden_per_step", "per_step"]
+__all__ = ["gather_slots", "hidden_entries_upto", "hidden_per_step", "per_step", "wanted_outputs"]

@@ -60,7 +60,7 @@ def cut_at_end(
         if host[i] in eos:
             n, ended = i + 1, True
             break
-    return tokens[:n], ended
+    return (tokens if n == len(host) else tokens[:n]), ended
 
 
 __all__ = ["Rows", "cut_at_end"]
