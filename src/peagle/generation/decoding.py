@@ -435,9 +435,11 @@ class _Decoder:
             path = greedy_path(candidates.row(j), choices)
             paths.append(path)
             host.append([choices[slot] for slot in path])  # a kept node is its parent slot's choice
-            nodes = inputs[j, path[1:]]
-            accepted.append(torch.cat([nodes, nodes.new_tensor([host[-1][-1]])]))
-        return paths, accepted, host, None
+        # the emitted tokens are the choices along the path, on the host already: one tensor for the batch
+        most = max(len(h) for h in host)
+        together = torch.tensor([h + h[-1:] * (most - len(h)) for h in host], device=inputs.device)
+        accepted = [together[j, : len(h)] for j, h in enumerate(host)]
+        return paths, accepted, host, together
 
     def _keep_paths(self, paths: list[list[int]], lengths: list[int], width: int) -> list[int]:
         """The target's cache after a verify pass: each row keeps the first `lengths[j]` slots of its path at the
