@@ -67,7 +67,7 @@ def test_a_drafting_round_reads_the_host_twice(target, rows, tree, window):
     `RunResult.rounds()` (the first round, which also finishes the prefill, left out), with left padding and
     prompt lookup in play; a per-depth read, a tree row read back from its tensor or prompt lookup searching a
     tensor would each add reads every round; with a drafter window, its cache's compaction check is read along
-    with the round's figures.  A round that compacts a cache reads its mask to do so (rare).  The output is
+    with the round's figures.  Compacting a cache reads nothing: the loop knows each row's valid slots.  The output is
     plain's."""
     from peagle.evaluation.timing import timed_generate
 
@@ -86,6 +86,5 @@ def test_a_drafting_round_reads_the_host_twice(target, rows, tree, window):
         greedy(target, ids, max_new_tokens=24, attention_mask=mask, pad_token_id=0),
     )
     drafting = [r.host_syncs for r in run.rounds() if r.drafted]
-    # a round that compacts a cache reads the mask to do it (rare: when holes pile up)
     assert len(drafting) >= 4 and sorted(drafting)[len(drafting) // 2] <= 2, drafting
-    assert sum(r > 2 for r in drafting) <= len(drafting) // 8, drafting
+    assert max(drafting) <= 2, drafting

@@ -85,9 +85,11 @@ def test_holes_are_compacted(target, monkeypatch):
     calls = []
     original = ragged.compact
 
-    def spy(cache, mask):
+    def spy(cache, mask, valid=None):
+        # the loop passes the most valid slots of a row, known without reading the mask (at least the true count)
+        assert valid is not None and valid >= int(mask.sum(dim=1).max())
         calls.append(mask.shape[1])
-        return original(cache, mask)
+        return original(cache, mask, valid)
 
     monkeypatch.setattr(ragged, "compact", spy)
     monkeypatch.setattr("peagle.generation.decoding.compact", spy)
@@ -107,6 +109,13 @@ def test_compaction_index_right_aligns_each_rows_slots():
     index, new = ragged.compaction_index(mask)
     assert new.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]]
     assert index[0, 2:].tolist() == [1, 2, 4] and index[1].tolist() == [0, 1, 2, 3, 5] and index[2, 4] == 2
+    # given the most valid slots of a row, the same without a read; given more (a bound), more leading padding
+    assert all(torch.equal(a, b) for a, b in zip(ragged.compaction_index(mask, 5), (index, new)))
+    assert ragged.compaction_index(mask, 6) is None  # nothing freed
+    upper = torch.cat([torch.zeros(3, 2, dtype=torch.long), mask], dim=1)
+    wider_index, wider = ragged.compaction_index(upper, 6)
+    assert wider[:, 1:].tolist() == new.tolist() and not wider[:, 0].any()
+    assert torch.equal(wider_index[:, 1:][new.bool()], index[new.bool()] + 2)
 
 
 def test_early_finishing_rows_are_padded_as_plain_generate_pads_them():

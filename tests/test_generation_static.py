@@ -89,10 +89,10 @@ def test_static_cache_compacts_in_place(target, monkeypatch):
     seen = []
     original = ragged.compact
 
-    def spy(cache, mask):
+    def spy(cache, mask, valid=None):
         layer = cache.layers[0]
         before = (layer.keys.data_ptr(), layer.keys.shape)
-        new = original(cache, mask)
+        new = original(cache, mask, valid)
         if isinstance(layer, transformers.cache_utils.StaticLayer) and new.shape[1] < mask.shape[1]:
             assert (layer.keys.data_ptr(), layer.keys.shape) == before
             assert int(layer.cumulative_length) == new.shape[1]

@@ -576,7 +576,7 @@ class _Decoder:
             frozen = rows.idle if self.slots is not None else set()
             valid = max((p for p, b in zip(self.pos_host, rows.active) if b not in frozen), default=0)
             if worth_compacting(self.kv_mask, valid) and batch_refusal(self.cache) is None:
-                self.kv_mask = compact(self.cache, self.kv_mask)
+                self.kv_mask = compact(self.cache, self.kv_mask, valid)
         return emitted
 
     def _idle_rows(self, live: list[int]) -> list[int]:

@@ -164,7 +164,9 @@ class DrafterCache:
         index = torch.tensor(keep, device=self.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
-        self.most_valid = self.most_valid_read = None
+        # the last read stays an upper bound for the rows kept: a compaction check then frees no less than it
+        # counts, without a read of its own (the next round reads the exact figure along)
+        self.most_valid = None
 
     def next_block(self) -> SlotBlock:
         """Start a round: drop the last round's speculative slots, compact the holes when worth it, and take every
@@ -178,7 +180,7 @@ class DrafterCache:
         most = None if self.most_valid_read is None else self.most_valid_read - speculative
         self.most_valid = self.most_valid_read = None
         if self.has_holes and worth_compacting(self.mask, most):
-            self.mask = compact(self.cache, self.mask)
+            self.mask = compact(self.cache, self.mask, most)
         tokens, feats, starts, block_mask = self._ragged_block()
         self.pending, self.shared, self.queued = [None] * self.rows, [], [0] * self.rows
         if self.window is not None:

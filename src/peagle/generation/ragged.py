@@ -31,13 +31,16 @@ def static_slots(cache: Cache | None) -> int | None:
     return min(sizes) if sizes else None
 
 
-def compaction_index(mask: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTensor] | None:
+def compaction_index(
+    mask: torch.Tensor, width: int | None = None
+) -> tuple[torch.LongTensor, torch.LongTensor] | None:
     """Where each row's valid slots go when holes are squeezed out: `(index (B, S'), new_mask (B, S'))` with
     every row's valid slots right-aligned in their order (`index` says which old slot each new one takes;
-    leading padding repeats slot 0 and is masked), or None when nothing would be freed."""
+    leading padding repeats slot 0 and is masked), or None when nothing would be freed.  `width`: the most valid
+    slots of a row, when the caller knows it without reading the mask."""
     valid = mask.bool()
     counts = valid.sum(dim=1)
-    width = int(counts.max())
+    width = int(counts.max()) if width is None else width
     if width == mask.shape[1]:
         return None
     # stable sort puts holes (False) first and keeps the valid slots in order; keep the last `width`
@@ -188,10 +191,10 @@ def tree_refusal(model, cache: Cache) -> str | None:
     return batch_refusal(cache)
 
 
-def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
+def compact(cache: Cache, mask: torch.Tensor, valid: int | None = None) -> torch.Tensor:
     """Squeeze the holes out of `cache` (its validity `mask (B, S)`: the slots its layers hold); returns the new
-    mask."""
-    found = compaction_index(mask)
+    mask.  `valid`: the most valid slots of a row, when the caller knows it (no read of the mask then)."""
+    found = compaction_index(mask, valid)
     if found is None:
         return mask
     index, new_mask = found
