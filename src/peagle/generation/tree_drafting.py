@@ -227,6 +227,6 @@ __all__ = [
     "LevelSelector",
     "TreeLevels",
     "candidate_tensors",
-    "top_candidates",
     "parallel_candidates",
+    "top_candidates",
 ]
