@@ -8,7 +8,7 @@ import torch
 from transformers.integrations import sdpa_attention
 
 from helpers import make_target
-from peagle.generation.attention import PACKED_SDPA, packed_attention, takes_packed_attention
+from peagle.generation.attention import PACKED_SDPA, packed_attention, packing_pays, takes_packed_attention
 
 
 def verify_logits(target, mask_kind: str) -> torch.Tensor:
@@ -69,3 +69,33 @@ def test_packed_attention_restores_the_target_after_an_error():
     with pytest.raises(RuntimeError, match="boom"), packed_attention(target):
         raise RuntimeError("boom")
     assert target.config._attn_implementation == "sdpa"
+
+
+def test_packing_pays_for_a_verify_pass_not_for_a_long_prefill():
+    # SmolLM2-135M's shape: 9 query heads on 3 key/value heads of 64, fp32 keys, a boolean mask
+    key = torch.zeros(1, 3, 1, 64)
+    for queries, packs in ((33, True), (1535, True), (1536, False), (2048, False)):
+        query, mask = torch.zeros(1, 9, queries, 64), torch.ones(1, 1, queries, 1, dtype=torch.bool)
+        assert packing_pays(query, key, mask, 3) is packs
+    float_mask = torch.zeros(1, 1, 512, 1)  # four bytes an entry: packs up to 383 queries
+    assert not packing_pays(torch.zeros(1, 9, 512, 64), key, float_mask, 3)
+
+
+def test_a_long_padded_prefill_runs_sdpas_own_path(monkeypatch):
+    target = make_target(num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa").eval()
+    head_dim = target.config.hidden_size // target.config.num_attention_heads
+    length = (
+        2 * 4 * head_dim * 4 // 2
+    )  # the mask tile (2 x length bools) as large as the k/v copies (2 x 4 x D x 4)
+    ids = torch.randint(3, 100, (2, length), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones(2, length, dtype=torch.long)
+    valid[1, :3] = 0
+    with torch.no_grad():
+        reference = target(ids, attention_mask=valid).logits
+    copies = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: copies.append(1) or real(*a))
+    with packed_attention(target), torch.no_grad():
+        packed = target(ids, attention_mask=valid).logits
+    assert copies  # not packed: SDPA's own path copied the heads
+    torch.testing.assert_close(packed, reference, rtol=1e-5, atol=1e-5)

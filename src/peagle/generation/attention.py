@@ -5,7 +5,9 @@ grouped-query attention, transformers' SDPA path then copies every key and value
 shares it (`repeat_kv`) before calling the kernel: at a long context that copy of the whole cache, in every layer
 and every pass, costs more than the attention itself. (With one query it packs the query heads instead.) Here the
 query heads that share a key/value head are packed along the query axis and the mask is tiled to match, so the
-kernel reads the cache as it is; the result is the same attention, computed by the same kernel.
+kernel reads the cache as it is; the result is the same attention, computed by the same kernel. The tiled mask
+is a copy too, of `groups x queries` entries per key where SDPA's path copies `2 x heads x head_dim` per key: a
+pass with that many queries (a long left-padded prompt's prefill) runs SDPA's own path ([`packing_pays`]).
 
 [`packed_attention`] installs it on a target for the length of a `generate()` call, under its own name in
 transformers' `AttentionInterface` (and `AttentionMaskInterface`, with SDPA's masks), and gives the target its
@@ -50,6 +52,7 @@ def packed_sdpa_forward(
         and kwargs.get("position_bias") is None
         and kwargs.get("s_aux") is None
         and key.shape[1] * groups == query.shape[1]
+        and packing_pays(query, key, attention_mask, groups)
     )
     if not packable:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -62,6 +65,16 @@ def packed_sdpa_forward(
     )
     out = out.reshape(batch, heads, length, out.shape[-1]).transpose(1, 2).contiguous()
     return out, None
+
+
+def packing_pays(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, groups: int) -> bool:
+    """Whether packing copies less than SDPA's own path: packing tiles the mask `groups` times along the queries
+    (`groups x Q x S` mask entries per row), SDPA's path copies every key and value head once per query head
+    (`2 x heads x S x D` entries).  A verify pass's few queries against a long cache pack; a long prompt's prefill
+    with left padding (its queries as many as its keys) does not."""
+    tiled = groups * query.shape[2] * mask.element_size()
+    copied = 2 * query.shape[1] * key.shape[3] * key.element_size()
+    return tiled < copied
 
 
 def _register() -> None:
@@ -108,4 +121,4 @@ def _configs(config) -> list:
     return found
 
 
-__all__ = ["PACKED_SDPA", "packed_attention", "packed_sdpa_forward", "takes_packed_attention"]
+__all__ = ["PACKED_SDPA", "packed_attention", "packed_sdpa_forward", "packing_pays", "takes_packed_attention"]
