@@ -859,3 +859,50 @@ def test_ended_rows_are_never_timed_in_a_call_and_each_count_is_learnt(target, m
     assert 4 in shapes and min(shapes) < 4  # ended rows left the batch
     learnt = {int(c) for c in model.row_seconds}
     assert learnt and learnt <= set(shapes) and all(v > 0 for v in model.row_seconds.values())
+
+
+def _sliding_target(kind: str, implementation: str):
+    """A tiny sliding-window target: Mistral (every layer slides: one mask) or Gemma 3 (sliding and full layers:
+    a mask per layer kind), window 8."""
+    import transformers
+
+    common = dict(
+        vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=256, sliding_window=8,
+    )  # fmt: skip
+    if kind == "mistral":
+        config = transformers.MistralConfig(**common)
+    else:
+        config = transformers.Gemma3TextConfig(
+            **common, head_dim=16, query_pre_attn_scalar=16,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        )  # fmt: skip
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma3"])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_context_points_sliding_layers_hold_their_window_as_in_a_call(kind, implementation, rows):
+    """The cache a long context is timed on is laid out as a decoding call's: sliding layers keep their window's
+    slots (masked by position), not the whole context, and its passes take the masks a verify pass takes."""
+    from peagle.generation import cost_timing
+
+    target = _sliding_target(kind, implementation)
+    stretched = cost_timing._stretched_cache(target, rows, 40, 128, torch.Generator().manual_seed(0), "cpu")
+    kinds = getattr(target.config, "layer_types", None) or ["sliding_attention"] * 4
+    for layer, layer_kind in zip(stretched.cache.layers, kinds, strict=True):
+        assert layer.keys.shape[:3] == (rows, 2, 7 if layer_kind == "sliding_attention" else 40)
+    mask = stretched.mask(3)
+    masks = mask if isinstance(mask, dict) else {"sliding_attention": mask}
+    for layer_kind, m in masks.items():
+        assert m.shape == (rows, 1, 3, (7 if layer_kind == "sliding_attention" else 40) + 3)
+    point = cost_timing.measure_context_point(target, None, 40, 5, repeats=1, batch_size=rows)
+    assert point["context"] == 40 and all(s > 0 for s in point["seconds"])
+    assert cost_timing.measure_plain_step(target, rows, 40, repeats=1) > 0
+    quick = cost_timing.measure_quick_cost_model(
+        target, None, 5, rows, cost_timing.TimingBudget(seconds=60.0)
+    )
+    assert len(quick.verify_seconds) == 5

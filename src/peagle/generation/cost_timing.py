@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from ..drafting_peagle import cache_kwarg
+from ..drafting_peagle import cache_kwarg, custom_attention_mask
 from .attention import packed_attention
 from .cost_cache import cost_model_key
 from .cost_model import VerifyCostModel, monotone
-from .windows import positional_windows
+from .windows import SLIDING, LayerWindows, WindowLayer, positional_windows
 
 CALIBRATION_CONTEXT = 256
 """Context length (tokens) the calibration times its verify passes at (the reference context)."""
@@ -139,7 +139,7 @@ def measure_cost_model(
     rows = max(1, int(batch_size))
     prefix = torch.randint(0, vocab, (rows, context), generator=gen).to(device)
     cache = DynamicCache(config=target.config)  # the measurement's own cache, never the user's
-    positional_windows(target, cache)  # sliding layers keep every slot, as in peagle_decoding
+    positional_windows(target, cache)  # a real prefill: sliding layers keep the reference context whole
     target(input_ids=prefix, use_cache=True, **cache_kwarg(cache))
     # sliding-window layers drop what falls out of the window unless told to keep it until the next crop; after
     # the prefill (as transformers' assisted decoding does), so the prefix itself is trimmed to the window
@@ -190,7 +190,7 @@ def measure_quick_cost_model(
         rows = max(1, int(batch_size))
         gen = torch.Generator().manual_seed(0)
         try:
-            cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+            stretched = _stretched_cache(target, rows, context, vocab, gen, device)
         except NotImplementedError:  # a cache kind that cannot be lengthened: a real prefill
             from transformers.cache_utils import DynamicCache
 
@@ -200,6 +200,7 @@ def measure_quick_cost_model(
                    **cache_kwarg(cache))  # fmt: skip
             if hasattr(cache, "activate_past_recording"):
                 cache.activate_past_recording()
+            stretched = _Stretched(cache, rows, context)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         points, seconds = [], []
         for i, n in enumerate(quick_points(max_tokens)):
@@ -207,9 +208,10 @@ def measure_quick_cost_model(
                 continue  # a shorter point may still fit
             ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
             # one pass each (a first pass of a shape timed within about 10% of a repeated one), refined online
-            seconds.append(_time_pass(target, cache, ids, None, 1, sync, budget, warm_up=False))
+            mask = stretched.mask(n, padded=False)
+            seconds.append(_time_pass(target, stretched.cache, ids, mask, 1, sync, budget, warm_up=False))
             points.append(n)
-        del cache
+        del stretched
         model = VerifyCostModel(
             monotone(fill_curve(points, seconds, max_tokens)),
             key=cost_model_key(target, head, rows),
@@ -278,7 +280,7 @@ def measure_context_point(
         vocab = int(text.vocab_size)
         rows = max(1, int(batch_size))
         gen = torch.Generator().manual_seed(2)
-        cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+        stretched = _stretched_cache(target, rows, context, vocab, gen, device)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         order = context_point_tokens(max_tokens)
         if budget is not None:
@@ -293,9 +295,11 @@ def measure_context_point(
             ):
                 continue
             ids = torch.randint(0, vocab, (rows, n), generator=gen).to(device)
-            mask = torch.ones(rows, context + n, dtype=torch.long, device=device) if rows > 1 else None
-            timed[n] = _time_pass(target, cache, ids, mask, repeats, sync, budget, warm_up=budget is None)
-        del cache
+            mask = stretched.mask(n)
+            timed[n] = _time_pass(
+                target, stretched.cache, ids, mask, repeats, sync, budget, warm_up=budget is None
+            )
+        del stretched
         drafter = 0.0
         if head is not None:
             drafter = _time_drafter_at(head, target, max_tokens - 1, repeats, rows, context, budget)
@@ -322,37 +326,85 @@ def measure_plain_step(
         device = next(target.parameters()).device
         vocab = int(target.config.get_text_config().vocab_size)
         gen = torch.Generator().manual_seed(4)
-        cache = _stretched_cache(target, target.config, rows, context, vocab, gen, device)
+        stretched = _stretched_cache(target, rows, context, vocab, gen, device)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         ids = torch.randint(0, vocab, (rows, 1), generator=gen).to(device)
-        mask = torch.ones(rows, context + 1, dtype=torch.long, device=device) if rows > 1 else None
+        mask = stretched.mask(1)
         if budget is not None:  # one pass
-            return _time_pass(target, cache, ids, mask, 1, sync, budget, warm_up=False)
-        return _time_pass(target, cache, ids, mask, repeats, sync)
+            return _time_pass(target, stretched.cache, ids, mask, 1, sync, budget, warm_up=False)
+        return _time_pass(target, stretched.cache, ids, mask, repeats, sync)
     finally:
         if budget is not None:
             budget.spent += time.perf_counter() - tic
 
 
-def _stretched_cache(model: Any, config: Any, rows: int, context: int, vocab: int, gen, device) -> Any:
+@dataclass
+class _Stretched:
+    """A timing cache that reads as `context` tokens long for `rows` rows ([`_stretched_cache`]), with what its
+    passes' masks need: `windows` where sliding layers keep their own slots (as in a decoding call), and per mask
+    key the slots its layers hold."""
+
+    cache: Any
+    rows: int
+    context: int
+    windows: LayerWindows | None = None
+    slots: dict[str, int] | None = None
+    implementation: str | None = None
+    dtype: torch.dtype = torch.float32
+
+    def mask(self, n: int, padded: bool = True) -> Any:
+        """The attention mask of a pass over `n` new tokens per row.  Where sliding layers keep their own slots,
+        what a decoding call's verify pass gives them: a 4D mask per layer kind over its slots (one, for a target
+        whose layers all slide), every slot allowed (what a pass costs does not depend on which).  Otherwise a 2D
+        mask of ones for more than one row where `padded` (a batch's passes take one), else None."""
+        device = next(iter(self.cache.layers)).keys.device
+        if self.windows is None or not self.slots:
+            return (
+                torch.ones(self.rows, self.context + n, dtype=torch.long, device=device)
+                if padded and self.rows > 1
+                else None
+            )
+        masks = {
+            kind: custom_attention_mask(
+                torch.ones(self.rows, 1, n, slots + n, dtype=torch.bool, device=device),
+                self.implementation,
+                self.dtype,
+            )
+            for kind, slots in self.slots.items()
+        }
+        return masks if self.windows.keyed else masks[SLIDING]
+
+
+def _stretched_cache(model: Any, rows: int, context: int, vocab: int, gen, device) -> _Stretched:
     """A DynamicCache that reads as `context` tokens long for `rows` rows: one token prefilled for one row, then each
     layer's keys and values repeated along the sequence (sliding-window layers: up to their window) and the batch.
-    What a pass costs does not depend on the cached values."""
+    Sliding layers keep their window's slots as in a decoding call ([`windows.WindowLayer`], masked by position),
+    so a long context's passes cost what a call's do.  What a pass costs does not depend on the cached values."""
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-    cache = DynamicCache(config=config)
-    positional_windows(model, cache)  # sliding layers keep every slot, as in peagle_decoding
+    cache = DynamicCache(config=model.config)
+    windows = positional_windows(model, cache, trim=True)  # as peagle_decoding's cache
     ids = torch.randint(0, vocab, (1, 1), generator=gen).to(device)
     model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache_kwarg(cache))
     for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or layer.keys is None:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, WindowLayer) or layer.keys is None:
             raise NotImplementedError(f"cannot lengthen a {type(layer).__name__} cache layer")
         slots = context
-        if isinstance(layer, DynamicSlidingWindowLayer):
+        if isinstance(layer, DynamicSlidingWindowLayer):  # transformers' own: the window in slots
             slots = min(context, layer.sliding_window - 1)
             layer.cumulative_length = context
+        elif isinstance(layer, WindowLayer):
+            slots = min(context, layer.window - 1)
         _lengthen(layer, slots, rows)
-    return cache
+    stretched = _Stretched(cache, rows, context)
+    if windows is not None:
+        stretched.windows = windows
+        stretched.slots = {
+            k: context if w is None else min(context, w - 1) for k, w in windows.windows.items()
+        }
+        stretched.implementation = model.config._attn_implementation
+        stretched.dtype = model.get_input_embeddings().weight.dtype
+    return stretched
 
 
 def _lengthen(layer: Any, slots: int, rows: int = 1) -> None:
