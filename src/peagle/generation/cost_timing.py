@@ -200,7 +200,7 @@ def measure_quick_cost_model(
                    **cache_kwarg(cache))  # fmt: skip
             if hasattr(cache, "activate_past_recording"):
                 cache.activate_past_recording()
-            stretched = _Stretched(cache, rows, context)
+            stretched = _Stretched(cache, rows, context, device)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         points, seconds = [], []
         for i, n in enumerate(quick_points(max_tokens)):
@@ -347,6 +347,7 @@ class _Stretched:
     cache: Any
     rows: int
     context: int
+    device: Any
     windows: LayerWindows | None = None
     slots: dict[str, int] | None = None
     implementation: str | None = None
@@ -357,7 +358,7 @@ class _Stretched:
         what a decoding call's verify pass gives them: a 4D mask per layer kind over its slots (one, for a target
         whose layers all slide), every slot allowed (what a pass costs does not depend on which).  Otherwise a 2D
         mask of ones for more than one row where `padded` (a batch's passes take one), else None."""
-        device = next(iter(self.cache.layers)).keys.device
+        device = self.device
         if self.windows is None or not self.slots:
             return (
                 torch.ones(self.rows, self.context + n, dtype=torch.long, device=device)
@@ -396,7 +397,7 @@ def _stretched_cache(model: Any, rows: int, context: int, vocab: int, gen, devic
         elif isinstance(layer, WindowLayer):
             slots = min(context, layer.window - 1)
         _lengthen(layer, slots, rows)
-    stretched = _Stretched(cache, rows, context)
+    stretched = _Stretched(cache, rows, context, device)
     if windows is not None:
         stretched.windows = windows
         stretched.slots = {
