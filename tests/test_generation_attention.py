@@ -84,9 +84,8 @@ def test_packing_pays_for_a_verify_pass_not_for_a_long_prefill():
 def test_a_long_padded_prefill_runs_sdpas_own_path(monkeypatch):
     target = make_target(num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa").eval()
     head_dim = target.config.hidden_size // target.config.num_attention_heads
-    length = (
-        2 * 4 * head_dim * 4 // 2
-    )  # the mask tile (2 x length bools) as large as the k/v copies (2 x 4 x D x 4)
+    # a mask tile of 2 x length bools, as large as the k/v copies (2 x 4 heads x head_dim x 4 bytes)
+    length = 2 * 4 * head_dim * 4 // 2
     ids = torch.randint(3, 100, (2, length), generator=torch.Generator().manual_seed(0))
     valid = torch.ones(2, length, dtype=torch.long)
     valid[1, :3] = 0

@@ -349,7 +349,6 @@ class _Stretched:
     context: int
     device: Any
     windows: LayerWindows | None = None
-    slots: dict[str, int] | None = None
     implementation: str | None = None
     dtype: torch.dtype = torch.float32
 
@@ -359,7 +358,7 @@ class _Stretched:
         whose layers all slide), every slot allowed (what a pass costs does not depend on which).  Otherwise a 2D
         mask of ones for more than one row where `padded` (a batch's passes take one), else None."""
         device = self.device
-        if self.windows is None or not self.slots:
+        if self.windows is None:
             return (
                 torch.ones(self.rows, self.context + n, dtype=torch.long, device=device)
                 if padded and self.rows > 1
@@ -367,11 +366,13 @@ class _Stretched:
             )
         masks = {
             kind: custom_attention_mask(
-                torch.ones(self.rows, 1, n, slots + n, dtype=torch.bool, device=device),
+                torch.ones(
+                    self.rows, 1, n, _kept_slots(self.context, w) + n, dtype=torch.bool, device=device
+                ),
                 self.implementation,
                 self.dtype,
             )
-            for kind, slots in self.slots.items()
+            for kind, w in self.windows.windows.items()
         }
         return masks if self.windows.keyed else masks[SLIDING]
 
@@ -390,22 +391,22 @@ def _stretched_cache(model: Any, rows: int, context: int, vocab: int, gen, devic
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, WindowLayer) or layer.keys is None:
             raise NotImplementedError(f"cannot lengthen a {type(layer).__name__} cache layer")
-        slots = context
+        window = None
         if isinstance(layer, DynamicSlidingWindowLayer):  # transformers' own: the window in slots
-            slots = min(context, layer.sliding_window - 1)
+            window = layer.sliding_window
             layer.cumulative_length = context
         elif isinstance(layer, WindowLayer):
-            slots = min(context, layer.window - 1)
-        _lengthen(layer, slots, rows)
-    stretched = _Stretched(cache, rows, context, device)
-    if windows is not None:
-        stretched.windows = windows
-        stretched.slots = {
-            k: context if w is None else min(context, w - 1) for k, w in windows.windows.items()
-        }
-        stretched.implementation = model.config._attn_implementation
-        stretched.dtype = model.get_input_embeddings().weight.dtype
-    return stretched
+            window = layer.window
+        _lengthen(layer, _kept_slots(context, window), rows)
+    if windows is None:
+        return _Stretched(cache, rows, context, device)
+    dtype = model.get_input_embeddings().weight.dtype
+    return _Stretched(cache, rows, context, device, windows, model.config._attn_implementation, dtype)
+
+
+def _kept_slots(context: int, window: int | None) -> int:
+    """The slots a layer keeps after `context` tokens: all of them, or a sliding window's last `window - 1`."""
+    return context if window is None else min(context, window - 1)
 
 
 def _lengthen(layer: Any, slots: int, rows: int = 1) -> None:
